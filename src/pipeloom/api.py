@@ -1,0 +1,82 @@
+"""Library entry points behind the CLI: plan, evaluate, compare (no torch)."""
+from __future__ import annotations
+
+from .schedule import registry
+from .schedule.ir import Schedule
+from .schedule.registry import PlanSpec, ScheduleError
+from .schedule.validate import validate
+from .sim.costs import Costs, MemModel, parse_mem_limit
+from .sim.simulate import simulate
+
+
+def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | None = None,
+              mem: MemModel | str | None = None, mem_limit: str | float | None = None,
+              options: dict | None = None) -> PlanSpec:
+    """Parse loose inputs (strings from a CLI or config) into a :class:`PlanSpec`."""
+    if not isinstance(pp, int) or pp < 1:
+        raise ScheduleError(f"pp must be an integer >= 1, got {pp!r}")
+    costs = costs if isinstance(costs, Costs) else Costs.parse(costs)
+    mem = mem if isinstance(mem, MemModel) else MemModel.parse(mem)
+    limit = mem_limit if isinstance(mem_limit, float) else parse_mem_limit(mem_limit, pp)
+    return PlanSpec(pp=pp, vpp=vpp, microbatches=microbatches, costs=costs, mem=mem, mem_limit=limit,
+                    options=dict(options or {}))
+
+
+def plan(name: str, spec: PlanSpec, *, check: bool = True) -> Schedule:
+    """Build schedule ``name`` for ``spec``; with ``check`` raise if it is invalid or over the limit."""
+    sched = registry.build(name, spec)
+    if check:
+        v = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
+        if v:
+            raise ScheduleError(f"schedule {name!r} for pp={spec.pp} vpp={spec.vpp} m={spec.microbatches} "
+                                f"is invalid: {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
+    return sched
+
+
+def evaluate(sched: Schedule, spec: PlanSpec) -> dict:
+    """The public JSON contract of ``pipeloom simulate --json``."""
+    violations = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
+    out = {
+        "schedule": sched.name,
+        "pp": sched.pp,
+        "vpp": sched.vpp,
+        "microbatches": sched.microbatches,
+        "makespan": None,
+        "bubble": None,
+        "stage_bubble": None,
+        "peak_memory": None,
+        "memory_limit": spec.mem_limit,
+        "valid": not violations,
+        "violations": violations,
+    }
+    if not any(v.startswith("deadlock") for v in violations) and not _structural(violations):
+        r = simulate(sched, spec.costs, spec.mem)
+        out.update(makespan=r.makespan, bubble=r.bubble, stage_bubble=r.stage_bubble, peak_memory=r.peak_memory)
+    return out
+
+
+def _structural(violations: list[str]) -> bool:
+    return any(("missing" in v or "appears" in v or "belongs on" in v or "allowed" in v) for v in violations)
+
+
+def compare(spec: PlanSpec, names: list[str] | None = None) -> list[dict]:
+    """Plan and simulate every schedule that accepts ``spec``'s vpp, sorted by makespan.
+
+    Rows for schedules that do not apply carry ``error`` instead of metrics.
+    """
+    rows = []
+    for name in names or registry.names():
+        info = registry.get(name)
+        try:
+            registry.check_vpp(info, spec.vpp)
+        except ScheduleError as e:
+            rows.append({"schedule": name, "error": str(e)})
+            continue
+        try:
+            sched = plan(name, spec)
+        except (ScheduleError, ValueError) as e:
+            rows.append({"schedule": name, "error": str(e)})
+            continue
+        rows.append(evaluate(sched, spec))
+    ok = sorted((r for r in rows if "error" not in r), key=lambda r: (r["makespan"], max(r["peak_memory"])))
+    return ok + [r for r in rows if "error" in r]

@@ -1,0 +1,60 @@
+"""pipeloom command line. Each subcommand lives in its own module with ``add_parser(sub)``.
+
+Every subcommand calls one library function and prints; bad input becomes a one-line
+``pipeloom: error: ...`` on stderr with exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module, command) pairs; each module defines add_parser(subparsers)
+COMMANDS = ["simulate", "plan", "show", "compare", "partition", "memory", "run", "trace", "check"]
+
+
+class CLIError(Exception):
+    """Raise for bad input: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pipeloom",
+        description="Plan, validate, simulate, run and visualise pipeline-parallel training schedules.",
+        epilog="Run 'pipeloom COMMAND --help' for the options of each command.",
+    )
+    p.add_argument("--version", action="version", version="pipeloom 0.1.0")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"{__name__}.{name}_cmd")
+        except ModuleNotFoundError as e:
+            if e.name == f"{__name__}.{name}_cmd":
+                continue  # command not built yet
+            raise
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        print("pipeloom: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except (CLIError, ValueError, OSError) as e:  # ScheduleError, ValidationError, format errors are ValueErrors
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"pipeloom: error: {msg}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""pipeloom plan: build a schedule and save it as CSV or JSON."""
+from __future__ import annotations
+
+import sys
+import time
+
+from ..api import evaluate, plan
+from .common import add_plan_options, fmt, print_json, spec_from_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="build a schedule and write it to a .csv or .json file",
+                       description="Build a schedule, validate it and write it out (CSV rows device,step,job "
+                                   "or JSON). Without --out the job lists are printed.")
+    add_plan_options(p)
+    p.add_argument("--out", "-o", default=None, metavar="FILE.csv|FILE.json", help="where to write the schedule")
+    p.add_argument("--json", action="store_true", help="print the simulate-style JSON summary")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    spec = spec_from_args(args, args.schedule)
+    t0 = time.perf_counter()
+    sched = plan(args.schedule, spec)
+    dt = time.perf_counter() - t0
+    if args.out:
+        if not args.out.lower().endswith((".csv", ".json")):
+            raise ValueError(f"--out {args.out!r}: the file name must end in .csv or .json")
+        sched.save(args.out)
+    if args.json:
+        res = evaluate(sched, spec)
+        res["plan_time_s"] = dt
+        res["out"] = args.out
+        print_json(res)
+    elif args.out:
+        print(f"wrote {args.out}: {sched.name} pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
+              f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s", file=sys.stderr)
+    else:
+        print(sched.to_text())
+    return 0

@@ -1,0 +1,101 @@
+"""Registry of schedule builders (pure functions of a :class:`PlanSpec`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..sim.costs import Costs, MemModel
+from .ir import Schedule
+
+
+class ScheduleError(ValueError):
+    """A builder cannot make a schedule for this input (the message says why and what is allowed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSpec:
+    """Everything a builder may use. Builders ignore what they do not need."""
+
+    pp: int
+    """pipeline degree (devices)"""
+    microbatches: int
+    """microbatches per step (gradient accumulation)"""
+    vpp: int = 1
+    """chunks per device"""
+    costs: Costs = field(default_factory=Costs)
+    """per chunk-pass durations and comm latency"""
+    mem: MemModel = field(default_factory=MemModel)
+    """per chunk-pass activation memory"""
+    mem_limit: float | None = None
+    """peak memory limit per device in units (1p = pp); None = unlimited"""
+    options: dict = field(default_factory=dict)
+    """builder-specific options"""
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "microbatches", "vpp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ScheduleError(f"{name} must be an integer >= 1, got {v!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class BuilderInfo:
+    name: str
+    fn: Callable[[PlanSpec], Schedule]
+    description: str
+    vpp: str
+    """'1' (one chunk per device), '2' (exactly two), '>=2', 'any'"""
+    memory_aware: bool
+    """True if the builder honours PlanSpec.mem_limit itself"""
+
+
+BUILDERS: dict[str, BuilderInfo] = {}
+
+
+def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False):
+    def deco(fn: Callable[[PlanSpec], Schedule]):
+        BUILDERS[name] = BuilderInfo(name, fn, description, vpp, memory_aware)
+        return fn
+    return deco
+
+
+def _load_all() -> None:
+    # importing the family modules registers their builders
+    for mod in ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal"):
+        try:
+            __import__(f"{__package__}.{mod}")
+        except ModuleNotFoundError as e:  # a family not built yet
+            if e.name != f"{__package__}.{mod}":
+                raise
+
+
+def names() -> list[str]:
+    _load_all()
+    return sorted(BUILDERS)
+
+
+def get(name: str) -> BuilderInfo:
+    _load_all()
+    try:
+        return BUILDERS[name]
+    except KeyError:
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of: {', '.join(sorted(BUILDERS))}") from None
+
+
+def default_vpp(name: str) -> int:
+    v = get(name).vpp
+    return 1 if v in ("1", "any") else 2
+
+
+def check_vpp(info: BuilderInfo, vpp: int) -> None:
+    ok = {"1": vpp == 1, "2": vpp == 2, ">=2": vpp >= 2, "any": vpp >= 1}[info.vpp]
+    if not ok:
+        allowed = {"1": "1", "2": "2", ">=2": "2 or more", "any": "any value >= 1"}[info.vpp]
+        raise ScheduleError(f"schedule {info.name!r} takes vpp {allowed}, got vpp={vpp}")
+
+
+def build(name: str, spec: PlanSpec) -> Schedule:
+    """Build and return the schedule (not yet validated; see :func:`pipeloom.plan`)."""
+    info = get(name)
+    check_vpp(info, spec.vpp)
+    return info.fn(spec)

@@ -1,0 +1,228 @@
+"""Event simulator: time a schedule under a cost model (no torch).
+
+Each device runs its list strictly in order; a job starts when the device is free and all its
+dependencies (see :mod:`pipeloom.schedule.ir`) have ended, plus ``comm`` for an edge that
+crosses devices. Memory is the running sum over a device's list (F +a, B -b, W -(a-b), BW -a).
+
+Metrics (definitions as in ../shared/reference/README.md):
+    makespan      = last end over all devices
+    bubble        = total idle / (pp * makespan)            (fill, drain and comm waits counted)
+    stage_bubble  = max_d (span_d - busy_d) / span_d,  span_d = last end - first start on d
+                    (the figure the zero-bubble authors report)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..schedule.ir import Kind, Schedule, device_of
+from .costs import Costs, MemModel
+
+_F, _G, _W = 0, 1, 2  # events: forward done, input-grad done (B or BW), weight-grad done
+
+
+class DeadlockError(RuntimeError):
+    """Devices executing their lists in order block each other (or a dependency never runs)."""
+
+    def __init__(self, message: str, stuck: list[tuple[int, int, str, str]]):
+        super().__init__(message)
+        self.stuck = stuck  # (device, index, job, what it waits for)
+
+
+@dataclass(slots=True)
+class SimResult:
+    schedule: Schedule
+    makespan: float
+    start: list[list[float]]
+    end: list[list[float]]
+    busy: list[float]
+    peak_memory: list[float]
+    memory_after: list[list[float]]
+    """memory on the device right after each job of its list (units above)"""
+    bubble: float = 0.0
+    stage_bubble: float = 0.0
+    idle: list[float] = field(default_factory=list)
+    span: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "makespan": self.makespan,
+            "bubble": self.bubble,
+            "stage_bubble": self.stage_bubble,
+            "peak_memory": self.peak_memory,
+            "busy": self.busy,
+            "idle": self.idle,
+        }
+
+
+def job_durations(schedule: Schedule, costs: Costs) -> tuple[list[float], list[float], list[float]]:
+    return costs.per_chunk(schedule.num_chunks)
+
+
+def memory_profile(schedule: Schedule, mem: MemModel | None = None) -> tuple[list[float], list[list[float]]]:
+    """Per-device peak and running memory after each job (order-based; needs no timing)."""
+    mem = mem or MemModel()
+    a, b = mem.per_chunk(schedule.num_chunks, schedule.vpp)
+    peaks, traces = [], []
+    for seq in schedule.devices:
+        cur, peak, tr = 0.0, 0.0, []
+        for kind, _mb, c in seq:
+            if kind is Kind.F:
+                cur += a[c]
+            elif kind is Kind.B:
+                cur -= b[c]
+            elif kind is Kind.W:
+                cur -= a[c] - b[c]
+            else:
+                cur -= a[c]
+            if cur > peak:
+                peak = cur
+            tr.append(cur)
+        peaks.append(peak)
+        traces.append(tr)
+    return peaks, traces
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | None = None) -> SimResult:
+    """Time ``schedule``; raise :class:`DeadlockError` if devices block each other."""
+    costs = costs or Costs()
+    pp, m, nc = schedule.pp, schedule.microbatches, schedule.num_chunks
+    dF, dB, dW = costs.per_chunk(nc)
+    comm = costs.comm
+    dev = [device_of(c, pp, schedule.placement) for c in range(nc)]
+    # comm on the edge into chunk c from c-1 (forward) / from c+1 (backward)
+    fcomm = [0.0] + [comm if dev[c] != dev[c - 1] else 0.0 for c in range(1, nc)]
+    bcomm = [comm if dev[c] != dev[c + 1] else 0.0 for c in range(nc - 1)] + [0.0]
+    ov = 1.0 - costs.overlap
+    n_ev = 3 * m * nc
+    done = [-1.0] * n_ev
+    waiters: dict[int, list[int]] = {}
+    devices = schedule.devices
+    start = [[0.0] * len(s) for s in devices]
+    end = [[0.0] * len(s) for s in devices]
+    ptr = [0] * pp
+    free = [0.0] * pp
+    pairs = schedule.overlapped
+    KF, KB, KW, KBW = Kind.F, Kind.B, Kind.W, Kind.BW
+    mnc = m * nc
+    stack = list(range(pp - 1, -1, -1))
+
+    def ready(kind, mb, c):
+        """Earliest start from dependencies, or (-1, event) when one is not done."""
+        base = mb * nc + c
+        if kind is KF:
+            if c == 0:
+                return 0.0, -1
+            e = done[base - 1]
+            return (e + fcomm[c], -1) if e >= 0 else (-1.0, base - 1)
+        if kind is KW:
+            e = done[mnc + base]
+            return (e, -1) if e >= 0 else (-1.0, mnc + base)
+        e = done[base]
+        if e < 0:
+            return -1.0, base
+        if c < nc - 1:
+            e2 = done[mnc + base + 1]
+            if e2 < 0:
+                return -1.0, mnc + base + 1
+            e2 += bcomm[c]
+            if e2 > e:
+                e = e2
+        return e, -1
+
+    def dur(kind, c):
+        if kind is KF:
+            return dF[c]
+        if kind is KB:
+            return dB[c]
+        if kind is KW:
+            return dW[c]
+        return dB[c] + dW[c]
+
+    def finish(kind, mb, c, t):
+        base = mb * nc + c
+        evs = ((base,) if kind is KF else (mnc + base,) if kind is KB else (2 * mnc + base,)
+               if kind is KW else (mnc + base, 2 * mnc + base))
+        for ev in evs:
+            done[ev] = t
+            w = waiters.pop(ev, None)
+            if w:
+                stack.extend(w)
+
+    while stack:
+        d = stack.pop()
+        seq = devices[d]
+        i = ptr[d]
+        n = len(seq)
+        t_free = free[d]
+        st, en = start[d], end[d]
+        while i < n:
+            kind, mb, c = seq[i]
+            if kind.__class__ is not Kind or not (0 <= mb < m and 0 <= c < nc):
+                raise DeadlockError(f"device {d} position {i}: job {seq[i]} is out of range "
+                                    f"(microbatches 0..{m - 1}, chunks 0..{nc - 1})", [])
+            r, wait = ready(kind, mb, c)
+            if wait >= 0:
+                waiters.setdefault(wait, []).append(d)
+                break
+            if pairs and (d, i) in pairs and i + 1 < n:
+                k2, mb2, c2 = seq[i + 1]
+                r2, wait2 = ready(k2, mb2, c2)
+                if wait2 >= 0:
+                    waiters.setdefault(wait2, []).append(d)
+                    break
+                s = max(t_free, r, r2)
+                d1, d2 = dur(kind, c), dur(k2, c2)
+                t = s + d1 + d2 - (1.0 - ov) * min(d1, d2)
+                st[i] = st[i + 1] = s
+                en[i] = en[i + 1] = t
+                finish(kind, mb, c, t)
+                finish(k2, mb2, c2, t)
+                t_free = t
+                i += 2
+                continue
+            s = t_free if t_free > r else r
+            t = s + dur(kind, c)
+            st[i] = s
+            en[i] = t
+            t_free = t
+            finish(kind, mb, c, t)
+            i += 1
+        ptr[d] = i
+        free[d] = t_free
+
+    stuck = [(d, ptr[d]) for d in range(pp) if ptr[d] < len(devices[d])]
+    if stuck:
+        details = []
+        for d, i in stuck:
+            job = devices[d][i]
+            details.append((d, i, str(job), _waits_for(job, nc, done, mnc)))
+        msg = "deadlock: " + "; ".join(f"device {d} is stuck at position {i} on {j}, waiting for {w}"
+                                       for d, i, j, w in details)
+        raise DeadlockError(msg, details)
+
+    busy = [sum(e - s for s, e in zip(start[d], end[d])) for d in range(pp)]
+    # overlapped pairs share an interval: count it once
+    for d, i in pairs:
+        if i + 1 < len(devices[d]):
+            busy[d] -= end[d][i] - start[d][i]
+    makespan = max((e[-1] for e in end if e), default=0.0)
+    idle = [makespan - b for b in busy]
+    span = [(end[d][-1] - start[d][0]) if end[d] else 0.0 for d in range(pp)]
+    peaks, mem_after = memory_profile(schedule, mem)
+    bubble = sum(idle) / (pp * makespan) if makespan > 0 else 0.0
+    stage_bubble = max(((sp - bu) / sp if sp > 0 else 0.0) for sp, bu in zip(span, busy)) if pp else 0.0
+    return SimResult(schedule=schedule, makespan=makespan, start=start, end=end, busy=busy,
+                     peak_memory=peaks, memory_after=mem_after, bubble=bubble,
+                     stage_bubble=max(0.0, stage_bubble), idle=idle, span=span)
+
+
+def _waits_for(job, nc: int, done: list[float], mnc: int) -> str:
+    kind, mb, c = job
+    base = mb * nc + c
+    if kind is Kind.F:
+        return f"F{mb}.{c - 1}"
+    if kind is Kind.W:
+        return f"B{mb}.{c}"
+    if done[base] < 0:
+        return f"F{mb}.{c}"
+    return f"the input grad of chunk {c + 1} (B{mb}.{c + 1} or BW{mb}.{c + 1})"
