@@ -18,6 +18,12 @@ def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | 
     costs = costs if isinstance(costs, Costs) else Costs.parse(costs)
     mem = mem if isinstance(mem, MemModel) else MemModel.parse(mem)
     limit = mem_limit if isinstance(mem_limit, float) else parse_mem_limit(mem_limit, pp)
+    if limit is not None and isinstance(vpp, int) and vpp >= 1:
+        a, _ = mem.per_chunk(pp * vpp, vpp)
+        if limit < max(a) - 1e-12:
+            raise ScheduleError(
+                f"memory limit {limit:g} units is below one chunk's activation ({max(a):g} units), which every "
+                f"schedule holds at least once; no schedule can meet it (smallest conceivable limit: {max(a):g})")
     return PlanSpec(pp=pp, vpp=vpp, microbatches=microbatches, costs=costs, mem=mem, mem_limit=limit,
                     options=dict(options or {}))
 
@@ -27,6 +33,11 @@ def plan(name: str, spec: PlanSpec, *, check: bool = True) -> Schedule:
     sched = registry.build(name, spec)
     if check:
         v = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
+        if v and all("exceeds the limit" in x for x in v):
+            aware = [n for n in registry.names() if registry.get(n).memory_aware]
+            raise ScheduleError(
+                f"schedule {name!r} needs more memory than the limit {spec.mem_limit:g} units: {v[0]}; "
+                f"memory-aware schedules that honour a limit: {', '.join(aware) or 'none registered'}")
         if v:
             raise ScheduleError(f"schedule {name!r} for pp={spec.pp} vpp={spec.vpp} m={spec.microbatches} "
                                 f"is invalid: {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))

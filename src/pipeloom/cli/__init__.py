@@ -17,14 +17,22 @@ class CLIError(Exception):
     """Raise for bad input: printed as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (what is wrong and where to look) instead of usage + error."""
+
+    def error(self, message: str):
+        self.exit(2, f"pipeloom: error: {self.prog.split(' ', 1)[-1] if ' ' in self.prog else ''}"
+                     f"{': ' if ' ' in self.prog else ''}{message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="pipeloom",
         description="Plan, validate, simulate, run and visualise pipeline-parallel training schedules.",
         epilog="Run 'pipeloom COMMAND --help' for the options of each command.",
     )
     p.add_argument("--version", action="version", version="pipeloom 0.1.0")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
             mod = importlib.import_module(f"{__name__}.{name}_cmd")

@@ -75,7 +75,14 @@ def microbatch_groups(m: int, pp: int, remainder: str = "spread") -> list[list[i
           vpp="any")
 def interleaved(spec: PlanSpec):
     pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
-    groups = microbatch_groups(m, pp, spec.options.get("remainder", "spread"))
+    remainder = spec.options.get("remainder", "spread")
+    if remainder == "last" and m % pp:
+        # seed 002's old behaviour: the short last group is laid out as if padded to pp microbatches,
+        # then the padding's jobs are deleted (removing whole microbatches keeps the order deadlock-free)
+        padded = -(-m // pp) * pp
+        groups = microbatch_groups(padded, pp, remainder)
+    else:
+        groups = microbatch_groups(m, pp, remainder)
     devs = []
     for d in range(pp):
         chunks = [d + v * pp for v in range(vpp)]  # interleaved placement: local chunk v = global d + v*pp
@@ -91,6 +98,6 @@ def interleaved(spec: PlanSpec):
         for i in range(total - w):
             seq += [fwd[w + i], bwd[i]]
         seq += bwd[total - w:]
-        devs.append(seq)
+        devs.append([j for j in seq if j.mb < m])
     name = "interleaved"
     return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, devs)

@@ -8,11 +8,9 @@ dependencies; peak memory never above the limit.
 """
 from __future__ import annotations
 
-from collections import Counter
-
 from ..sim.costs import Costs, MemModel
 from ..sim.simulate import DeadlockError, memory_profile, simulate
-from .ir import Kind, Schedule
+from .ir import Kind, Schedule, device_of
 
 _EPS = 1e-9
 
@@ -35,55 +33,67 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
         return [f"bad shape pp={pp} vpp={vpp} microbatches={m}: each must be >= 1"]
     if len(schedule.devices) != pp:
         return [f"schedule has {len(schedule.devices)} device lists but pp={pp}"]
-    counts: Counter = Counter()
-    pos: dict[tuple, tuple[int, int]] = {}
-    for d, i, job in schedule.jobs():
-        kind, mb, c = job
-        if not (0 <= c < nc):
-            out.append(f"device {d} position {i}: {job} names chunk {c}, allowed 0..{nc - 1}")
-            continue
-        if not (0 <= mb < m):
-            out.append(f"device {d} position {i}: {job} names microbatch {mb}, allowed 0..{m - 1}")
-            continue
-        home = schedule.device_of(c)
-        if home != d:
-            out.append(f"device {d} position {i}: {job} belongs on device {home} "
-                       f"({schedule.placement.value} placement puts chunk {c} there)")
-        counts[job] += 1
-        pos[job] = (d, i)
-    for job, n in counts.items():
-        if n > 1:
-            out.append(f"{job} appears {n} times; each job must run exactly once")
-    for mb in range(m):
-        for c in range(nc):
-            f, b, w, bw = (counts.get((k, mb, c), 0) for k in (Kind.F, Kind.B, Kind.W, Kind.BW))
-            if f == 0:
-                out.append(f"F{mb}.{c} is missing (device {schedule.device_of(c)})")
-            if bw and (b or w):
-                out.append(f"microbatch {mb} chunk {c} has both BW and B/W; use either BW or B plus W")
-            elif not bw:
-                if b == 0:
-                    out.append(f"B{mb}.{c} is missing (device {schedule.device_of(c)}); give B and W, or BW")
-                if w == 0:
-                    out.append(f"W{mb}.{c} is missing (device {schedule.device_of(c)}); give B and W, or BW")
-    if len(out) >= max_messages:
-        return out[:max_messages]
+    home = [device_of(c, pp, schedule.placement) for c in range(nc)]
+    mnc = m * nc
+    kidx = {Kind.F: 0, Kind.B: 1, Kind.W: 2, Kind.BW: 3}
+    # per (kind, mb, chunk) key: the device and position where it runs (-1 = absent)
+    pos_dev = [-1] * (4 * mnc)
+    pos_idx = [0] * (4 * mnc)
+    count = [0] * (4 * mnc)
+    for d, seq in enumerate(schedule.devices):
+        for i, job in enumerate(seq):
+            kind, mb, c = job
+            if not (0 <= c < nc):
+                out.append(f"device {d} position {i}: {job} names chunk {c}, allowed 0..{nc - 1}")
+                continue
+            if not (0 <= mb < m):
+                out.append(f"device {d} position {i}: {job} names microbatch {mb}, allowed 0..{m - 1}")
+                continue
+            if home[c] != d:
+                out.append(f"device {d} position {i}: {job} belongs on device {home[c]} "
+                           f"({schedule.placement.value} placement puts chunk {c} there)")
+            key = kidx[kind] * mnc + mb * nc + c
+            count[key] += 1
+            pos_dev[key] = d
+            pos_idx[key] = i
+            if len(out) >= max_messages:
+                return out
+    for key in range(4 * mnc):
+        if count[key] > 1:
+            out.append(f"{_key_str(key, m, nc)} appears {count[key]} times; each job must run exactly once")
+    for key in range(mnc):
+        mb, c = divmod(key, nc)
+        f, b, w, bw = count[key], count[mnc + key], count[2 * mnc + key], count[3 * mnc + key]
+        if f == 0:
+            out.append(f"F{mb}.{c} is missing (device {home[c]})")
+        if bw and (b or w):
+            out.append(f"microbatch {mb} chunk {c} has both BW and B/W; use either BW or B plus W")
+        elif not bw:
+            if b == 0:
+                out.append(f"B{mb}.{c} is missing (device {home[c]}); give B and W, or BW")
+            if w == 0:
+                out.append(f"W{mb}.{c} is missing (device {home[c]}); give B and W, or BW")
+        if len(out) >= max_messages:
+            return out[:max_messages]
     # same-device ordering, reported with positions (cross-device order shows up as deadlock)
-    for job, (d, i) in pos.items():
-        kind, mb, c = job
-        reqs = []
-        if kind is Kind.F and c > 0:
-            reqs.append((Kind.F, mb, c - 1))
-        elif kind in (Kind.B, Kind.BW):
-            reqs.append((Kind.F, mb, c))
-            if c < nc - 1:
-                reqs.extend([(Kind.B, mb, c + 1), (Kind.BW, mb, c + 1)])
-        elif kind is Kind.W:
-            reqs.append((Kind.B, mb, c))
-        for r in reqs:
-            p = pos.get(r)
-            if p and p[0] == d and p[1] > i:
-                out.append(f"device {d} position {i}: {job} runs before {_fmt(r)} (position {p[1]}) that it needs")
+    for key in range(mnc):
+        mb, c = divmod(key, nc)
+        checks = []  # (job key, required key)
+        if c > 0:
+            checks.append((key, key - 1))  # F needs F of previous chunk
+        for bk in (mnc + key, 3 * mnc + key):  # B or BW
+            if count[bk]:
+                checks.append((bk, key))
+                if c < nc - 1:
+                    checks += [(bk, mnc + key + 1), (bk, 3 * mnc + key + 1)]
+        if count[2 * mnc + key]:
+            checks.append((2 * mnc + key, mnc + key))
+        for jk, rk in checks:
+            if count[jk] and count[rk] and pos_dev[jk] == pos_dev[rk] and pos_idx[rk] > pos_idx[jk]:
+                out.append(f"device {pos_dev[jk]} position {pos_idx[jk]}: {_key_str(jk, m, nc)} runs before "
+                           f"{_key_str(rk, m, nc)} (position {pos_idx[rk]}) that it needs")
+                if len(out) >= max_messages:
+                    return out
     for d, i in schedule.overlapped:
         if not (0 <= d < pp and 0 <= i < len(schedule.devices[d]) - 1):
             out.append(f"overlapped pair ({d}, {i}) does not name two consecutive jobs")
@@ -101,14 +111,15 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
     return out[:max_messages]
 
 
+def _key_str(key: int, m: int, nc: int) -> str:
+    k, rest = divmod(key, m * nc)
+    mb, c = divmod(rest, nc)
+    return f"{('F', 'B', 'W', 'BW')[k]}{mb}.{c}"
+
+
 def check(schedule: Schedule, **kw) -> Schedule:
     """Raise :class:`ValidationError` unless valid; return the schedule."""
     v = validate(schedule, **kw)
     if v:
         raise ValidationError(v)
     return schedule
-
-
-def _fmt(job) -> str:
-    k, mb, c = job
-    return f"{k.value}{mb}.{c}"

@@ -157,35 +157,78 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
         st, en = start[d], end[d]
         while i < n:
             kind, mb, c = seq[i]
-            if kind.__class__ is not Kind or not (0 <= mb < m and 0 <= c < nc):
+            if not (0 <= mb < m and 0 <= c < nc) or kind.__class__ is not Kind:
                 raise DeadlockError(f"device {d} position {i}: job {seq[i]} is out of range "
                                     f"(microbatches 0..{m - 1}, chunks 0..{nc - 1})", [])
-            r, wait = ready(kind, mb, c)
-            if wait >= 0:
-                waiters.setdefault(wait, []).append(d)
-                break
             if pairs and (d, i) in pairs and i + 1 < n:
+                r, wait = ready(kind, mb, c)
                 k2, mb2, c2 = seq[i + 1]
-                r2, wait2 = ready(k2, mb2, c2)
-                if wait2 >= 0:
-                    waiters.setdefault(wait2, []).append(d)
+                r2, wait2 = ready(k2, mb2, c2) if wait < 0 else (0.0, -1)
+                wait = wait if wait >= 0 else wait2
+                if wait >= 0:
+                    waiters.setdefault(wait, []).append(d)
                     break
-                s = max(t_free, r, r2)
+                s0 = max(t_free, r, r2)
                 d1, d2 = dur(kind, c), dur(k2, c2)
-                t = s + d1 + d2 - (1.0 - ov) * min(d1, d2)
-                st[i] = st[i + 1] = s
+                t = s0 + d1 + d2 - (1.0 - ov) * min(d1, d2)
+                st[i] = st[i + 1] = s0
                 en[i] = en[i + 1] = t
                 finish(kind, mb, c, t)
                 finish(k2, mb2, c2, t)
                 t_free = t
                 i += 2
                 continue
-            s = t_free if t_free > r else r
-            t = s + dur(kind, c)
-            st[i] = s
+            # inlined ready() / dur() / finish() for the common single-job case (hot loop)
+            base = mb * nc + c
+            if kind is KF:
+                if c:
+                    r = done[base - 1]
+                    if r < 0:
+                        waiters.setdefault(base - 1, []).append(d)
+                        break
+                    r += fcomm[c]
+                else:
+                    r = 0.0
+                dt = dF[c]
+                ev = base
+            elif kind is KW:
+                r = done[mnc + base]
+                if r < 0:
+                    waiters.setdefault(mnc + base, []).append(d)
+                    break
+                dt = dW[c]
+                ev = 2 * mnc + base
+            else:
+                r = done[base]
+                if r < 0:
+                    waiters.setdefault(base, []).append(d)
+                    break
+                if c < nc - 1:
+                    e2 = done[mnc + base + 1]
+                    if e2 < 0:
+                        waiters.setdefault(mnc + base + 1, []).append(d)
+                        break
+                    e2 += bcomm[c]
+                    if e2 > r:
+                        r = e2
+                dt = dB[c] if kind is KB else dB[c] + dW[c]
+                ev = mnc + base
+            s0 = t_free if t_free > r else r
+            t = s0 + dt
+            if kind is KBW:  # fused backward also completes the weight grad
+                done[2 * mnc + base] = t
+                if waiters:
+                    w = waiters.pop(2 * mnc + base, None)
+                    if w:
+                        stack.extend(w)
+            st[i] = s0
             en[i] = t
             t_free = t
-            finish(kind, mb, c, t)
+            done[ev] = t
+            if waiters:
+                w = waiters.pop(ev, None)
+                if w:
+                    stack.extend(w)
             i += 1
         ptr[d] = i
         free[d] = t_free
