@@ -62,3 +62,16 @@ def test_1f1b_memory_below_fthenb():
     b = simulate(plan("fthenb", make_spec(pp=4, microbatches=16)))
     assert max(a.peak_memory) == 4 and max(b.peak_memory) == 16
     assert a.makespan == pytest.approx(b.makespan)  # 1F1B changes memory, not time (seed 002)
+
+
+def test_1f1b_no_slower_than_official(reference_cases):
+    """Issue 3: with the official generator's costs our 1f1b never has a larger makespan than its 1F1B."""
+    cases = [c for c in reference_cases if c["generator"] == "1f1b"]
+    assert cases
+    for case in cases:
+        k = case["costs"]
+        spec = make_spec(pp=case["pp"], microbatches=case["microbatches"],
+                         costs=Costs(F=k["F"], B=k["B"], W=k["W"], comm=k["comm"]))
+        r = simulate(plan("1f1b", spec), spec.costs)
+        assert r.makespan <= case["makespan"] + 1e-9, case["id"]
+        assert max(r.peak_memory) <= max(case["peak_memory"]) + 1e-9, case["id"]
