@@ -39,6 +39,62 @@ def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> No
     p.add_argument("--mem", default=None, metavar="a=..,b=..",
                    help="activation memory per chunk pass in units: F allocates a (default 1/vpp), "
                         "B frees b (default a/2), W frees a-b")
+    add_partition_options(p)
+
+
+# ---------------------------------------------------------------------- layer partition (helper B, issue 5)
+def add_partition_options(p: argparse.ArgumentParser) -> None:
+    """--layers/--layers-per-device/--layer-costs/--vocab/--hidden/--seq/--balance: per-chunk costs from layers."""
+    g = p.add_argument_group(
+        "layer partition",
+        "Split L layers over pp*vpp chunks and derive per-chunk F/B/W and memory from them (see "
+        "'pipeloom partition --help'). Without these options every chunk costs --costs F/B/W.")
+    g.add_argument("--layers", type=positive_int, default=None, metavar="L",
+                   help="number of transformer layers; uniform split: per-chunk counts differ by at most one, "
+                        "the L %% (pp*vpp) extra layers go to the first global chunks")
+    g.add_argument("--layers-per-device", default=None, metavar="N0,N1,..",
+                   help="layers of each device (e.g. 7,8,8,9), dealt round-robin over the device's chunks; "
+                        "each needs >= vpp")
+    g.add_argument("--layer-costs", default=None, metavar="FILE",
+                   help="per-layer F/B/W/mem (+ embedding, head) as .json or .csv; then --costs gives only "
+                        "comm/overlap")
+    g.add_argument("--vocab", type=positive_int, default=None, metavar="V",
+                   help="vocabulary size: cost the head (norm + projection + loss) from V/hidden (needs --hidden)")
+    g.add_argument("--hidden", type=positive_int, default=None, metavar="H", help="hidden size (with --vocab)")
+    g.add_argument("--seq", type=positive_int, default=None, metavar="S",
+                   help="sequence length: adds the attention term to the head/layer time ratio")
+    g.add_argument("--balance", nargs="?", const="auto", default=None, metavar="OBJECTIVE",
+                   choices=["auto", "bottleneck", "makespan"],
+                   help="choose the per-chunk layer counts by cost: 'bottleneck' (DP, minimise the largest "
+                        "chunk/device time) or 'makespan' (simulate the schedule); bare --balance = makespan "
+                        "when a schedule is known, else bottleneck")
+    p.set_defaults(_partition_options=True)  # spec_from_args acts on these only where they were added
+
+
+def partition_given(args) -> bool:
+    """True if the command has the partition options and one of them was used."""
+    return getattr(args, "_partition_options", False) and any(
+        getattr(args, k, None) is not None for k in ("layers", "layers_per_device", "layer_costs", "balance"))
+
+
+def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progress=None):
+    """The :class:`~pipeloom.partition.PartitionPlan` the partition options ask for (placement from the schedule)."""
+    from ..partition import make_partition, placement_of
+    from ..schedule.ir import Placement
+
+    placement = placement_of(schedule, spec.vpp, spec.options) if schedule else Placement.INTERLEAVED
+    if schedule is None and args.layers_per_device is not None and spec.vpp > 1:
+        raise ValueError("--layers-per-device with vpp > 1 needs one schedule (interleaved and V placements put "
+                         "different chunks on a device); use plan/simulate --schedule NAME")
+    objective = args.balance
+    if objective == "auto":
+        objective = "makespan" if schedule else "bottleneck"
+    return make_partition(pp=spec.pp, vpp=spec.vpp, placement=placement, layers=args.layers,
+                          layers_per_device=args.layers_per_device, layer_costs=args.layer_costs,
+                          base_costs=spec.costs, vocab=args.vocab, hidden=args.hidden, seq=args.seq,
+                          balance=objective, schedule=schedule, microbatches=spec.microbatches,
+                          mem_limit=spec.mem_limit if schedule else None,
+                          max_evals=getattr(args, "max_evals", 400), options=spec.options, progress=progress)
 
 
 def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
@@ -47,6 +103,13 @@ def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
         vpp = registry.default_vpp(schedule) if schedule else 1
     spec = make_spec(pp=args.pp, microbatches=args.microbatches, vpp=vpp, costs=args.costs, mem=args.mem,
                      mem_limit=args.mem_limit, options=getattr(args, "options", None))
+    if partition_given(args):
+        if args.mem is not None:
+            raise ValueError("--mem cannot be combined with the layer partition options (memory then comes from "
+                             "the layers); drop --mem or put 'mem' in --layer-costs")
+        plan = partition_from_args(args, spec, schedule)
+        args.partition_plan = plan
+        spec = plan.apply(spec)
     return spec
 
 

@@ -1,25 +1,61 @@
-"""pipeloom show: draw a saved schedule as a Gantt chart in the terminal."""
+"""pipeloom show: draw a saved schedule as a Gantt chart (terminal, PNG, SVG, HTML, Chrome trace)."""
 from __future__ import annotations
 
+import textwrap
+
 from ..schedule.ir import Schedule
-from ..sim.costs import Costs
-from ..sim.simulate import simulate
+from ..sim.costs import Costs, MemModel, parse_mem_limit
+from ..sim.simulate import DeadlockError, simulate
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, 90)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("show", help="draw a saved schedule (.csv/.json) as a Gantt chart",
-                       description="Simulate a saved schedule and draw it as a text Gantt chart: one row per "
-                                   "device, F/B/W/BW boxes labelled with the microbatch, '.' for idle time.")
-    p.add_argument("file", help="schedule file written by 'pipeloom plan' (or by hand)")
-    p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", help="durations used to lay out the chart")
-    p.add_argument("--width", type=int, default=0, help="columns for the chart (default: terminal width)")
+    p = sub.add_parser(
+        "show", help="draw a saved schedule (.csv/.json) as a Gantt chart (terminal, .png, .svg, .html, trace)",
+        description=_wrap("Simulate a saved schedule and draw it: one row per device, F/B/W/BW boxes labelled with the "
+                    "microbatch, local chunks by shade, idle time visible, activation memory under each row. "
+                    "Without --out the chart is printed as text."),
+        epilog="examples:\n  pipeloom plan -s 1f1b --pp 4 -m 8 -o 1f1b.json\n  pipeloom show 1f1b.json\n"
+               "  pipeloom show 1f1b.json --out gantt.png --out gantt.html --out trace.json",
+        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("file", help="schedule file written by 'pipeloom plan' (or by hand): .json or .csv")
+    p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
+                   help="durations used to lay out the chart (default: %(default)s)")
+    p.add_argument("--mem", default=None, metavar="a=..,b=..", help="activation memory model (default a=1/vpp, b=a/2)")
+    p.add_argument("--mem-limit", default="none", metavar="LIMIT",
+                   help="draw this memory limit under each row: none, 1p, 1.5p, 2p, Xp or units (default: none)")
+    p.add_argument("--out", "-o", action="append", default=[], metavar="PATH",
+                   help="write a picture instead of printing: .png, .svg or .pdf (Gantt), .html (interactive: hover, "
+                        "zoom) or .json (Chrome/Perfetto trace); repeat for several")
+    p.add_argument("--width", type=int, default=0, help="columns of the text chart (default: terminal width)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..viz.text import text_gantt
+    import os
 
+    for out in args.out:
+        if os.path.exists(out) and os.path.samefile(out, args.file):
+            raise ValueError(f"--out {out} is the schedule file itself; give the picture or trace another name")
     sched = Schedule.load(args.file)
-    res = simulate(sched, Costs.parse(args.costs))
-    print(text_gantt(res, width=args.width or None))
+    costs, mem = Costs.parse(args.costs), MemModel.parse(args.mem)
+    limit = parse_mem_limit(args.mem_limit, sched.pp)
+    try:
+        res = simulate(sched, costs, mem)
+    except DeadlockError as e:
+        raise ValueError(f"{args.file}: cannot be drawn, {e}") from None
+    if not args.out:
+        from ..viz.text import text_gantt
+        print(text_gantt(res, width=args.width or None))
+        return 0
+    from ..viz import write_outputs
+    from ..viz.timeline import from_sim
+
+    tl = from_sim(res, mem=mem, mem_limit=limit)
+    for path in write_outputs(args.out, timeline=tl, us_per_unit=1000.0,
+                              trace_info={"schedule": sched.name, "note": "1 cost unit drawn as 1 ms"}):
+        print(f"wrote {path}")
     return 0

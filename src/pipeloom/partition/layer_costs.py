@@ -183,7 +183,8 @@ def default_layer_costs(num_layers: int, num_chunks: int, base: Costs | None = N
     if vocab is not None:
         t, m = head_ratios(vocab, hidden, seq)
         head = LayerCost(F=layer.F * t, B=layer.B * t, W=layer.W * t, mem=m)
-    src = "uniform layers" + (f", head from vocab={vocab} hidden={hidden}" if vocab is not None else "")
+    src = "uniform layers" + (f", head from vocab={vocab} hidden={hidden}" + (f" seq={seq}" if seq else "")
+                              if vocab is not None else "")
     return LayerCosts(tuple([layer] * num_layers), ZERO, head, source=src)
 
 

@@ -196,7 +196,7 @@ def from_layers_per_device(counts: Sequence[int], pp: int, vpp: int = 1,
     short = [d for d, n in enumerate(counts) if n < vpp]
     if short:
         d = short[0]
-        raise PartitionError(f"device {d} gets {counts[d]} layers but has vpp={vpp} chunks; every device needs "
+        raise PartitionError(f"device {d} gets {counts[d]} layer(s) but has vpp={vpp} chunks; every device needs "
                              f">= vpp layers (one per chunk)")
     nc = pp * vpp
     seg = [0] * nc

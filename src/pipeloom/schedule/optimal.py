@@ -144,7 +144,7 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
                     if e is None:
                         continue
                     r = e + (comm if dev[c - 1] != d else 0.0)
-                cands.append((max(free[d], r), 1 if f_first else 2, c, ("F", mb, c)))
+                cands.append((max(free[d], r), 1 if f_first else 2, -c, ("F", mb, c)))
             for mb, c in pending_b[d]:
                 r = f_end[(mb, c)]
                 if c < nc - 1:
@@ -197,6 +197,20 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
     return orders
 
 
+def _as_hint(s: Schedule, placement: Placement, split: bool) -> list[list[Job]] | None:
+    """Device orders of ``s`` usable as a start for this model, or None (other placement/backward kind)."""
+    if s.placement is not placement and s.vpp > 1:
+        return None
+    kinds = {j.kind for _, _, j in s.jobs()}
+    if split and Kind.BW in kinds:
+        # a fused BW is B then W at once: same timing and peak, so it converts into a split hint
+        return [[x for j in seq for x in ((Job(Kind.B, j.mb, j.chunk), Job(Kind.W, j.mb, j.chunk))
+                                          if j.kind is Kind.BW else (j,))] for seq in s.devices]
+    if not split and (Kind.B in kinds or Kind.W in kinds):
+        return None
+    return [list(seq) for seq in s.devices]
+
+
 def _registry_hints(spec: PlanSpec, placement: Placement, split: bool) -> list[tuple[str, list[list[Job]]]]:
     """Orders of the other registered builders that produce the same kind of schedule."""
     from . import registry
@@ -213,17 +227,9 @@ def _registry_hints(spec: PlanSpec, placement: Placement, split: bool) -> list[t
             s = info.fn(plain)
         except Exception:  # noqa: BLE001 - a hint is optional; any builder failure just means no hint
             continue
-        if s.placement is not placement and spec.vpp > 1:
-            continue
-        kinds = {j.kind for _, _, j in s.jobs()}
-        if split and Kind.BW in kinds:
-            # a fused BW is B then W at once: same timing and peak, so it converts into a split hint
-            s = Schedule(s.name, s.pp, s.vpp, s.microbatches, s.placement,
-                         [[x for j in seq for x in ((Job(Kind.B, j.mb, j.chunk), Job(Kind.W, j.mb, j.chunk))
-                                                    if j.kind is Kind.BW else (j,))] for seq in s.devices])
-        elif not split and (Kind.B in kinds or Kind.W in kinds):
-            continue
-        out.append((name, [list(seq) for seq in s.devices]))
+        orders = _as_hint(s, placement, split)
+        if orders is not None:
+            out.append((name, orders))
     return out
 
 
@@ -242,12 +248,18 @@ def optimal(spec: PlanSpec) -> Schedule:
         workers     CP-SAT search workers (default: CPU count, at most 8)
         seed        solver random seed (default 0)
         allow_large solve even above the size limit (expect FEASIBLE, not OPTIMAL)
-        hints       use heuristic schedules as hints and upper bound (default True)
+        hints       also start from the other registered builders' schedules (default True; the
+                    built-in greedy and serial starts are always used)
+        start_from  extra Schedules to start from (e.g. heuristics the caller already built)
+        formulation ``interval`` (NoOverlap + reservoir; the default, also for ``auto``), ``time``
+                    (adds time-indexed 0-1 rows with a stronger LP, replacing the reservoir) or
+                    ``both`` (interval, reservoir and time-indexed rows)
     meta: status, objective, best_bound, gap (objective/bound - 1), wall_time_s, makespan
     (re-simulated), hint (the best starting schedule and its makespan).
     """
     opts = dict(spec.options)
-    known = {"time_limit", "placement", "backward", "workers", "seed", "allow_large", "hints"}
+    known = {"time_limit", "placement", "backward", "workers", "seed", "allow_large", "hints", "formulation",
+             "start_from"}
     unknown = set(opts) - known
     if unknown:
         raise ScheduleError(f"optimal: unknown option(s) {', '.join(sorted(unknown))}; "
@@ -285,7 +297,7 @@ def optimal(spec: PlanSpec) -> Schedule:
     dF, dB, dW = spec.costs.per_chunk(nc)
     if split and any(x <= 0 for x in dF + dB + dW):
         raise ScheduleError("optimal: every F, B and W duration must be > 0 (use backward=bw if W is 0)")
-    if not split and any(x <= 0 for x in dF) or any(x + y <= 0 for x, y in zip(dB, dW)):
+    if not split and (any(x <= 0 for x in dF) or any(x + y <= 0 for x, y in zip(dB, dW))):
         raise ScheduleError("optimal: every F and B+W duration must be > 0")
     a, b = spec.mem.per_chunk(nc, vpp)
     need = min_feasible_limit(pp, vpp, placement, spec.mem)
@@ -355,15 +367,21 @@ def optimal(spec: PlanSpec) -> Schedule:
     icosts = Costs(F=tuple(float(x) for x in iF), B=tuple(float(x) for x in iB), W=tuple(float(x) for x in iW),
                    comm=float(icomm))
     candidates: list[tuple[str, list[list[Job]]]] = [("serial", _serial_orders(pp, m, nc, placement, split))]
+    for f_first in (False, True):
+        try:
+            candidates.append((f"greedy{'-f' if f_first else ''}",
+                               _greedy_orders(pp, m, nc, placement, split, dF, dB, dW, spec.costs.comm,
+                                              a, b, limit, f_first)))
+        except ScheduleError:
+            pass
     if opts.get("hints", True):
-        for f_first in (False, True):
-            try:
-                candidates.append((f"greedy{'-f' if f_first else ''}",
-                                   _greedy_orders(pp, m, nc, placement, split, dF, dB, dW, spec.costs.comm,
-                                                  a, b, limit, f_first)))
-            except ScheduleError:
-                pass
         candidates += _registry_hints(spec, placement, split)
+    for given in opts.get("start_from", ()) or ():
+        if not isinstance(given, Schedule) or (given.pp, given.vpp, given.microbatches) != (pp, vpp, m):
+            raise ScheduleError("optimal: start_from must hold Schedules of the same pp, vpp and microbatches")
+        orders = _as_hint(given, placement, split)
+        if orders is not None:
+            candidates.append((given.name, orders))
     best_hint = None
     for name, orders in candidates:
         s = Schedule("hint", pp, vpp, m, placement, orders)
@@ -377,8 +395,56 @@ def optimal(spec: PlanSpec) -> Schedule:
             best_hint = (name, r)
     assert best_hint is not None, "the serial schedule always fits a feasible limit"
     horizon = int(round(best_hint[1].makespan))
+    hint_start = _relabel_hint(_hint_starts(best_hint[1]), m, nc)
+    if lb >= horizon:  # a starting schedule already meets the lower bound: optimal, no search needed
+        return _finish(spec, placement, backward, {j: hint_start[j] for j in jobs}, jobs, dev, nc, tscale,
+                       "OPTIMAL", f"lower bound met by {best_hint[0]}", horizon, lb, time.perf_counter() - t_start,
+                       time_limit, workers, "-", limit, best_hint, t_rounded or m_rounded)
 
-    # --- CP-SAT model
+    # --- CP-SAT
+    formulation = str(opts.get("formulation", "auto")).lower()
+    if formulation not in ("auto", "interval", "time", "both"):
+        raise ScheduleError(f"optimal: formulation must be auto, interval, time or both, got {formulation!r}")
+    if formulation == "auto":
+        # Measured on the memory-bound V cases (pp 2-4, m 4-8, 1p, 2 workers): neither model dominates.
+        # The interval model proves most cases fastest (pp4 m8 vpp1 1p: 4 s, the time-indexed one none
+        # in 9 s); the time-indexed rows prove others it cannot (pp2 m6 vpp2 1p: 11 s vs none in 14 s).
+        # So: interval for the first half of the time, then both, starting from the best found.
+        phases = ["interval", "both"] if ilimit is not None else ["interval"]
+    else:
+        phases = [formulation]
+    model_args = dict(jobs=jobs, preds=preds, succs=succs, dur=dur, delta=delta, dev=dev, pp=pp, m=m,
+                      ilimit=ilimit, head=head, tail=tail, lb=lb)
+    vals, objective, bound, status_name, used = hint_start, horizon, lb, "FEASIBLE", []
+    source = f"hint ({best_hint[0]}); CP-SAT found nothing better in time_limit={time_limit:g} s"
+    t_solve0 = time.perf_counter()
+    for k, form in enumerate(phases):
+        budget = (time_limit - (time.perf_counter() - t_solve0)) / (len(phases) - k)
+        if budget <= 0.05:
+            break
+        used.append(form)
+        res = _solve(form, budget, workers, seed, vals, objective, **model_args)
+        if res is None:
+            continue
+        r_status, r_vals, r_obj, r_bound = res
+        bound = max(bound, r_bound)
+        if r_obj <= objective:
+            vals, objective, source = r_vals, r_obj, "cp-sat"
+        if r_status == "OPTIMAL" or bound >= objective:
+            status_name = "OPTIMAL"
+            break
+    return _finish(spec, placement, backward, vals, jobs, dev, nc, tscale, status_name, source, objective, bound,
+                   time.perf_counter() - t_start, time_limit, workers, "+".join(used), limit, best_hint,
+                   t_rounded or m_rounded)
+
+
+def _solve(form, time_limit, workers, seed, hint_vals, horizon, *, jobs, preds, succs, dur, delta, dev, pp, m,
+           ilimit, head, tail, lb):
+    """Build and solve one CP-SAT model; (status, starts, objective, bound) or None without a solution.
+
+    ``horizon`` is the makespan of ``hint_vals``, a feasible schedule: the model looks for one at
+    most that long, so it always has a solution and the bound it proves holds for every schedule.
+    """
     from ortools.sat.python import cp_model  # lazy: the core must import fast
 
     model = cp_model.CpModel()
@@ -398,17 +464,16 @@ def optimal(spec: PlanSpec) -> Schedule:
     for d in range(pp):
         on = [j for j in jobs if dev[j.chunk] == d]
         model.add_no_overlap([itv[j] for j in on])
-        if ilimit is not None:
+        if ilimit is not None and form in ("interval", "both"):
             model.add_reservoir_constraint([start[j] for j in on], [delta(j.kind, j.chunk) for j in on],
                                            0, ilimit)
+    if form in ("time", "both"):
+        _time_indexed(model, jobs, start, preds, dur, delta, dev, pp, ilimit, head, tail, horizon)
     # symmetry: microbatches are interchangeable, take chunk 0's forwards in microbatch order
     for mb in range(m - 1):
         model.add(start[Job(Kind.F, mb + 1, 0)] >= end[Job(Kind.F, mb, 0)])
-    hint_start = _hint_starts(best_hint[1])
-    hint_start = _relabel_hint(hint_start, m, nc)
     for j in jobs:
-        if j in hint_start:
-            model.add_hint(start[j], int(round(hint_start[j])))
+        model.add_hint(start[j], int(round(hint_vals[j])))
     model.add_hint(makespan, horizon)
     model.minimize(makespan)
 
@@ -416,43 +481,52 @@ def optimal(spec: PlanSpec) -> Schedule:
     solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
+    # probing in presolve costs seconds on these dense precedence models and did not pay off here
+    solver.parameters.cp_model_probing_level = 0
     status = solver.solve(model)
-    status_name = solver.status_name(status)
-    wall = time.perf_counter() - t_start
-    if status == cp_model.INFEASIBLE:  # the serial schedule makes this impossible; kept as a guard
-        raise ScheduleError(f"optimal: no schedule fits memory limit {limit}")
+    if status == cp_model.INFEASIBLE:  # impossible: the hint is feasible; kept as a guard
+        raise RuntimeError("optimal: CP-SAT reports a feasible starting schedule infeasible")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise ScheduleError(f"optimal: CP-SAT found no schedule within time_limit={time_limit:g} s "
-                            f"(status {status_name}); raise time_limit")
+        return None
     vals = {j: solver.value(start[j]) for j in jobs}
+    objective = int(round(solver.objective_value))
+    bound = max(int(math.ceil(solver.best_objective_bound - 1e-9)), lb)
+    return solver.status_name(status), vals, objective, bound
+
+
+def _finish(spec, placement, backward, vals, jobs, dev, nc, tscale, status_name, source, objective, bound, wall,
+            time_limit, workers, formulation, limit, best_hint, rounded) -> Schedule:
+    """Order each device's jobs by start time, fill meta, re-simulate and check."""
+    pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
     devices = []
     for d in range(pp):
         on = [j for j in jobs if dev[j.chunk] == d]
         on.sort(key=lambda j: (vals[j], _topo_key(j, nc)))
         devices.append(tuple(on))
-    objective = solver.objective_value / tscale
-    bound = solver.best_objective_bound / tscale
+    objective = objective / tscale
+    bound = bound / tscale
     meta = {
         "status": status_name,
+        "source": source,
         "objective": objective,
         "best_bound": bound,
         "gap": (objective / bound - 1.0) if bound > 0 else 0.0,
         "wall_time_s": round(wall, 3),
         "time_limit": time_limit,
         "workers": workers,
+        "formulation": formulation,
         "placement": placement.value,
         "backward": backward,
         "mem_limit": limit,
         "hint": {"from": best_hint[0], "makespan": best_hint[1].makespan / tscale},
-        "lower_bound_paths": lb / tscale,
     }
-    if t_rounded or m_rounded:
+    if rounded:
         meta["rounded"] = True
     sched = Schedule("optimal", pp, vpp, m, placement, tuple(devices), meta=meta)
     # re-time the solver's order; ASAP re-timing never loses (see the module docstring)
     r = simulate(sched, spec.costs, spec.mem)
     meta["makespan"] = r.makespan
-    if not meta.get("rounded") and r.makespan > objective + 1e-6:
+    if not rounded and r.makespan > objective + 1e-6:
         raise RuntimeError(f"optimal: re-simulated makespan {r.makespan} exceeds the solver's {objective}")
     return sched
 
@@ -480,3 +554,54 @@ def _relabel_hint(starts: dict[Job, float], m: int, nc: int) -> dict[Job, float]
     order = sorted(range(m), key=lambda mb: starts.get(Job(Kind.F, mb, 0), 0.0))
     new_of = {old: new for new, old in enumerate(order)}
     return {Job(j.kind, new_of[j.mb], j.chunk): t for j, t in starts.items()}
+
+
+def _time_indexed(model, jobs, start, preds, dur, delta, dev, pp, ilimit, head, tail, horizon) -> None:
+    """Time-indexed 0-1 rows (strong LP relaxation): y[j,t] = 1 iff job j has started by time t.
+
+    start_j = sum_t (1 - y[j,t]) over its window; precedence y[j,t] <= y[p, t - dur_p - lag];
+    device: sum_j (y[j,t] - y[j,t-dur_j]) <= 1; memory: sum_j delta_j y[j,t] <= limit.
+    """
+    y = {}
+    for j in jobs:
+        lo, hi = head[j], horizon - tail[j]
+        ys = {}
+        prev = None
+        for t in range(lo, hi + 1):
+            v = model.new_bool_var("") if t < hi else model.new_constant(1)
+            if prev is not None:
+                model.add(v >= prev)
+            ys[t] = v
+            prev = v
+        y[j] = (lo, hi, ys)
+        model.add(start[j] == lo + sum(1 - ys[t] for t in range(lo, hi)))
+
+    def yv(j, t):
+        lo, hi, ys = y[j]
+        if t < lo:
+            return 0
+        if t >= hi:
+            return 1
+        return ys[t]
+
+    for j in jobs:
+        lo, hi, _ = y[j]
+        for p, lag in preds[j]:
+            for t in range(lo, hi):
+                model.add(yv(j, t) <= yv(p, t - dur(p.kind, p.chunk) - lag))
+    for d in range(pp):
+        on = [j for j in jobs if dev[j.chunk] == d]
+        for t in range(horizon):
+            terms = []
+            for j in on:
+                a_, b_ = yv(j, t), yv(j, t - dur(j.kind, j.chunk))
+                if isinstance(a_, int) and isinstance(b_, int):
+                    if a_ - b_:
+                        terms.append(a_ - b_)
+                    continue
+                terms.append(a_ - b_)
+            if terms:
+                model.add(sum(terms) <= 1)
+            if ilimit is not None:
+                model.add(sum(delta(j.kind, j.chunk) * yv(j, t) for j in on) <= ilimit)
+

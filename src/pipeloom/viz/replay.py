@@ -115,8 +115,7 @@ def replay(schedule: Schedule, durations: Sequence[Sequence[float]], comm: float
                     break
                 r, who = (r1 if r1[0] >= r2[0] else r2)
                 if free[d] >= r and i > 0:
-                    r, who = free[d], (d, i - 1 if not (d, i - 2) in pairs else i - 2)
-                    who = (d, i - 1)
+                    r, who = free[d], (d, i - 1)
                 s = max(r, free[d]) + (delays[d][i] if delays is not None else 0.0)
                 e = s + durations[d][i]
                 n = 2 if paired else 1

@@ -15,9 +15,8 @@ def text_gantt(res: SimResult, width: int | None = None) -> str:
     sched = res.schedule
     width = width or max(40, shutil.get_terminal_size((120, 20)).columns - 6)
     span = res.makespan or 1.0
-    # pick a scale: whole columns per unit time when it fits, else compress
-    unit = min(1.0, span / max(1.0, width)) if span > width else 1.0
-    cols = int(round(span / unit))
+    # stretch or compress time so the makespan fills the width (short jobs keep at least one column)
+    cols = max(1, int(width))
     scale = cols / span
     lines = []
     for d, seq in enumerate(sched.devices):
@@ -29,8 +28,9 @@ def text_gantt(res: SimResult, width: int | None = None) -> str:
             if local.get(job.chunk, 0) % 2:
                 letter = letter.lower()
             label = f"{letter}{job.mb}"
-            box = (label + " " * (b - a))[: b - a] if b - a > len(label) else letter[: b - a].ljust(b - a, letter[0])
-            row[a:b] = list(box[: max(0, min(b, cols) - a)])
+            box = (label + " " * (b - a))[: b - a] if b - a >= len(label) else letter[: b - a].ljust(b - a, letter[0])
+            a = min(a, cols - 1)
+            row[a:b] = list(box[: max(1, min(b, cols) - a)])
         lines.append(f"d{d:<3} |" + "".join(row) + "|")
     legend = ("F forward, B input-grad, W weight-grad, BW fused backward; digits = microbatch; "
               "lower case = odd local chunk; '.' idle")

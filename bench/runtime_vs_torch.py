@@ -1,0 +1,171 @@
+"""pipeloom runtime vs torch.distributed.pipelining: step time side by side, and measured vs simulated bubble.
+
+Same model (the llama example decoder, same weights), same schedule, same microbatches, same
+ranks: every pair is measured in ONE process group, alternating a pipeloom step and a torch step
+so machine noise hits both alike. Reported: median step time of each (slowest rank, barrier to
+barrier) and their ratio.
+
+Bubble check: from pipeloom's own job log (start/end of every job), the measured bubble of a
+step is ``1 - sum(busy) / (pp * makespan)``; the simulated bubble is what
+:func:`pipeloom.sim.simulate.simulate` predicts for the same schedule with per-chunk F, B, W
+costs set to the measured means (BW split half/half into B and W, comm = 0).
+
+    python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+PAIRS = [  # (torch schedule class, pipeloom registry name, vpp)
+    ("ScheduleGPipe", "fthenb", 1),
+    ("Schedule1F1B", "1f1b", 1),
+    ("ScheduleInterleaved1F1B", "interleaved", 2),
+    ("ScheduleZBVZeroBubble", "zbv", 2),
+]
+
+
+def _worker(opts: dict) -> list[dict] | None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.pipelining as tpp
+
+    from pipeloom import api
+    from pipeloom.models.llama import LlamaConfig, build_chunk_modules, even_layer_split, loss_fn, synthetic_batch
+    from pipeloom.runtime.executor import PipelineExecutor
+    from pipeloom.runtime.joblog import JobLog
+
+    rank, pp = dist.get_rank(), dist.get_world_size()
+    m, steps, warm = opts["microbatches"], opts["steps"], 2
+    rows = []
+    for tname, pname, vpp in PAIRS:
+        if opts["only"] and pname not in opts["only"]:
+            continue
+        sched = api.plan(pname, api.make_spec(pp=pp, microbatches=m, vpp=vpp))
+        nc = sched.num_chunks
+        cfg = LlamaConfig(n_layers=max(opts["layers"], nc), dim=opts["dim"], max_seq_len=opts["seq"],
+                          n_heads=opts["heads"], n_kv_heads=opts["heads"] // 2)
+        split = even_layer_split(cfg.n_layers, nc)
+        mine = sched.chunks_of(rank)
+        x, y = synthetic_batch(cfg, m * opts["mbs"], opts["seq"], seed=1)
+        xs, ys = list(x.chunk(m)), list(y.chunk(m))
+        # pipeloom
+        log_dir = os.path.join(opts["log_root"], pname)
+        log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
+                     schedule=sched.to_dict(), costs=None, profile_steps=(warm, warm + steps))
+        ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
+                              pp_rank=rank, pp_ranks=list(range(pp)), log=log)
+        # torch.distributed.pipelining on the same chunks (stage index = global chunk id)
+        tmods = build_chunk_modules(cfg, split, 0, chunks=mine)
+        stages = [tpp.PipelineStage(mod, k, nc, torch.device("cpu")) for k, mod in zip(mine, tmods)]
+        cls = getattr(tpp, tname)
+        tsched = cls(stages[0] if vpp == 1 else stages, n_microbatches=m, loss_fn=loss_fn)
+        has_first, has_last = 0 in mine, nc - 1 in mine
+
+        def torch_step():
+            losses = []
+            if has_first and has_last:
+                tsched.step(x, target=y, losses=losses)
+            elif has_first:
+                tsched.step(x)
+            elif has_last:
+                tsched.step(target=y, losses=losses)
+            else:
+                tsched.step()
+            for mod in tmods:
+                mod.zero_grad(set_to_none=True)
+
+        def pl_step():
+            ex.step(xs if has_first else None, ys if has_last else None)
+            for mod in ex.modules.values():
+                mod.zero_grad(set_to_none=True)
+
+        tp, tt = [], []
+        for i in range(warm + steps):
+            for fn, acc in ((pl_step, tp), (torch_step, tt)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                dist.barrier()
+                if i >= warm:
+                    acc.append(time.perf_counter() - t0)
+        log.close(warm + steps - 1)
+        dist.barrier()
+        if rank == 0:
+            meas, sim = _bubbles(log_dir, pp, sched, warm, steps)
+            rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
+                         "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
+                         "ratio": statistics.median(tp) / statistics.median(tt),
+                         "bubble_measured": meas, "bubble_simulated": sim})
+        del ex, tsched, stages
+    return rows if rank == 0 else None
+
+
+def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float, float]:
+    """Median measured bubble over the logged steps and the simulated bubble with measured costs."""
+    from pipeloom.sim.costs import Costs
+    from pipeloom.sim.simulate import simulate
+
+    jobs = []
+    for r in range(pp):
+        with open(os.path.join(log_dir, f"workerlog.{r}")) as f:
+            jobs += [j for j in map(json.loads, f) if j["event"] == "job"]
+    nc = sched.num_chunks
+    dur: dict[tuple[str, int], list[float]] = {}
+    per_step = []
+    for s in range(warm, warm + steps):
+        js = [j for j in jobs if j["step"] == s]
+        span = max(j["end"] for j in js) - min(j["start"] for j in js)
+        busy = sum(j["end"] - j["start"] for j in js)
+        per_step.append(1 - busy / (pp * span))
+        for j in js:
+            dur.setdefault((j["kind"], j["chunk"]), []).append(j["end"] - j["start"])
+    mean = {k: statistics.fmean(v) for k, v in dur.items()}
+    F = tuple(mean[("F", k)] for k in range(nc))
+    B = tuple(mean.get(("B", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
+    W = tuple(mean.get(("W", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
+    res = simulate(sched, Costs(F=F, B=B, W=W))
+    return statistics.median(per_step), res.bubble
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6, help="measured steps per schedule (after 2 warm-up)")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--mbs", type=int, default=4, help="sequences per microbatch")
+    ap.add_argument("--only", nargs="*", default=None, help="pipeloom schedule names to run (default: all)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    from pipeloom.runtime.launch import spawn
+
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = dict(vars(a), log_root=tmp)
+        rows = spawn(_worker, a.pp, (opts,), timeout_s=300)
+    if a.json:
+        print(json.dumps([{k: r[k] for k in ("schedule", "pp", "microbatches", "pipeloom_s", "torch_s")} | r
+                          for r in rows], indent=1))
+        return 0
+    print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
+          f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank)")
+    print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
+          "bubble simulated |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['schedule']} (vpp {r['vpp']}) | {r['torch_schedule']} | {r['pipeloom_s']:.4f} | "
+              f"{r['torch_s']:.4f} | {r['ratio']:.2f} | {100 * r['bubble_measured']:.1f}% | "
+              f"{100 * r['bubble_simulated']:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""pipeloom memory: per-device memory of a model under a pipeline schedule, before any GPU is touched."""
+from __future__ import annotations
+
+import argparse
+
+from .common import positive_int, print_json
+
+GiB = 1024 ** 3
+
+
+def add_parser(sub) -> None:
+    from ..memory.analytic import PRESETS
+
+    p = sub.add_parser(
+        "memory", help="estimate per-device memory (params, grads, optimizer, activations) of a model",
+        description="Estimate the memory of every pipeline device for a decoder-only transformer: parameters, "
+                    "gradients, optimizer states (mixed-precision Adam, Megatron accounting) and the peak of "
+                    "saved activations, taken from the memory trace of the actual schedule (B/W split "
+                    "included). Activation sizes follow Korthikanti et al. 2022, adapted to GQA/SwiGLU/flash "
+                    "attention. With --gpu-memory, say whether it fits and which memory limit (1p/1.5p/2p) "
+                    "the free memory allows.",
+        epilog="examples:\n  pipeloom memory --model llama2-7b --pp 4 --microbatches 8 --schedule 1f1b "
+               "--gpu-memory 80GiB\n  pipeloom memory --model llama2-70b --pp 8 --vpp 2 -m 16 -s interleaved "
+               "--tp 8 --sequence-parallel --recompute selective --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="PRESET",
+                   help="model preset: " + ", ".join(PRESETS))
+    p.add_argument("--schedule", "-s", default="1f1b", metavar="NAME",
+                   help="pipeline schedule whose memory trace gives the live microbatches (default: %(default)s)")
+    p.add_argument("--pp", type=positive_int, required=True, help="pipeline degree (devices)")
+    p.add_argument("--vpp", type=positive_int, default=None,
+                   help="chunks per device (default: 1, or 2 for V-shape schedules)")
+    p.add_argument("--microbatches", "-m", type=positive_int, required=True, help="microbatches per step")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per microbatch (default: 1)")
+    p.add_argument("--seq", type=positive_int, default=None,
+                   help="sequence length (default: the model's published context length)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
+                   help="parameter/activation precision; bf16/fp16 keep fp32 master weights (default: %(default)s)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default: 1)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism (split norm/dropout activations over tp)")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none",
+                   help="activation recompute: selective = attention core, full = keep layer inputs only "
+                        "(default: %(default)s)")
+    p.add_argument("--attention", choices=["flash", "math"], default="flash",
+                   help="flash: no s*s matrix kept; math: softmax kept (Korthikanti's 5as/h term) "
+                        "(default: %(default)s)")
+    p.add_argument("--impl", choices=["fused", "eager"], default="fused",
+                   help="fused: Megatron kernels; eager: unfused PyTorch ops as in pipeloom.models.llama "
+                        "(default: %(default)s)")
+    p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree (used with --zero 1)")
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="1 = shard fp32 master weights/grads and Adam states over dp (ZeRO-1) (default: 0)")
+    p.add_argument("--layers-per-chunk", default=None, metavar="N,N,...",
+                   help="layers of every global chunk (pp*vpp values; default: even, extras to the first chunks)")
+    p.add_argument("--mem-limit", default=None, metavar="LIMIT",
+                   help="memory limit for memory-aware schedules: 1p/1.5p/2p/Xp, units, or bytes per device "
+                        "such as 60GiB (converted into units with this estimate)")
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                   help="device memory to check against, e.g. 80GiB, 80GB, 40960MiB")
+    p.add_argument("--reserve", default="0", metavar="SIZE",
+                   help="memory kept aside per device (CUDA context, allocator slack), e.g. 2GiB "
+                        "(default: %(default)s)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: total_params and one entry per device with params, "
+                        "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes")
+    p.set_defaults(func=run)
+
+
+def _lpc(text: str | None):
+    if text is None:
+        return None
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--layers-per-chunk {text!r}: expected comma-separated integers, e.g. 8,8,8,8") from None
+    if any(v < 0 for v in vals):
+        raise ValueError(f"--layers-per-chunk {text!r}: layer counts must be >= 0")
+    return vals
+
+
+def run(args) -> int:
+    from ..memory.analytic import TrainConfig, estimate
+
+    train = TrainConfig(seq=args.seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
+                        sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+                        attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero)
+    rep = estimate(args.model, train, schedule=args.schedule, pp=args.pp, vpp=args.vpp,
+                   microbatches=args.microbatches, layers_per_chunk=_lpc(args.layers_per_chunk),
+                   gpu_bytes=args.gpu_memory, reserve_bytes=args.reserve, mem_limit=args.mem_limit)
+    if args.json:
+        print_json(rep.to_dict())
+    else:
+        print_report(rep)
+    return 0 if rep.fits in (None, True) else 1
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f}"
+
+
+def print_report(rep) -> None:
+    from rich.console import Console
+    from rich import box
+    from rich.table import Table
+
+    t = rep.train
+    title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B)  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
+             f"m={rep.microbatches}\ntp={t.tp}{'+sp' if t.sequence_parallel else ''} seq={t.seq or rep.model.seq} "
+             f"b={t.micro_batch} {t.dtype} recompute={t.recompute}")
+    tab = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="GiB per device; act = peak held activations over the schedule, "
+                                     "units = full-stage microbatch activations; tmp = transient working set")
+    for c in ("dev", "chunks", "params", "weights", "grads", "optim", "act", "units", "tmp", "peak"):
+        tab.add_column(c, justify="right", no_wrap=True)
+    if rep.gpu_bytes is not None:
+        tab.add_column("fits", justify="center", no_wrap=True)
+    for d in rep.devices:
+        row = [str(d.device), ",".join(map(str, d.chunks)), _count(d.params),
+               _gib(d.params_bytes), _gib(d.grads_bytes), _gib(d.optimizer_bytes),
+               _gib(d.activations_bytes), f"{d.peak_units:.2f}", _gib(d.transient_bytes), _gib(d.peak_bytes)]
+        if rep.gpu_bytes is not None:
+            row.append("[green]yes[/green]" if d.fits else "[red]NO[/red]")
+        tab.add_row(*row)
+    con = Console()
+    con.print(tab)
+    con.print(f"one unit (full-stage microbatch activation) = {_gib(rep.unit_bytes)} GiB; "
+              f"B frees b/a = {_ratio(rep)} of a chunk's activations, W the rest")
+    if rep.mem_limit_units is not None:
+        con.print(f"schedule memory limit: {rep.mem_limit_units:.3g} units ({rep.mem_limit_units / rep.pp:.3g}p)")
+    if rep.gpu_bytes is not None:
+        avail = rep.limit_units_available
+        lvl = rep.largest_limit_level()
+        verdict = "[green]fits[/green]" if rep.fits else "[red]does NOT fit[/red]"
+        con.print(f"{verdict} in {_gib(rep.gpu_bytes)} GiB per device (reserve {_gib(rep.reserve_bytes)} GiB); "
+                  f"room for {avail:.3g} units of activations ({avail / rep.pp:.3g}p) on the tightest device; "
+                  f"largest standard limit that fits: {lvl or 'none (below 1p)'}")
+    for n in rep.notes:
+        con.print(f"[yellow]note:[/yellow] {n}")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else str(n)
+
+
+def _ratio(rep) -> str:
+    r = [b / a if a else 0.0 for a, b in zip(rep.mem_a, rep.mem_b)]
+    lo, hi = min(r), max(r)
+    return f"{lo:.2f}" if abs(hi - lo) < 5e-3 else f"{lo:.2f}..{hi:.2f}"

@@ -1,0 +1,154 @@
+"""``pipeloom run``: train the built-in example model with a schedule on torch.distributed."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import fmt, positive_int, print_json
+
+# max |diff| accepted by --verify: fp32 must match the reference to float rounding; bf16 only roughly
+TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2}
+
+
+def _delay(text: str) -> tuple[int, float]:
+    try:
+        r, s = text.split(":", 1)
+        rank, sec = int(r), float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected RANK:SECONDS, e.g. 2:0.05") from None
+    if rank < 0 or not sec >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: RANK must be >= 0 and SECONDS >= 0")
+    return rank, sec
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a schedule for real on torch.distributed (example model, CPU/gloo or torchrun)",
+        description=(
+            "Train the built-in example model (a small Llama-style decoder on synthetic data) with a "
+            "pipeline schedule on torch.distributed. Without torchrun the command spawns pp*dp ranks "
+            "on this machine (gloo on 127.0.0.1, CPU); under torchrun (RANK/WORLD_SIZE set) it runs one "
+            "rank per process and uses NCCL when CUDA is available."),
+        epilog=(
+            "examples:\n"
+            "  pipeloom run --example llama-tiny --schedule zbv --pp 4 --microbatches 8 --verify\n"
+            "  pipeloom run --schedule 1f1b --pp 2 --dp 2 --microbatches 4 --steps 5 --log-dir logs\n"
+            "  pipeloom plan --schedule zbh1 --pp 4 -m 8 -o plan.json && pipeloom run --plan plan.json\n"
+            "  torchrun --nproc-per-node 4 -m pipeloom run --schedule zbv --pp 4 -m 8"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--example", default="llama-tiny", metavar="NAME",
+                   help="built-in model to train (available: llama-tiny; default: %(default)s)")
+    p.add_argument("--schedule", "-s", default="1f1b", metavar="NAME",
+                   help="schedule builder from the registry (see 'pipeloom compare'); default: %(default)s")
+    p.add_argument("--plan", metavar="FILE",
+                   help="run this schedule file (JSON or CSV from 'pipeloom plan', or hand-written) instead "
+                        "of building one; pp and microbatches come from the file")
+    p.add_argument("--pp", type=positive_int, default=2, help="pipeline stages (default: %(default)s)")
+    p.add_argument("--microbatches", "-m", type=positive_int, default=4,
+                   help="microbatches per step (default: %(default)s)")
+    p.add_argument("--vpp", type=positive_int, default=None,
+                   help="chunks per stage (default: the schedule's, 2 for V-shape schedules)")
+    p.add_argument("--dp", type=positive_int, default=1,
+                   help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--mem-limit", default=None, metavar="LIMIT",
+                   help="memory limit for memory-aware schedules: none, 1p, 1.5p, 2p or units")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--microbatch-size", type=positive_int, default=2, help="sequences per microbatch (default: 2)")
+    g.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
+    g.add_argument("--layers", type=positive_int, default=None,
+                   help="decoder layers (default: max(8, pp*vpp)); split evenly over the chunks")
+    g.add_argument("--dim", type=positive_int, default=64, help="model width (default: 64)")
+    g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="parameter dtype; bf16 keeps fp32 master weights and fp32 grads (default: fp32)")
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
+    g.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
+    g = p.add_argument_group("checking, logs and faults")
+    g.add_argument("--verify", action="store_true",
+                   help="also run a single-process reference of the first step and compare the loss and "
+                        f"every parameter gradient (fails above {TOLERANCE['fp32']:g} in fp32)")
+    g.add_argument("--log-dir", metavar="DIR", help="write per-rank job logs DIR/workerlog.<rank> (JSON lines)")
+    g.add_argument("--profile-steps", metavar="A:B", default=None,
+                   help="log jobs of steps A..B-1 only (default with --log-dir: every step)")
+    g.add_argument("--inject-delay", type=_delay, metavar="RANK:SECONDS", default=None,
+                   help="sleep SECONDS in every job on global rank RANK (makes a straggler)")
+    g.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
+                   help="fail when a rank waits longer than this on a peer (default: 120)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: schedule, pp, vpp, microbatches, steps, loss, step_time_s "
+                        "(+ max_loss_diff, max_grad_diff with --verify)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..runtime.example import EXAMPLES, RunConfig
+    from ..runtime.example import run as run_example
+    from ..runtime.launch import RankFailure
+    from ..schedule.ir import Schedule
+    from . import CLIError
+
+    if args.example not in EXAMPLES:
+        raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
+    plan = Schedule.load(args.plan).to_dict() if args.plan else None
+    cfg = RunConfig(schedule=args.schedule, pp=args.pp, vpp=args.vpp, dp=args.dp, microbatches=args.microbatches,
+                    steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
+                    n_layers=args.layers, dim=args.dim, seed=args.seed, lr=args.lr, verify=args.verify,
+                    log_dir=args.log_dir, profile_steps=args.profile_steps, inject_delay=args.inject_delay,
+                    plan=plan, mem_limit=args.mem_limit, timeout_s=args.timeout, dtype=args.dtype)
+    try:
+        if args.json or not sys.stderr.isatty():
+            res = run_example(cfg, example=args.example)
+        else:
+            from rich.console import Console
+            with Console(stderr=True).status(f"running {args.schedule if not plan else 'plan ' + args.plan} "
+                                             f"on {(cfg.pp if not plan else plan['pp']) * cfg.dp} ranks..."):
+                res = run_example(cfg, example=args.example)
+    except RankFailure as e:
+        raise CLIError(str(e)) from None
+    if res is None:  # a non-zero rank under torchrun
+        return 0
+    tol = TOLERANCE[cfg.dtype]
+    ok = not args.verify or (res["max_loss_diff"] <= tol and res["max_grad_diff"] <= tol
+                             and res["params_missing_grad"] == 0)
+    if args.json:
+        print_json({k: res[k] for k in ("schedule", "pp", "vpp", "dp", "microbatches", "steps", "loss",
+                                        "step_time_s", "losses", "dtype")}
+                   | ({"max_loss_diff": res["max_loss_diff"], "max_grad_diff": res["max_grad_diff"],
+                       "verified": ok} if args.verify else {}))
+    else:
+        _print_table(res, args, tol, ok)
+    return 0 if ok else 1
+
+
+def _print_table(res: dict, args, tol: float, ok: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"pipeloom run: {args.example}, schedule {res['schedule']}", show_header=True)
+    t.add_column("field")
+    t.add_column("value", justify="right")
+    t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
+    t.add_row("microbatches", str(res["microbatches"]))
+    t.add_row("dtype", res["dtype"])
+    t.add_row("steps", str(res["steps"]))
+    t.add_row("loss per step", " ".join(f"{x:.4f}" for x in res["losses"]))
+    t.add_row("step time (median, s)", fmt(res["step_time_s"]))
+    if args.verify:
+        t.add_row("max |loss - reference|", fmt(res["max_loss_diff"], 3))
+        t.add_row("max |grad - reference|", fmt(res["max_grad_diff"], 3))
+        t.add_row("verify", ("[green]PASS[/]" if ok else "[red]FAIL[/]") + f" (tolerance {tol:g})")
+    if args.log_dir:
+        t.add_row("job logs", f"{args.log_dir}/workerlog.<rank>")
+    Console().print(t)

@@ -1,0 +1,288 @@
+"""Traced memory: measure a real ``torch.nn.Module`` per pipeline chunk (needs torch).
+
+:func:`trace_chunk` runs one forward of a chunk under
+:func:`torch.autograd.graph.saved_tensors_hooks` and records every tensor autograd saves for the
+backward. By default it runs under :class:`torch._subclasses.fake_tensor.FakeTensorMode` on
+fake CPU tensors built from the parameters' shapes, so nothing is allocated and a chunk of a
+70B model (built on the ``meta`` device) traces in seconds; the CPU kernels are the ones
+dispatched, so what is saved is exactly what a real CPU run saves.
+
+Counting rules:
+
+* Dedupe by storage: views (``reshape``, ``transpose``, slices) and a tensor saved by several
+  ops count once, at its storage's full size.
+* Parameters and buffers (and views of them) are not activations.
+* W split: the weight gradient of a GEMM ``y = x W^T`` (every :class:`torch.nn.Linear`, or any
+  module type passed in ``gemm_types``) is ``dW = dy^T x``. Saved storages that are inputs of such
+  a GEMM stay alive until W (``w_input_bytes``); B also makes ``dy`` of the shape of each GEMM's
+  output and keeps it for W (``w_grad_bytes``). The rest of the saved bytes are freed by B.
+  So a microbatch holds ``activation_bytes`` after F, ``w_held_bytes = w_input_bytes +
+  w_grad_bytes`` after B and nothing after W.
+
+:func:`measure_chunk` is the real-memory cross-check: it runs a real forward/backward on CPU
+under :mod:`torch.profiler` with ``profile_memory=True`` and reads the bytes the CPU allocator
+holds after the forward (activations + outputs) and at its peak during the backward.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+
+@dataclass(slots=True)
+class TracedChunk:
+    """Memory of one chunk for one microbatch, in bytes."""
+
+    params: int
+    param_bytes: int
+    activation_bytes: int
+    """A: unique storages saved for backward by one forward (parameters excluded)"""
+    w_input_bytes: int
+    """saved GEMM inputs, kept until W"""
+    w_grad_bytes: int
+    """GEMM output gradients made by B and kept until W"""
+    input_bytes: int
+    """of which: the chunk's own input (a floating input is held by the runtime until B even when
+    no backward op saved it; token ids count only when saved)"""
+    output_bytes: int
+    """size of the chunk's output (sent to the next chunk; not counted above)"""
+    by_op: dict[str, int] = field(default_factory=dict)
+    """activation bytes per autograd op that first saved the storage"""
+
+    @property
+    def w_held_bytes(self) -> int:
+        return self.w_input_bytes + self.w_grad_bytes
+
+    @property
+    def b_freed_bytes(self) -> int:
+        return self.activation_bytes - self.w_input_bytes
+
+    def to_dict(self) -> dict:
+        return {"params": self.params, "param_bytes": self.param_bytes, "activation_bytes": self.activation_bytes,
+                "w_input_bytes": self.w_input_bytes, "w_grad_bytes": self.w_grad_bytes,
+                "w_held_bytes": self.w_held_bytes, "input_bytes": self.input_bytes,
+                "output_bytes": self.output_bytes, "by_op": dict(self.by_op)}
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _fake_like(mode, t: torch.Tensor, device: str) -> torch.Tensor:
+    with mode:
+        f = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+    return f
+
+
+def _unique_param_stats(module: nn.Module) -> tuple[int, int]:
+    seen, n, nbytes = set(), 0, 0
+    for p in module.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        n += p.numel()
+        nbytes += p.numel() * p.element_size()
+    return n, nbytes
+
+
+def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None = None,
+                loss_fn: Callable | None = None, fake: bool = True, device: str = "cpu",
+                gemm_types: Sequence[type] = (nn.Linear,)) -> TracedChunk:
+    """Trace one forward of ``module`` on ``example_input`` (a tensor: token ids or hidden states).
+
+    With ``loss_fn`` and ``target`` the loss is computed too (last chunk), so what the loss keeps
+    (e.g. the fp32 log-softmax of cross entropy) is counted. ``fake=False`` runs for real on the
+    tensors as given. Floating inputs are made to require grad (a middle chunk's input does).
+    """
+    params, param_bytes = _unique_param_stats(module)
+    if not isinstance(example_input, torch.Tensor):
+        raise TypeError(f"example_input must be a torch.Tensor, got {type(example_input).__name__}")
+    mode = None
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+        state = {n: _fake_like(mode, p, device).requires_grad_(p.requires_grad)
+                 for n, p in module.named_parameters(remove_duplicate=False)}
+        state.update({n: _fake_like(mode, b, device) for n, b in module.named_buffers(remove_duplicate=False)})
+        x = _fake_like(mode, example_input, device)
+        y = _fake_like(mode, target, device) if target is not None else None
+    else:
+        state = None
+        x = example_input.detach()
+        y = target
+    if x.is_floating_point():
+        x.requires_grad_(True)
+    owned = {_key(t) for t in (state.values() if state is not None else
+                               list(module.parameters()) + list(module.buffers()))}
+
+    records: list[tuple[int, int, str]] = []  # (storage key, nbytes, op)
+    keep: list[torch.Tensor] = []              # keeps storages alive so keys stay unique
+
+    def pack(t: torch.Tensor):
+        k = _key(t)
+        if k not in owned:
+            node = torch._C._current_autograd_node()
+            records.append((k, t.untyped_storage().nbytes(), type(node).__name__ if node is not None else "?"))
+            keep.append(t)
+        return t
+
+    gemm_in: set[int] = set()
+    gemm_out = [0]
+
+    def hook(_mod, inputs, output):
+        for i in inputs:
+            if isinstance(i, torch.Tensor):
+                gemm_in.add(_key(i))
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            gemm_out[0] += output.numel() * output.element_size()
+
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, tuple(gemm_types))]
+    try:
+        ctx = mode if mode is not None else _Null()
+        with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if state is not None:
+                from torch.func import functional_call
+
+                out = functional_call(module, state, (x,), tie_weights=False)
+            else:
+                out = module(x)
+            if loss_fn is not None and target is not None:
+                loss_fn(out, y)
+    finally:
+        for h in handles:
+            h.remove()
+    seen: set[int] = set()
+    total = w_in = 0
+    by_op: dict[str, int] = defaultdict(int)
+    for k, nb, op in records:
+        if k in seen:
+            continue
+        seen.add(k)
+        total += nb
+        by_op[op] += nb
+        if k in gemm_in:
+            w_in += nb
+    xin = _key(x)
+    input_bytes = 0
+    if xin in seen:
+        input_bytes = x.untyped_storage().nbytes()
+    elif x.is_floating_point():
+        # a received activation is kept by the pipeline runtime until B (it returns x.grad to the
+        # previous chunk) even when no backward op saved it
+        input_bytes = x.untyped_storage().nbytes()
+        total += input_bytes
+        by_op["chunk input (held by runtime)"] += input_bytes
+    out_bytes = out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
+    return TracedChunk(params=params, param_bytes=param_bytes, activation_bytes=total, w_input_bytes=w_in,
+                       w_grad_bytes=gemm_out[0], input_bytes=input_bytes, output_bytes=out_bytes,
+                       by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])))
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def trace_chunks(modules: Sequence[nn.Module], example_input: torch.Tensor, *, target: torch.Tensor | None = None,
+                 loss_fn: Callable | None = None, fake: bool = True, device: str = "cpu",
+                 gemm_types: Sequence[type] = (nn.Linear,)) -> list[TracedChunk]:
+    """Trace every chunk of a pipeline in order; chunk k+1's example input has chunk k's output shape."""
+    out = []
+    x = example_input
+    for i, m in enumerate(modules):
+        last = i == len(modules) - 1
+        tc = trace_chunk(m, x, target=target if last else None, loss_fn=loss_fn if last else None, fake=fake,
+                         device=device, gemm_types=gemm_types)
+        out.append(tc)
+        if not last:
+            x = _output_like(m, x, device)
+    return out
+
+
+def _output_like(module: nn.Module, x: torch.Tensor, device: str) -> torch.Tensor:
+    """A real zero tensor of the shape/dtype the chunk outputs (found with a fake run)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
+
+    mode = FakeTensorMode()
+    state = {n: _fake_like(mode, p, device) for n, p in module.named_parameters(remove_duplicate=False)}
+    state.update({n: _fake_like(mode, b, device) for n, b in module.named_buffers(remove_duplicate=False)})
+    fx = _fake_like(mode, x, device)
+    with mode, torch.no_grad():
+        o = functional_call(module, state, (fx,), tie_weights=False)
+    return torch.zeros(tuple(o.shape), dtype=o.dtype)
+
+
+# ------------------------------------------------------------------------------------- real run
+@dataclass(slots=True)
+class MeasuredChunk:
+    """Real CPU allocator figures for one forward/backward of a chunk (bytes above the start)."""
+
+    after_forward_bytes: int
+    """held after the forward: saved activations + output (+ loss)"""
+    activation_bytes: int
+    """after_forward_bytes minus the output (and loss) tensors"""
+    peak_bytes: int
+    """highest level during forward + backward (includes parameter gradients)"""
+    grad_bytes: int
+    """parameter gradient bytes (preallocated before the run unless preallocate_grads=False)"""
+
+
+def live_bytes(prof) -> tuple[int, int]:
+    """(final, peak) live CPU bytes of a finished :class:`torch.profiler.profile` (``profile_memory=True``).
+
+    Replays the profiler's raw allocator records (one ``[memory]`` record per allocation or free,
+    with its size signed and its timestamp) in time order: exact, not rounded to whole ops.
+    """
+    recs = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    recs.sort(key=lambda r: r[0])
+    cur = peak = 0
+    for _, n in recs:
+        cur += n
+        peak = max(peak, cur)
+    return cur, peak
+
+
+def measure_chunk(module: nn.Module, example_input: torch.Tensor, *, target: torch.Tensor | None = None,
+                  loss_fn: Callable | None = None, preallocate_grads: bool = True) -> MeasuredChunk:
+    """Run a real forward + backward on CPU and read the allocator's bookkeeping.
+
+    Uses :mod:`torch.profiler` with ``profile_memory=True``, whose allocator records give the
+    live-bytes curve (:func:`live_bytes`). The backward seeds the output with ones (or calls ``loss.backward()``;
+    the logits are dropped first, as a pipeline's last stage does). Parameter gradients are
+    preallocated (``preallocate_grads``) so the peak shows activations and working memory only.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    for p in module.parameters():  # a preallocated gradient buffer, as trainers keep (static memory)
+        p.grad = torch.zeros_like(p) if preallocate_grads else None
+    x = example_input.detach().clone()
+    if x.is_floating_point():
+        x.requires_grad_(True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof_f:
+        out = module(x)
+        loss = None
+        if loss_fn is not None and target is not None:
+            loss = loss_fn(out, target)
+            out = None  # a pipeline's last stage keeps the loss, not the logits
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof_b:
+        if loss is not None:
+            loss.backward()
+        else:
+            out.backward(torch.ones_like(out))
+    after_fw, peak_f = live_bytes(prof_f)
+    _, peak_b = live_bytes(prof_b)
+    peak = max(peak_f, after_fw + peak_b)
+    held_out = loss.numel() * loss.element_size() if loss is not None else out.numel() * out.element_size()
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+    return MeasuredChunk(after_forward_bytes=after_fw, activation_bytes=after_fw - held_out, peak_bytes=peak,
+                         grad_bytes=grads)

@@ -1,0 +1,92 @@
+"""From loose inputs (CLI options, config) to a partition and the per-chunk PlanSpec it implies."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from ..schedule.ir import Placement
+from ..schedule.registry import PlanSpec
+from ..sim.costs import Costs
+from .balance import BalanceResult, balance as _balance
+from .layer_costs import LayerCosts, default_layer_costs, load_layer_costs
+from .layout import Partition, PartitionError, from_layers_per_device, parse_counts, uniform
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    """A partition, the layer costs it was made from, and the balancer's report if one ran."""
+
+    partition: Partition
+    layer_costs: LayerCosts
+    how: str
+    """'uniform', 'layers-per-device' or 'balanced (<objective>)'"""
+    balance: BalanceResult | None = None
+
+    def costs(self, base: Costs | None = None) -> Costs:
+        base = base or Costs()
+        return self.layer_costs.costs(self.partition, comm=base.comm, overlap=base.overlap)
+
+    def apply(self, spec: PlanSpec) -> PlanSpec:
+        """``spec`` with per-chunk costs and memory from this partition (comm, overlap, limit kept)."""
+        if spec.pp != self.partition.pp or spec.vpp != self.partition.vpp:
+            raise PartitionError(f"partition is for pp={self.partition.pp} vpp={self.partition.vpp} but the plan "
+                                 f"asks pp={spec.pp} vpp={spec.vpp}")
+        return replace(spec, costs=self.costs(spec.costs), mem=self.layer_costs.mem_model(self.partition))
+
+
+def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placement.INTERLEAVED,
+                   layers: int | None = None, layers_per_device: Sequence[int] | str | None = None,
+                   layer_costs: LayerCosts | str | None = None, base_costs: Costs | None = None,
+                   vocab: int | None = None, hidden: int | None = None, seq: int | None = None,
+                   balance: str | None = None, schedule: str | None = None, microbatches: int | None = None,
+                   mem_limit: float | None = None, embedding: bool = True, head: bool = True,
+                   max_evals: int = 400, options: dict | None = None,
+                   progress: Callable[[int], None] | None = None) -> PartitionPlan:
+    """Resolve the partition options (the ``--layers ...`` family) into a :class:`PartitionPlan`.
+
+    Layer count: ``layers``, else the length of ``layers_per_device``' sum, else of the cost file.
+    Layer costs: the file, else :func:`default_layer_costs` from ``base_costs`` (+ vocab/hidden).
+    Split: ``layers_per_device`` (seed 002 round-robin), ``balance`` ('bottleneck' or
+    'makespan', see :mod:`.balance`), else uniform (seed 002's seg_layer_num rule).
+    """
+    placement = Placement(placement)
+    nc = pp * vpp
+    if isinstance(layers_per_device, str):
+        layers_per_device = parse_counts(layers_per_device)
+    if isinstance(layer_costs, str):
+        layer_costs = load_layer_costs(layer_costs)
+    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
+        raise PartitionError(f"--layers must be an integer >= 1, got {layers!r}")
+    if layer_costs is not None:
+        if base_costs is not None and not base_costs.is_uniform():
+            raise PartitionError("--costs gives per-chunk F/B/W lists but --layer-costs sets every chunk's costs; "
+                                 "give only comm (and overlap) in --costs")
+        if vocab is not None or hidden is not None:
+            raise PartitionError("--vocab/--hidden cost the head only without --layer-costs; put the head in the "
+                                 "layer-cost file instead")
+        if layers is not None and layers != layer_costs.num_layers:
+            raise PartitionError(f"--layers is {layers} but the layer-cost file lists {layer_costs.num_layers} "
+                                 f"layers; make them agree (or drop --layers)")
+        layers = layer_costs.num_layers
+    if layers is None and layers_per_device is not None:
+        layers = sum(layers_per_device)
+    if layers is None:
+        raise PartitionError("give the layer count: --layers L, --layers-per-device or --layer-costs FILE")
+    if layers < nc:
+        raise PartitionError(f"{layers} layers cannot fill pp*vpp = {pp}*{vpp} = {nc} chunks (each needs >= 1 "
+                             f"layer); use --layers >= {nc} or fewer devices/chunks")
+    if layer_costs is None:
+        layer_costs = default_layer_costs(layers, nc, base_costs, vocab=vocab, hidden=hidden, seq=seq)
+    base = base_costs or Costs()
+    if balance:
+        if layers_per_device is not None:
+            raise PartitionError("--balance chooses the layer counts itself; drop --layers-per-device (or --balance)")
+        res = _balance(layer_costs, pp, vpp, placement, objective=balance, schedule=schedule,
+                       microbatches=microbatches, comm=base.comm, overlap=base.overlap, mem_limit=mem_limit,
+                       embedding=embedding, head=head, max_evals=max_evals, options=options, progress=progress)
+        return PartitionPlan(res.partition, layer_costs, f"balanced ({balance})", res)
+    if layers_per_device is not None:
+        part = from_layers_per_device(layers_per_device, pp, vpp, placement, num_layers=layers,
+                                      embedding=embedding, head=head)
+        return PartitionPlan(part, layer_costs, "layers-per-device")
+    return PartitionPlan(uniform(layers, pp, vpp, placement, embedding=embedding, head=head), layer_costs, "uniform")

@@ -1,0 +1,485 @@
+"""Execute a pipeloom :class:`~pipeloom.schedule.ir.Schedule` on torch.distributed.
+
+One :class:`PipelineExecutor` per rank holds the chunk modules of its pipeline stage and runs its
+job list with a dispatch table ``Kind -> handler`` (F, B, W, BW). Per (microbatch m, chunk k):
+
+    F(m,k)   x = input (tokens for chunk 0, else the activation from chunk k-1, received or local);
+             y = module_k(x); the last chunk also computes loss_m = loss_fn(y, target_m).
+             If the schedule splits this pair's backward (B and W jobs) every nn.Linear runs as a
+             *deferred* linear: its backward computes only the input grad and stashes (x, dy).
+    B(m,k)   autograd.grad of y (or loss_m / M) w.r.t. the chunk input and its parameters, with the
+             incoming output grad; deferred linears contribute only dx, other parameters (norms,
+             embeddings) get their grads here. The graph is freed; the input grad goes to chunk k-1.
+    W(m,k)   for each stashed (x, dy): dW += dy^T x, db += sum(dy)   (the weight grads of B, later);
+             the stash is freed.
+    BW(m,k)  = B with nothing deferred: input and all weight grads in one pass.
+
+Gradients accumulate in one flat fp32 buffer per rank (so bf16 parameters get fp32 "master"
+grads: products are computed from upcast operands and summed in fp32, never rounded to bf16 in
+between), are all-reduced ONCE over the data-parallel group after the last microbatch (reduce
+after accumulation, MISSION seed 001), and are then installed as ``.grad`` of the parameters (fp32)
+or of the fp32 master copies (bf16), ready for any torch optimizer.
+
+The loss of the step is the mean of the microbatch losses (each backward is scaled by 1/M), so
+the gradients equal those of one full-batch step of the same model.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..schedule.ir import Job, Kind, Schedule
+from ..schedule.validate import validate
+from .commplan import Msg, build_comm_plan, needed, produced
+from .joblog import JobLog
+from .p2p import P2P, PeerError
+
+
+class NonFiniteLossError(RuntimeError):
+    """A microbatch produced a NaN or infinite loss."""
+
+
+class ScheduleRuntimeError(RuntimeError):
+    """The executor met a job it cannot run (unknown kind, missing input, wrong rank)."""
+
+
+# ------------------------------------------------------------------------ deferred weight grads
+class _DeferredLinear(torch.autograd.Function):
+    """y = x W^T + b whose backward returns only dx and stashes (x, dy) for a later W job."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mod, stash):  # noqa: D401
+        ctx.save_for_backward(x, weight)
+        ctx.mod, ctx.stash = mod, stash
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        ctx.stash.append((ctx.mod, x, dy))
+        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None
+        return dx, None, None, None, None
+
+
+class _Deferral:
+    """Holds the stash that patched nn.Linear modules write into during a split forward."""
+
+    stash: list | None = None
+
+
+def _patched_linear_forward(deferral: _Deferral):
+    def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if deferral.stash is None or not torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return _DeferredLinear.apply(x, self.weight, self.bias, self, deferral.stash)
+    return forward
+
+
+# ------------------------------------------------------------------------ timers
+class _Timer:
+    """Wall-clock start/end of a job's compute; CUDA events on GPU, resolved at step end."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pending: list = []
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.time()
+
+    def stop(self, started, record: Callable[[float, float], None]) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.pending.append((started, ev, record))
+        else:
+            record(started, time.time())
+
+    def resolve(self) -> None:
+        if not self.pending:
+            return
+        torch.cuda.synchronize()
+        ref = torch.cuda.Event(enable_timing=True)
+        ref.record()
+        ref.synchronize()
+        t_ref = time.time()
+        for s, e, record in self.pending:
+            record(t_ref - s.elapsed_time(ref) / 1e3, t_ref - e.elapsed_time(ref) / 1e3)
+        self.pending = []
+
+
+@dataclass(slots=True)
+class StepStats:
+    step: int
+    loss: float
+    losses: list[float]
+    time_s: float
+    wait_s: float
+    compute_s: float
+
+
+# ------------------------------------------------------------------------ executor
+class PipelineExecutor:
+    """Runs this rank's part of ``schedule``.
+
+    Args:
+        schedule: a valid schedule (checked with :func:`pipeloom.schedule.validate.validate`).
+        modules: global chunk id -> module, for exactly the chunks ``schedule`` puts on ``pp_rank``.
+        loss_fn: ``loss_fn(output_of_last_chunk, target) -> scalar``.
+        pp_rank: this rank's pipeline stage (device index in the schedule).
+        pp_ranks: global rank of every pipeline stage of this rank's pipeline (len pp).
+        dp_group: process group of the data-parallel replicas of this stage (None: no DP).
+        device: where the modules live (default: the first parameter's device).
+        param_dtype: cast parameters to this dtype (e.g. torch.bfloat16) and keep fp32 master
+            copies; use :meth:`parameters` for the optimizer and :meth:`sync_params` after it steps.
+        timeout_s: longest wait for a peer before failing with the job and rank named.
+        inject_delay_s: sleep this long inside every job (straggler testing).
+        log: a :class:`JobLog` (per-rank job timings in the shared format) or None.
+    """
+
+    def __init__(self, schedule: Schedule, modules: dict[int, nn.Module], loss_fn: Callable, *, pp_rank: int,
+                 pp_ranks: Sequence[int], dp_group=None, device: torch.device | str | None = None,
+                 param_dtype: torch.dtype | None = None, timeout_s: float = 300.0, inject_delay_s: float = 0.0,
+                 log: JobLog | None = None, check: bool = True) -> None:
+        if check:
+            v = validate(schedule)
+            if v:
+                raise ValueError(f"schedule {schedule.name!r} is invalid: {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
+        if not 0 <= pp_rank < schedule.pp:
+            raise ValueError(f"pp_rank {pp_rank} out of range for pp={schedule.pp}")
+        if len(pp_ranks) != schedule.pp:
+            raise ValueError(f"pp_ranks lists {len(pp_ranks)} ranks; the schedule has pp={schedule.pp}")
+        mine = schedule.chunks_of(pp_rank)
+        if sorted(modules) != mine:
+            raise ValueError(f"pp stage {pp_rank} holds chunks {mine} under {schedule.placement.value} placement; "
+                             f"got modules for chunks {sorted(modules)}")
+        self.sched = schedule
+        self.me = pp_rank
+        self.pp_ranks = list(pp_ranks)
+        self.nc = schedule.num_chunks
+        self.modules = {k: modules[k] for k in mine}
+        self.loss_fn = loss_fn
+        self.dp_group = dp_group
+        self.dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+        first = next((p for m in self.modules.values() for p in m.parameters()), None)
+        self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        self.timeout_s = float(timeout_s)
+        self.delay = float(inject_delay_s)
+        self.log = log
+        self.jobs = schedule.devices[pp_rank]
+        split = {(j.mb, j.chunk) for j in self.jobs if j.kind is Kind.W}
+        self._split = split
+        self._handlers: dict[Kind, Callable[[Job], None]] = {
+            Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
+        }
+        # deferred linears: patch the instance forward of every nn.Linear in this rank's chunks
+        self._deferral = _Deferral()
+        fwd = _patched_linear_forward(self._deferral)
+        for m in self.modules.values():
+            for sub in m.modules():
+                if isinstance(sub, nn.Linear):
+                    sub.forward = fwd.__get__(sub, nn.Linear)
+        # parameters, master copies, flat fp32 grad buffer
+        self.params: dict[int, list[nn.Parameter]] = {k: [p for p in m.parameters() if p.requires_grad]
+                                                      for k, m in self.modules.items()}
+        allp = [p for k in mine for p in self.params[k]]
+        self.param_dtype = param_dtype
+        self.master: dict[nn.Parameter, torch.Tensor] = {}
+        if param_dtype is not None:
+            for p in allp:
+                mp = nn.Parameter(p.detach().to(torch.float32).clone())
+                self.master[p] = mp
+            with torch.no_grad():
+                for m in self.modules.values():
+                    m.to(dtype=param_dtype)
+            # nn.Module.to keeps Parameter identity, so self.params stays valid
+        n = sum(p.numel() for p in allp)
+        self._flat = torch.zeros(n, dtype=torch.float32, device=self.device)
+        self._gbuf: dict[nn.Parameter, torch.Tensor] = {}
+        off = 0
+        for p in allp:
+            self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
+            off += p.numel()
+        # communication
+        plan = build_comm_plan(schedule)
+        self.p2p = P2P(plan.ops(pp_rank), self.pp_ranks, pp_rank, device=self.device, timeout_s=timeout_s)
+        self.p2p.shape_of = self._shape_of
+        self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> output shape/dtype
+        self._in_meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> input shape/dtype
+        self._timer = _Timer(self.device)
+        self.step_count = 0
+        self.current_job: Job | None = None  # the job being run (for loss hooks and error messages)
+        self.last_stats: StepStats | None = None
+
+    # ------------------------------------------------------------------ public
+    def parameters(self) -> list[nn.Parameter]:
+        """What to give the optimizer: the module parameters (fp32) or their fp32 master copies."""
+        ps = [p for k in sorted(self.params) for p in self.params[k]]
+        return [self.master[p] for p in ps] if self.master else ps
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        out = []
+        for k in sorted(self.modules):
+            for name, p in self.modules[k].named_parameters():
+                if p.requires_grad:
+                    out.append((name, self.master.get(p, p)))
+        return out
+
+    @torch.no_grad()
+    def sync_params(self) -> None:
+        """After ``optimizer.step()`` on the master copies: round them into the bf16 parameters."""
+        for p, mp in self.master.items():
+            p.copy_(mp.to(p.dtype))
+
+    def step(self, inputs: Sequence[torch.Tensor] | torch.Tensor | None = None,
+             targets: Sequence[torch.Tensor] | torch.Tensor | None = None) -> float:
+        """Run one schedule (all microbatches); return the mean loss; leave grads on the parameters.
+
+        ``inputs``: the M microbatch inputs (a list, or one tensor split along dim 0); needed on
+        the rank holding chunk 0. ``targets`` likewise on the rank holding the last chunk.
+        """
+        M = self.sched.microbatches
+        step = self.step_count
+        self._inputs = self._split_mb(inputs, M, "inputs") if 0 in self.modules else None
+        self._targets = self._split_mb(targets, M, "targets") if (self.nc - 1) in self.modules else None
+        if not self._meta and not self._in_meta:
+            self._negotiate_shapes()
+        profiled = self.log is not None and self.log.profiled(step)
+        if profiled:
+            dist.barrier()
+            self.log.begin_step(step)
+        self._inp: dict[tuple[int, int], torch.Tensor] = {}
+        self._out: dict[tuple[int, int], torch.Tensor] = {}
+        self._local: dict[Msg, torch.Tensor] = {}
+        self._stash: dict[tuple[int, int], list] = {}
+        self._outbox: list[tuple[Msg, torch.Tensor]] = []
+        self._losses = torch.zeros(M, dtype=torch.float32, device=self.device)
+        self._flat.zero_()
+        self.p2p.reset()
+        records: list[tuple[Job, float, float]] = []
+        t0 = time.perf_counter()
+        compute = 0.0
+        for job in self.jobs:
+            handler = self._handlers.get(job.kind)
+            if handler is None:
+                raise ScheduleRuntimeError(f"rank {dist.get_rank()}: no handler for job {job} (kind {job.kind!r}); "
+                                           f"known kinds: {', '.join(str(k) for k in self._handlers)}")
+            self._prefetch(job)
+            self.current_job = job
+            self._receive(job)  # block for a network input OUTSIDE the timed compute
+            ts = self._timer.start()
+            c0 = time.perf_counter()
+            if self.delay:  # straggler injection: the job's outputs come late by this much
+                time.sleep(self.delay)
+            handler(job)
+            compute += time.perf_counter() - c0
+            if profiled:
+                self._timer.stop(ts, lambda s, e, j=job: records.append((j, s, e)))
+            for msg, t in self._outbox:  # post sends after the timed compute: a consumer never starts
+                self.p2p.send(msg, t)    # before its producer's logged end
+            self._outbox.clear()
+            self.p2p.poll_sends()
+        self.p2p.finish(step)
+        self._timer.resolve()
+        if self._inp or self._out or self._stash or self._local:
+            left = list(self._inp) + list(self._out) + list(self._stash)
+            raise ScheduleRuntimeError(f"rank {dist.get_rank()}: step {step} left unfinished work for (mb, chunk) {left[:4]}")
+        # losses: every rank learns them (sum over the world of the last stages' values / dp)
+        dist.all_reduce(self._losses)
+        losses = (self._losses / self.dp).tolist()
+        bad = [m for m, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
+        if bad:
+            raise NonFiniteLossError(f"step {step}: loss is {losses[bad[0]]} at microbatch {bad[0]}"
+                                     + (f" (and {len(bad) - 1} more microbatches)" if len(bad) > 1 else ""))
+        # gradients: reduce once after accumulation, then install
+        if self.dp_group is not None and self.dp > 1:
+            dist.all_reduce(self._flat, group=self.dp_group)
+            self._flat.div_(self.dp)
+        self._install_grads()
+        loss = sum(losses) / M
+        if self.log is not None:
+            for j, s, e in records:
+                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e)
+            self.log.end_step(step, loss)
+        self.last_stats = StepStats(step, loss, losses, time.perf_counter() - t0, self.p2p.wait_s, compute)
+        self.step_count += 1
+        return loss
+
+    # ------------------------------------------------------------------ handlers
+    def _run_f(self, job: Job) -> None:
+        m, k = job.mb, job.chunk
+        if k == 0:
+            x = self._inputs[m].to(self.device, non_blocking=True)
+            if self._in_meta.get(0) and x.shape != self._in_meta[0][0]:
+                raise ValueError(f"microbatch {m} input has shape {tuple(x.shape)}, but the pipeline negotiated "
+                                 f"{tuple(self._in_meta[0][0])} on its first step; all microbatches need one shape")
+        else:
+            x = self._take(Msg("act", m, k - 1), job).detach()
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        self._deferral.stash = self._stash.setdefault((m, k), []) if (m, k) in self._split else None
+        try:
+            y = self.modules[k](x)
+        finally:
+            self._deferral.stash = None
+        if k == self.nc - 1:
+            loss = self.loss_fn(y, self._targets[m].to(self.device, non_blocking=True))
+            self._losses[m] = loss.detach().float()
+            y = loss / self.sched.microbatches
+        else:
+            meta = self._meta[k]
+            if y.shape != meta[0] or y.dtype != meta[1]:
+                raise ValueError(f"chunk {k} output for microbatch {m} is {tuple(y.shape)} {y.dtype}, but the "
+                                 f"pipeline negotiated {tuple(meta[0])} {meta[1]}")
+            self._give(Msg("act", m, k), y.detach(), job)
+        self._inp[(m, k)] = x
+        self._out[(m, k)] = y
+
+    def _run_b(self, job: Job) -> None:
+        """B (input grads + non-deferred parameter grads) and BW (everything) share this code:
+        what differs is whether F ran with deferred linears."""
+        m, k = job.mb, job.chunk
+        if job.kind is Kind.B and (m, k) not in self._split:
+            raise ScheduleRuntimeError(f"job {job} has no matching W on this rank")
+        try:
+            y = self._out.pop((m, k))
+            x = self._inp.pop((m, k))
+        except KeyError:
+            raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} runs before F{m}.{k}") from None
+        dy = None if k == self.nc - 1 else self._take(Msg("grad", m, k + 1), job)
+        want_dx = k > 0 and x.requires_grad
+        params = self.params[k]
+        wrt = ([x] if want_dx else []) + params
+        if wrt and y.requires_grad:
+            grads = torch.autograd.grad(y, wrt, grad_outputs=dy, allow_unused=True)
+        else:
+            grads = [None] * len(wrt)
+        del y, dy
+        off = 1 if want_dx else 0
+        for p, g in zip(params, grads[off:]):
+            if g is not None:
+                self._gbuf[p].add_(g)
+        if k > 0:
+            dx = grads[0] if want_dx and grads[0] is not None else torch.zeros_like(x)
+            self._give(Msg("grad", m, k), dx, job)
+
+    @torch.no_grad()
+    def _run_w(self, job: Job) -> None:
+        m, k = job.mb, job.chunk
+        stash = self._stash.pop((m, k), None)
+        if stash is None:
+            raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} has nothing to do: F{m}.{k} ran "
+                                       "without deferral or B has not run")
+        for mod, x, dy in stash:
+            dy2 = dy.reshape(-1, dy.shape[-1]).float()
+            x2 = x.reshape(-1, x.shape[-1]).float()
+            if mod.weight.requires_grad:
+                self._gbuf[mod.weight].addmm_(dy2.t(), x2)
+            if mod.bias is not None and mod.bias.requires_grad:
+                self._gbuf[mod.bias].add_(dy2.sum(0))
+        stash.clear()
+
+    # ------------------------------------------------------------------ messages
+    def _receive(self, job: Job) -> None:
+        n = needed(job, self.sched)
+        if n is not None and n[1] != self.me:
+            self._local[n[0]] = self.p2p.recv(n[0], str(job))
+
+    def _prefetch(self, job: Job) -> None:
+        """Post any receives the link order now allows before computing (overlap comm with compute)."""
+        self.p2p.advance()
+
+    def _give(self, msg: Msg, t: torch.Tensor, job: Job) -> None:
+        dst = produced(job, self.sched)[1]
+        if dst == self.me:
+            self._local[msg] = t
+        else:
+            self._outbox.append((msg, t))
+
+    def _take(self, msg: Msg, job: Job) -> torch.Tensor:
+        t = self._local.pop(msg, None)  # a local hand-off, or received by _receive before the job
+        if t is None:
+            raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} needs {msg}, not produced yet")
+        return t
+
+    def _shape_of(self, msg: Msg) -> tuple[torch.Size, torch.dtype]:
+        # act(m,k) arrives as the input of chunk k+1; grad(m,k) is the grad of chunk k-1's output
+        return self._in_meta[msg.chunk + 1] if msg.kind == "act" else self._meta[msg.chunk - 1]
+
+    @torch.no_grad()
+    def _negotiate_shapes(self) -> None:
+        """Once: walk the chunks in order, run each on zeros of its input shape, pass shapes on.
+
+        Starts with a barrier so that the first collective involves every rank (NCCL requires
+        that before batched P2P)."""
+        dist.barrier()
+        for k in sorted(self.modules):
+            if k == 0:
+                x = self._inputs[0].to(self.device)
+            else:
+                src = self.sched.device_of(k - 1)
+                if src == self.me:
+                    shape, dtype = self._meta[k - 1]
+                else:
+                    shape, dtype = self.p2p.recv_header(src, f"chunk {k}")
+                x = torch.zeros(shape, dtype=dtype, device=self.device)
+            self._in_meta[k] = (x.shape, x.dtype)
+            if k == self.nc - 1:
+                continue
+            y = self.modules[k](x)
+            if not isinstance(y, torch.Tensor):
+                raise TypeError(f"chunk {k} returned {type(y).__name__}; pipeline chunks must return one tensor")
+            self._meta[k] = (y.shape, y.dtype)
+            dst = self.sched.device_of(k + 1)
+            if dst != self.me:
+                self.p2p.send_header(dst, y.shape, y.dtype)
+
+    # ------------------------------------------------------------------ grads
+    @torch.no_grad()
+    def _install_grads(self) -> None:
+        for k in sorted(self.params):
+            for p in self.params[k]:
+                target = self.master.get(p, p)
+                g = self._gbuf[p]
+                if target.grad is None:
+                    target.grad = g.to(target.dtype, copy=True)
+                else:
+                    target.grad.add_(g.to(target.grad.dtype))
+
+    @staticmethod
+    def _split_mb(x, M: int, what: str) -> list[torch.Tensor]:
+        if x is None:
+            raise ValueError(f"this rank needs {what} (a list of {M} microbatches or one tensor to split)")
+        if isinstance(x, torch.Tensor):
+            if x.shape[0] % M:
+                raise ValueError(f"{what} batch of {x.shape[0]} rows does not split into {M} equal microbatches")
+            return list(x.chunk(M))
+        x = list(x)
+        if len(x) != M:
+            raise ValueError(f"{what} has {len(x)} microbatches; the schedule has {M}")
+        return x
+
+
+def reference_step(model: nn.Module, loss_fn: Callable, inputs: Sequence[torch.Tensor],
+                   targets: Sequence[torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
+    """Single-process reference: mean loss over the microbatches and the gradients by name."""
+    model.zero_grad(set_to_none=True)
+    n = len(inputs)
+    total = 0.0
+    for x, t in zip(inputs, targets):
+        loss = loss_fn(model(x), t)
+        (loss / n).backward()
+        total += loss.item()
+    return total / n, {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+__all__ = ["PipelineExecutor", "NonFiniteLossError", "ScheduleRuntimeError", "PeerError", "StepStats", "reference_step"]

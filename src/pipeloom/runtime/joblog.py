@@ -1,0 +1,96 @@
+"""Per-rank job log in the shared JSON Lines format (read by ``pipeloom.viz``).
+
+File ``LOGDIR/workerlog.<global rank>``; first line ``meta``; inside the profiler window
+(steps in ``[start, stop)``) every rank writes ``profile_start``, a ``sync`` line right after a
+barrier at the start of each profiled step (to align clocks), one ``job`` line per executed job
+(``start``/``end`` wall-clock seconds bracketing the compute only, not the waits), ``step_end``,
+and ``profile_stop`` when the window closes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+
+def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
+    """``"3:5"`` -> (3, 5) (steps 3 and 4 profiled); ``"3"`` -> (3, 4); None/"" -> None."""
+    if text is None or str(text).strip() in ("", "none"):
+        return None
+    s = str(text).strip()
+    try:
+        if ":" in s:
+            a, b = s.split(":", 1)
+            start, stop = int(a), int(b)
+        else:
+            start = int(s)
+            stop = start + 1
+    except ValueError:
+        raise ValueError(f"--profile-steps {text!r}: expected START:STOP (steps START..STOP-1 profiled), e.g. 3:5") from None
+    if start < 0 or stop <= start:
+        raise ValueError(f"--profile-steps {text!r}: need 0 <= START < STOP")
+    return start, stop
+
+
+class JobLog:
+    """Writes ``workerlog.<rank>``; a no-op when ``log_dir`` is None."""
+
+    def __init__(self, log_dir: str | None, *, rank: int, local_rank: int, world_size: int, pp: int, dp: int,
+                 pp_rank: int, dp_rank: int, schedule: dict, costs: dict | None,
+                 profile_steps: tuple[int, int] | None, machine: int = 0) -> None:
+        self.window = profile_steps
+        self.f = None
+        self._open_window = False
+        if log_dir is None:
+            return
+        os.makedirs(log_dir, exist_ok=True)
+        self.f = open(os.path.join(log_dir, f"workerlog.{rank}"), "w")
+        self._write({"event": "meta", "rank": rank, "local_rank": local_rank, "world_size": world_size,
+                     "pp": pp, "dp": dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
+                     "host": socket.gethostname(), "schedule": schedule, "costs": costs,
+                     "profile_steps": list(profile_steps) if profile_steps else None})
+
+    @property
+    def enabled(self) -> bool:
+        return self.f is not None
+
+    def profiled(self, step: int) -> bool:
+        return self.f is not None and self.window is not None and self.window[0] <= step < self.window[1]
+
+    def begin_step(self, step: int) -> None:
+        """Call right after the barrier that starts a profiled step."""
+        if not self.profiled(step):
+            return
+        if not self._open_window:
+            self._write({"event": "profile_start", "step": step, "t": time.time()})
+            self._open_window = True
+        self._write({"event": "sync", "step": step, "t": time.time()})
+
+    def job(self, step: int, kind: str, mb: int, chunk: int, device: int, start: float, end: float) -> None:
+        self._write({"event": "job", "step": step, "kind": kind, "mb": mb, "chunk": chunk, "device": device,
+                     "start": start, "end": end})
+
+    def end_step(self, step: int, loss: float) -> None:
+        if not self.profiled(step):
+            return
+        self._write({"event": "step_end", "step": step, "loss": loss, "t": time.time()})
+        if step + 1 >= self.window[1]:
+            self._close_window(self.window[1])
+
+    def _close_window(self, step: int) -> None:
+        if self._open_window:
+            self._write({"event": "profile_stop", "step": step, "t": time.time()})
+            self._open_window = False
+        self.f.flush()
+
+    def close(self, last_step: int | None = None) -> None:
+        if self.f is None:
+            return
+        if self._open_window:
+            self._close_window(last_step + 1 if last_step is not None else self.window[1])
+        self.f.close()
+        self.f = None
+
+    def _write(self, obj: dict) -> None:
+        self.f.write(json.dumps(obj, separators=(",", ":")) + "\n")

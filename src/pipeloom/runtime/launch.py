@@ -1,0 +1,146 @@
+"""Start ranks: spawn local processes on 127.0.0.1 (gloo on CPU), or join a torchrun launch.
+
+:func:`spawn` runs ``fn(*args)`` on ``world_size`` fresh processes and returns rank 0's result.
+If any rank fails, the others get a short grace period to report, are then terminated, and
+:class:`RankFailure` is raised with the first rank's one-line error (which names the job it
+was running or waiting on).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import queue as _queue
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class RankFailure(RuntimeError):
+    """A spawned rank raised or died; ``rank`` and ``message`` say which and why."""
+
+    def __init__(self, rank: int, message: str, others: list[tuple[int, str]] | None = None, tb: str = "") -> None:
+        self.rank, self.message, self.others, self.tb = rank, message, others or [], tb
+        extra = f" ({len(self.others)} other rank(s) failed too)" if self.others else ""
+        head = message if message.startswith(f"rank {rank}") else f"rank {rank}: {message}"
+        super().__init__(f"{head}{extra}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    """True when started by torchrun (or any launcher that sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def default_device() -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is available (and not overridden by PIPELOOM_DEVICE=cpu), else CPU."""
+    if os.environ.get("PIPELOOM_DEVICE", "") != "cpu" and torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)  # needed before NCCL P2P (batch_isend_irecv hangs otherwise)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def init_process_group(timeout_s: float = 300.0, backend: str | None = None) -> None:
+    """Initialise from the environment (torchrun or :func:`spawn`): NCCL with CUDA, else gloo."""
+    if dist.is_initialized():
+        return
+    device = default_device()
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    kw = {}
+    if device.type == "cuda":
+        kw["device_id"] = device
+    dist.init_process_group(backend, timeout=_dt.timedelta(seconds=timeout_s), **kw)
+
+
+def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeout_s: float) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    if torch.cuda.device_count() < world:  # not one GPU per rank here: run every rank on CPU/gloo
+        os.environ["PIPELOOM_DEVICE"] = "cpu"
+    try:
+        init_process_group(timeout_s)
+        out = fn(*args)
+        q.put((rank, "ok", out, ""))
+    except BaseException as e:  # report, never hang the parent
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        q.put((rank, "error", f"{type(e).__name__}: {msg}" if not isinstance(e, RuntimeError) else msg,
+               traceback.format_exc()))
+    finally:
+        # a failed rank must not wait in destroy for peers that are stuck
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float = 300.0,
+          grace_s: float = 3.0, total_timeout_s: float | None = None) -> Any:
+    """Run ``fn(*args)`` on ``world_size`` local processes; return rank 0's return value."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, fn, args, timeout_s), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[tuple[int, str, str]] = []
+    deadline = time.monotonic() + (total_timeout_s if total_timeout_s else 10 * timeout_s + 60)
+    first_error_at = None
+    try:
+        while len(results) + len(errors) < world_size:
+            now = time.monotonic()
+            if first_error_at is not None and now - first_error_at > grace_s:
+                break
+            if now > deadline:
+                errors.append((-1, f"no result after {total_timeout_s or 10 * timeout_s + 60:g}s", ""))
+                break
+            try:
+                rank, status, payload, tb = q.get(timeout=0.2)
+            except _queue.Empty:
+                reported = set(results) | {e[0] for e in errors}
+                for r, p in enumerate(procs):
+                    if r not in reported and p.exitcode is not None and p.exitcode != 0:
+                        errors.append((r, f"process exited with code {p.exitcode} without reporting", ""))
+                        first_error_at = first_error_at or time.monotonic()
+                continue
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors.append((rank, payload, tb))
+                first_error_at = first_error_at or time.monotonic()
+    finally:
+        for p in procs:
+            if p.is_alive() and (errors or p.exitcode is None):
+                p.join(timeout=0.5 if errors else 5)
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        errors.sort(key=lambda e: _blame_order(e[1]))
+        r, msg, tb = errors[0]
+        raise RankFailure(r, msg, [(e[0], e[1]) for e in errors[1:]], tb)
+    return results.get(0)
+
+
+def _blame_order(msg: str) -> int:
+    # prefer the root cause: a rank's own error before the peers that merely lost it
+    low = msg.lower()
+    if "timed out" in low or "waited for" in low or "connection" in low or "closed" in low:
+        return 1
+    return 0

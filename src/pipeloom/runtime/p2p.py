@@ -1,0 +1,153 @@
+"""Point-to-point transport for one pipeline rank: batched isend/irecv posted early, in link order.
+
+The order of ops on every link comes from :func:`pipeloom.runtime.commplan.build_comm_plan`.
+On each link a cursor walks that order: receives are posted as soon as the cursor reaches them
+(with a buffer of the negotiated shape, so data lands while this rank computes), a send is
+posted as soon as its tensor exists and the cursor reaches it. All ops that become ready
+together go out in one ``dist.batch_isend_irecv`` call (one NCCL group on GPU). A rank only
+blocks in :meth:`P2P.recv`, with a timeout, and the error names the job that waited, the
+message and the peer rank.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+
+import torch
+import torch.distributed as dist
+
+from .commplan import Msg, Op
+
+
+class PeerError(RuntimeError):
+    """A peer died, hung past the timeout, or a transfer failed."""
+
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
+
+
+def _dtype_code(dt: torch.dtype) -> int:
+    try:
+        return _DTYPES.index(dt)
+    except ValueError:
+        raise TypeError(f"cannot send tensors of dtype {dt} between stages; use one of {_DTYPES}") from None
+
+
+class P2P:
+    """Link-ordered P2P for one rank.
+
+    ``links``: peer pp-rank -> ordered ops (from the comm plan); ``global_rank``: pp-rank ->
+    global rank; ``shape_of``: Msg -> (shape, dtype) of a message this rank receives.
+    """
+
+    def __init__(self, links: dict[int, tuple[Op, ...]], global_rank: list[int], me: int, *,
+                 device: torch.device, timeout_s: float, group=None) -> None:
+        self.links = links
+        self.global_rank = global_rank
+        self.me = me
+        self.device = device
+        self.timeout = _dt.timedelta(seconds=float(timeout_s))
+        self.timeout_s = float(timeout_s)
+        self.group = group
+        self.shape_of = None
+        self.reset()
+
+    # ---------------------------------------------------------------- per step
+    def reset(self) -> None:
+        self.cursor = {p: 0 for p in self.links}
+        self.ready: dict[Msg, torch.Tensor] = {}
+        self.posted: dict[Msg, tuple[object, torch.Tensor, int]] = {}
+        self.sends: list[tuple[object, torch.Tensor, Msg, int]] = []
+        self.wait_s = 0.0  # time spent blocked in recv this step
+
+    def send(self, msg: Msg, tensor: torch.Tensor) -> None:
+        """Queue ``tensor`` for its peer; it goes out as soon as the link order allows."""
+        self.ready[msg] = tensor
+        self.advance()
+
+    def advance(self) -> None:
+        """Post every op the link cursors can reach now, in one batched call."""
+        ops: list[dist.P2POp] = []
+        meta: list[tuple[Op, torch.Tensor]] = []
+        for peer, seq in self.links.items():
+            c = self.cursor[peer]
+            while c < len(seq):
+                op = seq[c]
+                if op.send:
+                    t = self.ready.pop(op.msg, None)
+                    if t is None:
+                        break  # its data does not exist yet; later ops on this link wait
+                    ops.append(dist.P2POp(dist.isend, t, self.global_rank[peer], self.group))
+                    meta.append((op, t))
+                else:
+                    shape, dtype = self.shape_of(op.msg)
+                    buf = torch.empty(shape, dtype=dtype, device=self.device)
+                    ops.append(dist.P2POp(dist.irecv, buf, self.global_rank[peer], self.group))
+                    meta.append((op, buf))
+                c += 1
+            self.cursor[peer] = c
+        if not ops:
+            return
+        works = dist.batch_isend_irecv(ops)
+        for i, (op, t) in enumerate(meta):
+            w = works[i] if len(works) == len(ops) else works[-1]  # NCCL coalesces into one work
+            if op.send:
+                self.sends.append((w, t, op.msg, op.peer))
+            else:
+                self.posted[op.msg] = (w, t, op.peer)
+
+    def recv(self, msg: Msg, waiter: str) -> torch.Tensor:
+        """Block (at most the timeout) until ``msg`` has arrived; ``waiter`` names the job for errors."""
+        if msg not in self.posted:
+            self.advance()
+        if msg not in self.posted:  # cannot happen for a valid plan (see commplan's proof)
+            raise PeerError(f"rank {dist.get_rank()}: job {waiter} needs {msg}, which the link plan never posts")
+        w, buf, peer = self.posted.pop(msg)
+        t0 = time.perf_counter()
+        self._wait(w, f"job {waiter} waited for {msg} from rank {self.global_rank[peer]} (pp stage {peer})")
+        self.wait_s += time.perf_counter() - t0
+        return buf
+
+    def poll_sends(self) -> None:
+        """Drop finished sends so their buffers can be freed."""
+        self.sends = [s for s in self.sends if not s[0].is_completed()]
+
+    def finish(self, step: int) -> None:
+        """Wait for every outstanding send of this step (with the timeout)."""
+        self.advance()
+        for w, _t, msg, peer in self.sends:
+            self._wait(w, f"step {step}: sending {msg} to rank {self.global_rank[peer]} (pp stage {peer}) "
+                          "did not complete")
+        self.sends = []
+        left = [str(op.msg) for p, seq in self.links.items() for op in seq[self.cursor[p]:]]
+        if left or self.posted or self.ready:
+            raise PeerError(f"rank {dist.get_rank()}: step {step} ended with unmatched messages: "
+                            f"{left[:3] or list(map(str, self.posted))[:3] or list(map(str, self.ready))[:3]}")
+
+    def _wait(self, work, what: str) -> None:
+        try:
+            ok = work.wait(self.timeout)
+        except Exception as e:  # DistBackendError, RuntimeError from gloo
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            kind = "timed out" if "imeout" in text or "imed out" in text else "failed"
+            raise PeerError(f"rank {dist.get_rank()}: {what}: {kind} after at most {self.timeout_s:g}s ({text})") from None
+        if ok is False:
+            raise PeerError(f"rank {dist.get_rank()}: {what}: timed out after {self.timeout_s:g}s")
+
+    # ---------------------------------------------------------------- shapes (once)
+    def send_header(self, peer: int, shape: torch.Size, dtype: torch.dtype) -> None:
+        h = torch.zeros(10, dtype=torch.int64, device=self.device)
+        if len(shape) > 8:
+            raise ValueError(f"stage outputs may have at most 8 dimensions, got shape {tuple(shape)}")
+        h[0], h[1] = len(shape), _dtype_code(dtype)
+        h[2:2 + len(shape)] = torch.tensor(list(shape), dtype=torch.int64)
+        w = dist.isend(h, self.global_rank[peer], self.group)
+        self._wait(w, f"shape negotiation: sending a header to pp stage {peer}")
+
+    def recv_header(self, peer: int, what: str) -> tuple[torch.Size, torch.dtype]:
+        h = torch.zeros(10, dtype=torch.int64, device=self.device)
+        w = dist.irecv(h, self.global_rank[peer], self.group)
+        self._wait(w, f"shape negotiation: {what} waited for a header from rank {self.global_rank[peer]} "
+                      f"(pp stage {peer})")
+        h = h.cpu().tolist()
+        return torch.Size(h[2:2 + h[0]]), _DTYPES[h[1]]

@@ -1,0 +1,99 @@
+"""V-shape zero-bubble schedules under a memory limit: ZB-V (``zbv``), V-Half, V-Min (no torch).
+
+Placement is V / zigzag (see :mod:`pipeloom.schedule.ir`): chunk 0 runs down devices
+0..pp-1, chunk 1 back up pp-1..0, chunk 2 down again, ... for any ``vpp >= 2`` (seed 000
+extends ZB-V beyond the official vpp = 2). The backward is split into B (input grad) and W
+(weight grad); W is postponed to fill bubbles as long as memory allows.
+
+Memory (units of one full-stage microbatch activation, :mod:`pipeloom.sim.costs`): F on chunk
+c allocates ``a(c)`` (default 1/vpp), B frees ``b(c)``, W frees ``a(c) - b(c)``. A job is
+inserted only when the device's current memory plus the job's peak fits the limit (seed
+004). Limits: none, ``1p`` (= pp units, 1F1B's peak), ``1.5p``, ``2p`` or any number.
+
+The schedules are made by the event-driven greedy list scheduler of
+:mod:`pipeloom.schedule._greedy` over a grid of policies (B/F priority, chunk order, W
+filling, admission caps, and the official generator's capped warm-up as extra variants),
+keeping the smallest makespan, then the smallest peak memory. Where memory allows, a device
+runs as many forwards before its first B as fit (seed 000's change to the official
+generator, which caps that count).
+
+``vhalf`` and ``vmin`` are the same ZB-V greedy planned under the activation-memory budgets
+of V-Half and V-Min in Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"
+(table of the paper's released code: V-Half ``(p+2)//2`` and V-Min ``(p+4)//3`` microbatch
+activations, against 1F1B's ``p``). They are NOT the paper's hand-built repeating building
+blocks: the greedy finds its own order within that budget (raised to the smallest feasible
+limit where the budget is below it). A tighter ``--mem-limit`` than the budget is honoured.
+"""
+from __future__ import annotations
+
+from .ir import Placement, make_schedule
+from .registry import PlanSpec, ScheduleError, register
+from . import _greedy
+
+#: default greedy work budget (job placements summed over all policies tried)
+DEFAULT_BUDGET = 60_000
+
+
+def _fmt_units(x: float, pp: int) -> str:
+    return f"{x:g} units ({x / pp:.3g}p)"
+
+
+def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placement = Placement.V,
+           target: str | None = None):
+    """Plan a V-shape B/W-split schedule for ``spec`` under ``limit`` (units or None)."""
+    pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
+    if vpp < 2:
+        raise ScheduleError(f"schedule {name!r} needs vpp >= 2 (V placement), got vpp={vpp}")
+    try:
+        prob = _greedy.make_problem(pp, vpp, m, placement, spec.costs, spec.mem, limit)
+    except ValueError as e:
+        raise ScheduleError(str(e)) from None
+    lo = _greedy.min_feasible_limit(prob)
+    if limit is not None and limit < lo - 1e-9:
+        raise ScheduleError(
+            f"memory limit {_fmt_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest "
+            f"feasible limit is {_fmt_units(lo, pp)} (one microbatch's activations on all {vpp} chunks of a "
+            f"device at once); use --mem-limit {lo:g} or more")
+    budget = int(spec.options.get("budget", DEFAULT_BUDGET))
+    best = _greedy.search(prob, budget)
+    if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
+        raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
+    pol = best.policy
+    meta = {"builder": name, "mem_limit": limit, "policy": _policy_dict(pol), "local_search": best.improved}
+    if target:
+        meta["target"] = target
+    return make_schedule(name, pp, vpp, m, placement, best.to_jobs(), **meta)
+
+
+def _policy_dict(pol) -> dict:
+    d = {k: getattr(pol, k) for k in pol.__slots__}
+    if d["cap"] == float("inf"):
+        d["cap"] = None
+    return d
+
+
+@register("zbv", description="ZB-V: V placement, B/W split, greedy under the memory limit (any vpp >= 2)",
+          vpp=">=2", memory_aware=True)
+def zbv(spec: PlanSpec):
+    return plan_v("zbv", spec, spec.mem_limit)
+
+
+def _budget_limit(name: str, spec: PlanSpec, units: float, text: str):
+    prob = _greedy.make_problem(spec.pp, spec.vpp, spec.microbatches, Placement.V, spec.costs, spec.mem, None)
+    lo = _greedy.min_feasible_limit(prob)
+    limit = max(units, lo)
+    if spec.mem_limit is not None:
+        limit = min(limit, spec.mem_limit)
+    return plan_v(name, spec, limit, target=f"{text} = {units:g} units, used {limit:g}")
+
+
+@register("vhalf", description="V-Half: zbv greedy at (p+2)//2 microbatch activations (about 1/2 of 1F1B)",
+          vpp=">=2", memory_aware=True)
+def vhalf(spec: PlanSpec):
+    return _budget_limit("vhalf", spec, float((spec.pp + 2) // 2), "V-Half budget (p+2)//2")
+
+
+@register("vmin", description="V-Min: zbv greedy at (p+4)//3 microbatch activations (about 1/3 of 1F1B)",
+          vpp=">=2", memory_aware=True)
+def vmin(spec: PlanSpec):
+    return _budget_limit("vmin", spec, float((spec.pp + 4) // 3), "V-Min budget (p+4)//3")

@@ -1,0 +1,157 @@
+"""Gantt chart of a :class:`~pipeloom.viz.timeline.Timeline` as PNG / SVG / PDF (matplotlib, no pyplot).
+
+Layout: one row per device (or rank); each job a box coloured by kind (F blue, B orange,
+W green, BW red) and shaded by local chunk, with its microbatch number when the box is wide
+enough; the grey band behind the boxes is idle time. Under every row a thin strip draws the
+device's activation memory (units of one full-stage microbatch activation) with its peak;
+a dashed line marks the memory limit. The right margin gives each row's bubble (idle share).
+Figure size grows with the number of jobs and rows (readable up to pp 16, m 64); labels
+that do not fit their box are left out.
+"""
+from __future__ import annotations
+
+import os
+
+from .timeline import IDLE_COLOR, KIND_COLORS, KIND_NAMES, Timeline, shade
+
+MEM_COLOR = "#7b68b5"
+LATE_COLOR = "#d62728"
+LATE_EDGE = "#111111"
+WAIT_COLOR = "#888888"
+
+
+def _luminance(hex_color: str) -> float:
+    r, g, b = (int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def legend_cols(n: int, width_in: float) -> int:
+    return max(1, min(n, int(width_in // 2.6)))
+
+
+def _legend_rows(tl: Timeline, width_in: float, with_memory: bool) -> int:
+    n = len(tl.kinds()) + (tl.vpp if tl.vpp > 1 else 0) + 1 + (1 if with_memory else 0)
+    n += (1 if with_memory and tl.mem_limit is not None else 0)
+    n += any(b.wait > 0 for r in tl.rows for b in r.bars) + any(b.late > 0 for r in tl.rows for b in r.bars)
+    return -(-n // legend_cols(n, width_in))
+
+
+def figure_size(tl: Timeline, with_memory: bool) -> tuple[float, float]:
+    """Inches: width from the busiest row's job count, height from the row count and legend."""
+    most = max((len(r.bars) for r in tl.rows), default=1)
+    width = min(34.0, max(10.0, 2.5 + 0.115 * most))
+    per_row = 0.36 + (0.2 if with_memory else 0.0) + 0.08
+    height = 1.55 + per_row * len(tl.rows) + 0.35 + 0.2 * _legend_rows(tl, width, with_memory)
+    return width, height
+
+
+def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) -> str:
+    """Draw ``tl`` into ``path`` (format from the suffix: .png, .svg, .pdf); return the path."""
+    from matplotlib.figure import Figure
+    from matplotlib.collections import PatchCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+
+    fmt = os.path.splitext(path)[1].lower().lstrip(".")
+    if fmt not in ("png", "svg", "pdf"):
+        raise ValueError(f"cannot draw a Gantt chart as {path!r}: use a .png, .svg or .pdf file name")
+    with_mem = memory and any(r.memory for r in tl.rows)
+    w_in, h_in = figure_size(tl, with_mem)
+    fig = Figure(figsize=(w_in, h_in), dpi=dpi)
+    left_in, right_in = 0.85, 1.25
+    top_in, bottom_in = 0.75, 0.75 + 0.2 * _legend_rows(tl, w_in, with_mem)
+    ax = fig.add_axes((left_in / w_in, bottom_in / h_in, 1 - (left_in + right_in) / w_in,
+                       1 - (top_in + bottom_in) / h_in))
+    t0, t1 = tl.t0, tl.t1 if tl.t1 > tl.t0 else tl.t0 + 1.0
+    span = t1 - t0
+    mem_h = 0.55 if with_mem else 0.0
+    pitch = 1.0 + (0.12 + mem_h if with_mem else 0.0) + 0.22
+    axes_w_px = (w_in - left_in - right_in) * dpi
+    px_per_t = axes_w_px / span
+    font = 7.0 if len(tl.rows) <= 8 else 6.5
+    char_px = font * 0.62 / 72 * dpi
+    peak = max(tl.peak_memory(), tl.mem_limit or 0.0) or 1.0
+
+    rects, colors, edges, lws, waits = [], [], [], [], []
+    windows = [(s, e) for _, s, e in tl.steps] or [(t0, t1)]
+    for r, row in enumerate(tl.rows):
+        y = r * pitch
+        for s, e in windows:
+            ax.add_patch(Rectangle((s, y), e - s, 1.0, facecolor=IDLE_COLOR, edgecolor="none", zorder=1))
+        for bar in row.bars:
+            h, yb = (1.0, y) if bar.lane == 0 else (0.5, y + (0.0 if bar.lane == 1 else 0.5))
+            col = shade(KIND_COLORS.get(bar.kind, "#777777"), bar.local, tl.vpp)
+            rects.append(Rectangle((bar.start, yb), bar.end - bar.start, h))
+            colors.append(col)
+            if bar.wait > 0:
+                waits.append(Rectangle((bar.start - bar.wait, y + 0.44), bar.wait, 0.12))
+            wpx = (bar.end - bar.start) * px_per_t
+            late = bar.late > 0 and wpx >= 5  # a frame would hide a sliver of a box
+            edges.append(LATE_EDGE if late else "white")
+            lws.append(1.2 if late else 0.35)
+            fs = font if h == 1.0 else font - 1
+            if wpx < len(bar.label) * char_px * fs / font + 1.5:
+                fs = fs - 1.5  # one size smaller before giving up on the label
+            if wpx >= len(bar.label) * char_px * fs / font + 1.5:
+                ax.text((bar.start + bar.end) / 2, yb + h / 2, bar.label, ha="center", va="center",
+                        fontsize=fs, color="black" if _luminance(col) > 0.6 else "white", zorder=4,
+                        clip_on=True)
+        if with_mem and row.memory:
+            ym = y + 1.12 + mem_h  # baseline of the strip (y grows downwards)
+            xs = [p[0] for p in row.memory]
+            ys = [ym - mem_h * p[1] / peak for p in row.memory]
+            ax.fill_between(xs, ys, ym, color=MEM_COLOR, alpha=0.45, linewidth=0, zorder=2)
+            ax.plot(xs, ys, color=MEM_COLOR, linewidth=0.8, zorder=3)
+            ax.plot([t0, t1], [ym, ym], color="#bbbbbb", linewidth=0.5, zorder=1)
+            if tl.mem_limit is not None:
+                yl = ym - mem_h * tl.mem_limit / peak
+                ax.plot([t0, t1], [yl, yl], color=LATE_COLOR, linewidth=0.7, linestyle="--", zorder=3)
+            rp = max(p[1] for p in row.memory)
+            ax.text(t1 + span * 0.006, ym - mem_h / 2, f"mem peak {rp:.3g}", fontsize=6.5, va="center",
+                    ha="left", color=MEM_COLOR, clip_on=False)
+        ax.text(t1 + span * 0.006, y + 0.5, f"bubble {100 * tl.bubble(row):.1f}%", fontsize=7, va="center",
+                ha="left", clip_on=False)
+    ax.add_collection(PatchCollection(rects, facecolors=colors, edgecolors=edges, linewidths=lws, zorder=3))
+    if waits:
+        ax.add_collection(PatchCollection(waits, facecolors=WAIT_COLOR, edgecolors="none", zorder=2))
+    for step, s, e in tl.steps:
+        for x in (s, e):
+            ax.axvline(x, color="#555555", linewidth=0.6, linestyle=":", zorder=0)
+        ax.text((s + e) / 2, -0.25, f"step {step}", ha="center", va="bottom", fontsize=7.5, color="#333333")
+    ax.set_xlim(t0, t1)
+    ax.set_ylim(len(tl.rows) * pitch - 0.1, -0.35 if tl.steps else -0.15)
+    ax.set_yticks([r * pitch + 0.5 for r in range(len(tl.rows))])
+    ax.set_yticklabels([row.label for row in tl.rows], fontsize=8 if len(tl.rows) <= 8 else 7)
+    ax.tick_params(axis="y", length=0)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel(f"time ({tl.unit})", fontsize=8.5)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.text(left_in / w_in, 1 - 0.22 / h_in, tl.title, fontsize=11, fontweight="bold", va="top")
+    if tl.subtitle:
+        fig.text(left_in / w_in, 1 - 0.47 / h_in, tl.subtitle, fontsize=8.5, va="top", color="#333333")
+
+    handles: list = [Patch(facecolor=KIND_COLORS[k], label=f"{k}  {KIND_NAMES[k]}") for k in tl.kinds()]
+    if tl.vpp > 1:
+        base = "#555555"
+        handles += [Patch(facecolor=shade(base, v, tl.vpp), label=f"local chunk {v}" + (" (full colour)" if v == 0 else " (lighter)"))
+                    for v in range(tl.vpp)]
+    handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#cccccc", label="idle (bubble)"))
+    if with_mem:
+        handles.append(Patch(facecolor=MEM_COLOR, alpha=0.45, label="activation memory (units)"))
+        if tl.mem_limit is not None:
+            handles.append(Line2D([], [], color=LATE_COLOR, linestyle="--", linewidth=0.9,
+                                  label=f"memory limit {tl.mem_limit:.3g}"))
+    if any(b.wait > 0 for r in tl.rows for b in r.bars):
+        handles.append(Patch(facecolor=WAIT_COLOR, label="logged inside a job, spent waiting for its input"))
+    if any(b.late > 0 for r in tl.rows for b in r.bars):
+        handles.append(Patch(facecolor="white", edgecolor=LATE_EDGE, linewidth=1.5, label="started late (black frame)"))
+    fig.legend(handles=handles, loc="lower center", ncol=legend_cols(len(handles), w_in), fontsize=7.5, frameon=False,
+               bbox_to_anchor=(0.5, 0.0), title="box number = microbatch", title_fontsize=7.5)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    import matplotlib
+
+    # SVG keeps its text as text (searchable, smaller) instead of glyph outlines
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(path, format=fmt, dpi=dpi)
+    return path

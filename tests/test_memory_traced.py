@@ -1,0 +1,114 @@
+"""Traced memory (torch): saved-tensor accounting vs the analytic model and a real CPU run."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from pipeloom.memory import analytic as an  # noqa: E402
+from pipeloom.memory.traced import measure_chunk, trace_chunk, trace_chunks  # noqa: E402
+
+llama = pytest.importorskip("pipeloom.models.llama")
+
+
+class Shared(nn.Module):
+    """y = (x * w1) + (x * w2) + x.view(...).sum: x is saved twice, once through a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.ones(8))
+        self.w2 = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return x * self.w1 + x * self.w2 + (x.view(-1, 8) * self.w1).view(x.shape)
+
+
+class TwoLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 32, bias=False)
+        self.b = nn.Linear(32, 4, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_shared_storage_counted_once_and_params_excluded(fake):
+    x = torch.randn(4, 8)
+    tc = trace_chunk(Shared(), x, fake=fake)
+    # only x (4*8 fp32) is an activation; w1/w2 are parameters
+    assert tc.activation_bytes == 4 * 8 * 4
+    assert tc.input_bytes == 4 * 8 * 4
+    assert tc.params == 16
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_w_split_on_linears(fake):
+    x = torch.randn(5, 8)
+    tc = trace_chunk(TwoLinear(), x, fake=fake)
+    # saved: x (a's input), tanh output (b's input; tanh backward uses it too), nothing else
+    assert tc.activation_bytes == (5 * 8 + 5 * 32) * 4
+    assert tc.w_input_bytes == (5 * 8 + 5 * 32) * 4
+    # W also needs the output grads of both GEMMs: (5, 32) and (5, 4)
+    assert tc.w_grad_bytes == (5 * 32 + 5 * 4) * 4
+    assert tc.b_freed_bytes == 0
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+def test_tiny_llama_traced_equals_analytic(dtype, name):
+    cfg = llama.LlamaConfig()
+    split = llama.even_layer_split(cfg.n_layers, 4)
+    mods = llama.build_chunk_modules(cfg, split, dtype=dtype)
+    x, y = llama.synthetic_batch(cfg, 2)
+    traced = trace_chunks(mods, x, target=y, loss_fn=llama.loss_fn)
+    model = an.from_llama_config(cfg)
+    chunks = an.chunk_memory(model, an.TrainConfig(seq=cfg.max_seq_len, micro_batch=2, dtype=name, impl="eager"),
+                             [len(c) for c in split])
+    for t, a in zip(traced, chunks):
+        assert t.params == a.params
+        # the loss keeps one more fp32 scalar (nll_loss's total weight) than the analytic list
+        assert abs(t.activation_bytes - a.activation_bytes) <= 4
+        assert t.w_held_bytes == a.w_held_bytes
+
+
+def test_meta_built_llama_layer_traces_without_memory():
+    # a Llama-2-7B-shaped layer (4096 wide, seq 4096): ~800 MB of weights, never allocated
+    cfg = llama.LlamaConfig(dim=4096, n_layers=2, n_heads=32, n_kv_heads=8, ffn_dim=11008, vocab_size=32000,
+                            max_seq_len=4096)
+    with torch.device("meta"):
+        chunk = llama.LlamaChunk(cfg, [1], first=False, last=False).to(torch.bfloat16)
+    chunk.rope_cos, chunk.rope_sin = chunk.rope_cos.float(), chunk.rope_sin.float()  # as build_chunk_modules
+    x = torch.empty(1, 4096, 4096, dtype=torch.bfloat16, device="meta")
+    tc = trace_chunk(chunk, x)
+    tr = an.TrainConfig(seq=4096, micro_batch=1, dtype="bf16", impl="eager")
+    model = an.from_llama_config(cfg)
+    want = sum(i.bytes for i in an.layer_activations(model, tr)) + an.chunk_input_bytes(model, tr)
+    assert an.chunk_input_bytes(model, tr) == 2 * 4096 * 4096
+    assert tc.activation_bytes == pytest.approx(want, rel=1e-9)
+    assert tc.w_held_bytes == pytest.approx(an.layer_w_held(model, tr), rel=1e-9)
+
+
+def test_real_cpu_run_matches_traced():
+    cfg = llama.LlamaConfig(n_layers=2)
+    mods = llama.build_chunk_modules(cfg, [[0], [1]])
+    x, y = llama.synthetic_batch(cfg, 2)
+    model = an.from_llama_config(cfg)
+    tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=2, dtype="fp32", impl="eager")
+    for i, m in enumerate(mods):
+        last = i == 1
+        kw = dict(target=y, loss_fn=llama.loss_fn) if last else {}
+        tc = trace_chunk(m, x, **kw)
+        real = measure_chunk(m, x, **kw)
+        # tensors made before the forward (the chunk input, the targets) are not allocations of the run
+        pre = tc.input_bytes + (y.numel() * y.element_size() if last else 0)
+        assert real.activation_bytes == pytest.approx(tc.activation_bytes - pre, rel=0.01)
+        # peak above the held activations (+ a middle chunk's output): the transient estimate
+        ch = an.chunk_memory(model, tr, [1, 1])[i]
+        held = real.after_forward_bytes
+        extra = real.peak_bytes - held
+        bound = an.transient_bytes(model, tr, [ch])
+        assert extra == pytest.approx(bound, rel=0.02)
+        with torch.no_grad():
+            x = m(x)

@@ -1,0 +1,171 @@
+"""The executor in ONE process (a world of size 1, pp=1 with several chunks: every hand-off is local).
+
+Fast checks of split backward (B then W later), BW, random job orders, bf16 master grads, the
+job log and error paths, without spawning processes.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from pipeloom.models.llama import LlamaConfig, build_chunk_modules, build_reference, even_layer_split, loss_fn, synthetic_batch
+from pipeloom.runtime import NonFiniteLossError, PipelineExecutor, chunk_modules, reference_step
+from pipeloom.runtime.joblog import JobLog
+from pipeloom.runtime.launch import free_port
+from pipeloom.runtime.testing import random_plan
+from pipeloom.schedule.ir import Job, Kind, Schedule
+
+CFG = LlamaConfig(n_layers=6, dim=32, n_heads=4, n_kv_heads=2, max_seq_len=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only add contention
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
+def _data(m: int, seed: int = 0):
+    x, y = synthetic_batch(CFG, 2 * m, 8, seed=seed)
+    return list(x.chunk(m)), list(y.chunk(m))
+
+
+def _run(sched: Schedule, seed: int = 0, **kw):
+    split = even_layer_split(CFG.n_layers, sched.num_chunks)
+    mods = build_chunk_modules(CFG, split, seed=seed)
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0], **kw)
+    xs, ys = _data(sched.microbatches, seed)
+    loss = ex.step(xs, ys)
+    return ex, loss, xs, ys
+
+
+def _ref(seed, xs, ys):
+    return reference_step(build_reference(CFG, seed=seed), loss_fn, xs, ys)
+
+
+@settings(max_examples=10, deadline=None)
+@given(vpp=st.integers(1, 3), m=st.integers(1, 4), seed=st.integers(0, 1000), split=st.sampled_from([0.0, 0.6, 1.0]))
+def test_random_orders_match_reference(vpp, m, seed, split):
+    sched = random_plan(1, vpp, m, seed=seed, split=split)
+    ex, loss, xs, ys = _run(sched, seed=seed % 7)
+    ref_loss, ref_grads = _ref(seed % 7, xs, ys)
+    assert abs(loss - ref_loss) <= 1e-5
+    names = set()
+    for name, p in ex.named_parameters():
+        names.add(name)
+        assert (p.grad - ref_grads[name]).abs().max().item() <= 1e-5, name
+    assert names == set(ref_grads)
+
+
+def test_w_really_is_deferred():
+    # B then W: after B only the non-linear params (norms, embedding) have their grads
+    sched = Schedule("t", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
+    mods = build_chunk_modules(CFG, [list(range(CFG.n_layers))])
+    ex = PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
+    xs, ys = _data(1)
+    ex._inputs, ex._targets = xs, ys
+    ex._negotiate_shapes()
+    ex._inp, ex._out, ex._local, ex._stash, ex._outbox = {}, {}, {}, {}, []
+    ex._losses = torch.zeros(1)
+    ex._flat.zero_()
+    ex._run_f(Job(Kind.F, 0, 0))
+    ex._run_b(Job(Kind.B, 0, 0))
+    wq = mods[0].layers["0"].attn.wq.weight
+    emb = mods[0].embed.weight
+    assert ex._gbuf[wq].abs().sum() == 0 and ex._gbuf[emb].abs().sum() > 0
+    assert len(ex._stash[(0, 0)]) > 0
+    ex._run_w(Job(Kind.W, 0, 0))
+    assert ex._gbuf[wq].abs().sum() > 0 and (0, 0) not in ex._stash
+
+
+def test_bf16_params_get_fp32_master_grads():
+    sched = random_plan(1, 2, 3, seed=4, split=0.5)
+    ex, loss, xs, ys = _run(sched, param_dtype=torch.bfloat16)
+    _, ref_grads = _ref(0, xs, ys)
+    params = ex.parameters()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in params)
+    assert all(p.dtype == torch.bfloat16 for m in ex.modules.values() for p in m.parameters())
+    worst = max((p.grad - ref_grads[n]).abs().max().item() for n, p in ex.named_parameters())
+    assert 0 < worst < 5e-2
+    opt = torch.optim.SGD(params, lr=0.1)
+    opt.step()
+    ex.sync_params()
+    for p, mp in ex.master.items():
+        assert torch.equal(p, mp.to(torch.bfloat16))
+
+
+def test_grads_accumulate_over_steps_like_torch():
+    sched = random_plan(1, 2, 2, seed=1)
+    ex, _, xs, ys = _run(sched)
+    first = {n: p.grad.clone() for n, p in ex.named_parameters()}
+    ex.step(xs, ys)  # no zero_grad: grads add up, as with loss.backward()
+    for n, p in ex.named_parameters():
+        torch.testing.assert_close(p.grad, 2 * first[n])
+
+
+def test_nan_loss_is_reported_with_microbatch():
+    sched = random_plan(1, 2, 3, seed=2)
+    split = even_layer_split(CFG.n_layers, 2)
+    mods = build_chunk_modules(CFG, split)
+    calls = []
+
+    def bad_loss(out, t):
+        calls.append(1)
+        return loss_fn(out, t) * (float("inf") if ex.current_job.mb == 1 else 1.0)
+
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), bad_loss, pp_rank=0, pp_ranks=[0])
+    with pytest.raises(NonFiniteLossError, match="at microbatch 1"):
+        ex.step(*_data(3))
+
+
+def test_job_log_lines(tmp_path):
+    sched = random_plan(1, 2, 2, seed=3)
+    log = JobLog(str(tmp_path), rank=0, local_rank=0, world_size=1, pp=1, dp=1, pp_rank=0, dp_rank=0,
+                 schedule=sched.to_dict(), costs=None, profile_steps=(1, 2))
+    ex, _, xs, ys = _run(sched, log=log)
+    ex.step(xs, ys)
+    ex.step(xs, ys)
+    log.close(2)
+    lines = [json.loads(s) for s in (tmp_path / "workerlog.0").read_text().splitlines()]
+    assert [x["event"] for x in lines if x["event"] != "job"] == ["meta", "profile_start", "sync", "step_end",
+                                                                   "profile_stop"]
+    jobs = [x for x in lines if x["event"] == "job"]
+    assert {x["step"] for x in jobs} == {1}
+    assert [f"{x['kind']}{x['mb']}.{x['chunk']}" for x in jobs] == [str(j) for j in sched.devices[0]]
+
+
+def test_rejects_wrong_modules_and_invalid_schedule():
+    sched = random_plan(1, 2, 2, seed=0)
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    with pytest.raises(ValueError, match="holds chunks"):
+        PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
+    bad = Schedule("bad", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0),),))
+    with pytest.raises(ValueError, match="invalid"):
+        PipelineExecutor(bad, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0])
+    with pytest.raises(ValueError, match="microbatches"):
+        ex.step(*_data(3))
+
+
+def test_chunk_modules_from_layers():
+    layers = [nn.Linear(4, 4) for _ in range(5)]
+    pre, post = nn.Linear(3, 4), nn.Linear(4, 2)
+    mods = chunk_modules(layers, [[0, 1], [2], [3, 4]], range(3), pre=pre, post=post)
+    x = torch.randn(2, 3)
+    h = x
+    for k in range(3):
+        h = mods[k](h)
+    full = nn.Sequential(pre, *layers, post)
+    torch.testing.assert_close(h, full(x))
+    with pytest.raises(ValueError, match="contiguous"):
+        chunk_modules(layers, [[0, 2], [1, 3, 4]], [0])
