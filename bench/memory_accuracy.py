@@ -25,12 +25,10 @@ import sys
 import time
 
 import torch
-from torch.autograd import Variable
 
 from pipeloom.memory import analytic as an
-from pipeloom.memory.traced import live_bytes, measure_chunk, trace_chunk, trace_chunks
+from pipeloom.memory.traced import measure_chunk, measure_schedule, trace_chunk, trace_chunks
 from pipeloom.models import llama
-from pipeloom.schedule.ir import Kind
 
 MiB = 1024 ** 2
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -137,76 +135,9 @@ def section_traced_vs_real() -> tuple[str, float, float]:
 
 
 # ------------------------------------------------------------------------ 3. whole schedule
-class _Deferred(torch.autograd.Function):
-    """y = x W^T whose backward returns dx only and stashes (x, dy) for the W job (a B/W split)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, mod, stash):
-        ctx.save_for_backward(x, weight)
-        ctx.mod, ctx.stash = mod, stash
-        return torch.nn.functional.linear(x, weight)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        ctx.stash.append((ctx.mod, x, dy))
-        return dy.matmul(weight), None, None, None
-
-
 def replay_device(sched, d: int, mods: dict, cfg, b: int, dtype, batches) -> int:
-    """Run device d's job list for real; return the allocator's peak live bytes during it.
-
-    F/BW as a plain trainer; for a pair split into B and W, every bias-free nn.Linear of the chunk
-    runs as a deferred GEMM during F: B computes input grads (and norm grads) and stashes (x, dy),
-    W computes dW = dy^T x from the stash and frees it.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    nc = sched.num_chunks
-    split = {(mb, c) for seq in sched.devices for kind, mb, c in seq if kind is Kind.B}
-    for m in mods.values():
-        for p in m.parameters():
-            p.grad = torch.zeros_like(p)  # a preallocated grad buffer (static memory, not measured)
-    state, stashes = {}, {}
-    g = torch.Generator().manual_seed(d)
-    orig = torch.nn.Linear.forward
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for kind, mb, c in sched.devices[d]:
-            m = mods[c]
-            if kind is Kind.F:
-                if c == 0:
-                    x = batches[mb][0]
-                else:  # activation received from the previous chunk
-                    x = torch.randn(b, cfg.max_seq_len, cfg.dim, generator=g).to(dtype).requires_grad_(True)
-                if (mb, c) in split:
-                    stash = stashes.setdefault((mb, c), [])
-                    torch.nn.Linear.forward = lambda self, inp, _s=stash: _Deferred.apply(inp, self.weight, self,
-                                                                                         _s)
-                try:
-                    out = m(x)
-                finally:
-                    torch.nn.Linear.forward = orig
-                if c == nc - 1:
-                    out = llama.loss_fn(out, batches[mb][1])
-                else:
-                    out.data = torch.empty((1,), dtype=out.dtype)  # sent: free the data, keep the graph
-                state[(mb, c)] = (x, out)
-            elif kind is Kind.W:
-                with torch.no_grad():
-                    for mod, xx, dy in stashes.pop((mb, c)):
-                        mod.weight.grad.addmm_(dy.reshape(-1, dy.shape[-1]).t(), xx.reshape(-1, xx.shape[-1]))
-                    del mod, xx, dy
-            else:  # B or BW
-                x, out = state.pop((mb, c))
-                if c == nc - 1:
-                    grad = torch.ones((), dtype=out.dtype)
-                else:  # gradient received from the next chunk
-                    grad = torch.randn(b, cfg.max_seq_len, cfg.dim, generator=g).to(dtype)
-                Variable._execution_engine.run_backward(
-                    tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False, inputs=(),
-                    allow_unreachable=True, accumulate_grad=True)
-                del x, out, grad
-    return live_bytes(prof)[1]
+    return measure_schedule(sched, d, mods, inputs=[x for x, _ in batches], targets=[y for _, y in batches],
+                            loss_fn=llama.loss_fn, activation=((b, cfg.max_seq_len, cfg.dim), dtype), seed=d)
 
 
 def section_schedule() -> tuple[str, float]:

@@ -8,7 +8,9 @@ barrier) and their ratio.
 Bubble check: from pipeloom's own job log (start/end of every job), the measured bubble of a
 step is ``1 - sum(busy) / (pp * makespan)``; the simulated bubble is what
 :func:`pipeloom.sim.simulate.simulate` predicts for the same schedule with per-chunk F, B, W
-costs set to the measured means (BW split half/half into B and W, comm = 0).
+costs set to the measured means (BW split half/half into B and W), once with comm = 0 and once
+with comm = the fitted edge latency (median of consumer start - producer end over the cross-device
+edges where the consumer really waited).
 
     python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--json]
 """
@@ -97,11 +99,12 @@ def _worker(opts: dict) -> list[dict] | None:
         log.close(warm + steps - 1)
         dist.barrier()
         if rank == 0:
-            meas, sim = _bubbles(log_dir, pp, sched, warm, steps)
+            meas, sim0, sim, comm = _bubbles(log_dir, pp, sched, warm, steps)
             rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
                          "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
                          "ratio": statistics.median(tp) / statistics.median(tt),
-                         "bubble_measured": meas, "bubble_simulated": sim})
+                         "bubble_measured": meas, "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
+                         "comm_fitted_s": comm})
         del ex, tsched, stages
     return rows if rank == 0 else None
 
@@ -129,8 +132,35 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
     F = tuple(mean[("F", k)] for k in range(nc))
     B = tuple(mean.get(("B", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
     W = tuple(mean.get(("W", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
-    res = simulate(sched, Costs(F=F, B=B, W=W))
-    return statistics.median(per_step), res.bubble
+    res0 = simulate(sched, Costs(F=F, B=B, W=W))
+    comm = _fit_comm(jobs, sched, warm, steps)
+    res = simulate(sched, Costs(F=F, B=B, W=W, comm=comm))
+    return statistics.median(per_step), res0.bubble, res.bubble, comm
+
+
+def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:
+    """Median latency of cross-device edges where the consumer really waited for its producer:
+    consumer.start - producer.end, over edges with producer.end > the consumer device's previous end."""
+    from pipeloom.runtime.commplan import needed
+    from pipeloom.schedule.ir import Job, Kind
+
+    lat = []
+    for s in range(warm, warm + steps):
+        js = [j for j in jobs if j["step"] == s]
+        by = {(j["kind"], j["mb"], j["chunk"]): j for j in js}
+        for d in range(sched.pp):
+            prev = None
+            for j in sorted((j for j in js if j["device"] == d), key=lambda j: j["start"]):
+                job = Job(Kind(j["kind"]), j["mb"], j["chunk"])
+                n = needed(job, sched)
+                if n is not None and n[1] != d:
+                    msg = n[0]
+                    src = by.get(("F", msg.mb, msg.chunk)) if msg.kind == "act" else (
+                        by.get(("B", msg.mb, msg.chunk)) or by.get(("BW", msg.mb, msg.chunk)))
+                    if src is not None and (prev is None or src["end"] > prev):
+                        lat.append(max(0.0, j["start"] - src["end"]))
+                prev = j["end"]
+    return statistics.median(lat) if lat else 0.0
 
 
 def main(argv=None) -> int:
@@ -158,11 +188,12 @@ def main(argv=None) -> int:
     print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
           f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank)")
     print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
-          "bubble simulated |")
-    print("|---|---|---|---|---|---|---|")
+          "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['schedule']} (vpp {r['vpp']}) | {r['torch_schedule']} | {r['pipeloom_s']:.4f} | "
               f"{r['torch_s']:.4f} | {r['ratio']:.2f} | {100 * r['bubble_measured']:.1f}% | "
+              f"{100 * r['bubble_simulated_comm0']:.1f}% | {1000 * r['comm_fitted_s']:.2f} | "
               f"{100 * r['bubble_simulated']:.1f}% |")
     return 0
 

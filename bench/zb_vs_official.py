@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             t.add_row(r["schedule"], str(r["pp"]), str(r["microbatches"]), str(r["vpp"]), r["mem_limit"],
                       str(r["jobs"]), f"{r['build_s']:.3f}", f"{r['simulate_s']:.3f}",
                       f"{r['build_over_simulate']:.2f}")
-        Console().print(t)
+        Console(width=None if sys.stdout.isatty() else 160).print(t)
         return 0
 
     ref = load_reference(args.reference)
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                   f"{r['official_bubble']:.4f}", f"{r['ours_bubble']:.4f}",
                   f"{r['official_peak']:g}", f"{r['ours_peak']:g}",
                   f"[{colour[r['verdict']]}]{r['verdict']}[/]")
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 160)
     con.print(t)
     con.print(_summary_line(summary))
     return 0

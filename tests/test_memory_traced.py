@@ -112,3 +112,24 @@ def test_real_cpu_run_matches_traced():
         assert extra == pytest.approx(bound, rel=0.02)
         with torch.no_grad():
             x = m(x)
+
+
+@pytest.mark.parametrize("name,vpp", [("zbh1", 1), ("1f1b", 1)])
+def test_real_schedule_replay_matches_estimate(name, vpp):
+    from pipeloom.memory.traced import measure_schedule
+
+    cfg = llama.LlamaConfig(n_layers=4)
+    pp, m, b = 2, 4, 2
+    model = an.from_llama_config(cfg)
+    tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=b, dtype="fp32", impl="eager")
+    rep = an.estimate(model, tr, schedule=name, pp=pp, vpp=vpp, microbatches=m)
+    sched = rep.schedule
+    batches = [llama.synthetic_batch(cfg, b, seed=i) for i in range(m)]
+    split = llama.even_layer_split(cfg.n_layers, pp * vpp)
+    for d in range(pp):
+        chunks = sched.chunks_of(d)
+        mods = dict(zip(chunks, llama.build_chunk_modules(cfg, split, chunks=chunks)))
+        real = measure_schedule(sched, d, mods, inputs=[x for x, _ in batches], targets=[y for _, y in batches],
+                                loss_fn=llama.loss_fn, activation=((b, cfg.max_seq_len, cfg.dim), torch.float32))
+        dev = rep.devices[d]
+        assert dev.activations_bytes + dev.transient_bytes == pytest.approx(real, rel=0.03)

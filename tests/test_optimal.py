@@ -207,3 +207,15 @@ def test_core_import_does_not_load_ortools():
             "print('ortools' in ' '.join(sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_start_from_is_used_and_checked():
+    spec0 = make_spec(pp=2, microbatches=3, vpp=1, costs="F=1,B=1,W=1,comm=1")
+    h = plan("1f1b", spec0)
+    spec = make_spec(pp=2, microbatches=3, vpp=1, costs="F=1,B=1,W=1,comm=1",
+                     options={**FAST, "hints": False, "start_from": [h], "backward": "bw"})
+    s = plan("optimal", spec)
+    assert s.meta["objective"] <= simulate(h, spec.costs).makespan
+    bad = make_spec(pp=2, microbatches=4, vpp=1, options={**FAST, "start_from": [h]})
+    with pytest.raises(ScheduleError, match="start_from"):
+        plan("optimal", bad)

@@ -39,13 +39,17 @@ def _family_plans() -> list[tuple[str, dict]]:
 def results(tmp_path_factory):
     log_dir = str(tmp_path_factory.mktemp("logs"))
     cases, labels = [], []
-    for label, plan in _family_plans():
-        cases.append(dict(plan=plan, pp=plan["pp"], dp=4 // plan["pp"], verify=True, microbatch_size=1, seq_len=8))
+    for i, (label, plan) in enumerate(_family_plans()):
+        # alternate the NCCL-style strict link order and gloo's relaxed per-direction order
+        cases.append(dict(plan=plan, pp=plan["pp"], dp=4 // plan["pp"], verify=True, microbatch_size=1, seq_len=8,
+                          strict_p2p=bool(i % 2)))
         labels.append(label)
     for seed, (pp, vpp, pl) in enumerate([(4, 1, "interleaved"), (4, 2, "v"), (2, 2, "interleaved"), (2, 3, "v")]):
         plan = random_plan(pp, vpp, 5, placement=pl, seed=seed).to_dict()
-        cases.append(dict(plan=plan, pp=pp, dp=4 // pp, verify=True, microbatch_size=1, seq_len=8))
-        labels.append(f"random-pp{pp}-vpp{vpp}-{pl}")
+        for strict in (False, True):
+            cases.append(dict(plan=plan, pp=pp, dp=4 // pp, verify=True, microbatch_size=1, seq_len=8,
+                              strict_p2p=strict))
+            labels.append(f"random-pp{pp}-vpp{vpp}-{pl}-{'strict' if strict else 'relaxed'}")
     cases.append(dict(schedule="zbv", pp=4, microbatches=4, verify=True, dtype="bf16", seq_len=8))
     labels.append("bf16")
     cases.append(dict(schedule="1f1b", pp=4, microbatches=4, steps=3, profile_steps="1:3", log_dir=log_dir,

@@ -286,3 +286,96 @@ def measure_chunk(module: nn.Module, example_input: torch.Tensor, *, target: tor
     grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
     return MeasuredChunk(after_forward_bytes=after_fw, activation_bytes=after_fw - held_out, peak_bytes=peak,
                          grad_bytes=grads)
+
+
+# ------------------------------------------------------------------------------------- a real schedule
+class _DeferredLinear(torch.autograd.Function):
+    """``y = x W^T + b`` whose backward (B) returns dx and db and stashes ``(x, dy)`` for W."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mod, stash):
+        ctx.save_for_backward(x, weight)
+        ctx.mod, ctx.stash, ctx.has_bias = mod, stash, bias is not None
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        ctx.stash.append((ctx.mod, x.detach(), dy))  # detached: the stash keeps no graph alive
+        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
+        return dy.matmul(weight), None, db, None, None
+
+
+def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, inputs: Sequence[torch.Tensor],
+                     targets: Sequence[torch.Tensor], loss_fn: Callable, activation: tuple[tuple[int, ...], torch.dtype],
+                     seed: int = 0) -> int:
+    """Replay ``device``'s job list of ``schedule`` for real on CPU; return the peak live bytes.
+
+    ``modules`` maps each global chunk of the device to its module; ``inputs``/``targets`` are per
+    microbatch (token ids of chunk 0, loss targets of the last chunk); ``activation`` is the
+    (shape, dtype) of what chunks pass each other: received activations and gradients are made
+    on the fly (random), as a receive would allocate them. A sent output's data is freed at once
+    (Megatron's ``deallocate_output_tensor``), parameter gradients are preallocated (static, not in
+    the peak). For a pair the schedule splits into B and W, every ``nn.Linear`` of the chunk runs
+    as a deferred GEMM during F: B computes input grads (and the grads of other parameters) and
+    stashes ``(x, dy)``; W computes ``dW = dy^T x`` and frees the stash. Uses the profiler's
+    allocator records (:func:`live_bytes`).
+    """
+    from torch.autograd import Variable
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..schedule.ir import Kind
+
+    nc = schedule.num_chunks
+    split = {(mb, c) for seq in schedule.devices for kind, mb, c in seq if kind is Kind.B}
+    for m in modules.values():
+        for p in m.parameters():
+            p.grad = torch.zeros_like(p)
+    state: dict = {}
+    stashes: dict = {}
+    gen = torch.Generator().manual_seed(seed)
+    shape, dtype = activation
+    orig = nn.Linear.forward
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for kind, mb, c in schedule.devices[device]:
+            mod = modules[c]
+            if kind is Kind.F:
+                if c == 0:
+                    x = inputs[mb]
+                else:  # activation received from chunk c-1
+                    x = torch.randn(shape, generator=gen).to(dtype).requires_grad_(True)
+                if (mb, c) in split:
+                    stash = stashes.setdefault((mb, c), [])
+
+                    def deferred(self, inp, _s=stash):
+                        return _DeferredLinear.apply(inp, self.weight, self.bias, self, _s)
+                    nn.Linear.forward = deferred
+                try:
+                    out = mod(x)
+                finally:
+                    nn.Linear.forward = orig
+                if c == nc - 1:
+                    out = loss_fn(out, targets[mb])
+                else:
+                    out.data = torch.empty((1,), dtype=out.dtype)  # sent: free the data, keep the graph
+                state[(mb, c)] = (x, out)
+                del x, out
+            elif kind is Kind.W:
+                items = stashes.pop((mb, c))
+                with torch.no_grad():
+                    for lin, xx, dy in items:
+                        lin.weight.grad.addmm_(dy.reshape(-1, dy.shape[-1]).t().to(lin.weight.dtype),
+                                               xx.reshape(-1, xx.shape[-1]).to(lin.weight.dtype))
+                    items.clear()
+                del items
+            else:  # B or BW
+                x, out = state.pop((mb, c))
+                if c == nc - 1:
+                    grad = torch.ones((), dtype=out.dtype)
+                else:  # gradient received from chunk c+1
+                    grad = torch.randn(shape, generator=gen).to(dtype)
+                Variable._execution_engine.run_backward(
+                    tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False, inputs=(),
+                    allow_unreachable=True, accumulate_grad=True)
+                del x, out, grad
+    return live_bytes(prof)[1]

@@ -71,6 +71,8 @@ class RunConfig:
     """longest wait on a peer"""
     dtype: str = "fp32"
     """fp32, or bf16 (bf16 parameters, fp32 master weights and grads)"""
+    strict_p2p: bool | None = None
+    """link-ordered P2P for both directions (default: only on NCCL)"""
     fault_nan_mb: int | None = None
     """testing: make the loss of this microbatch NaN in the first step"""
 
@@ -155,7 +157,8 @@ def worker(cfg: RunConfig) -> dict:
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,
-                          log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False)
+                          log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False,
+                          strict_p2p=cfg.strict_p2p)
     if cfg.fault_nan_mb is not None:
         def poisoned(out, target, _lf=ex.loss_fn):
             loss = _lf(out, target)

@@ -144,12 +144,16 @@ class PipelineExecutor:
         timeout_s: longest wait for a peer before failing with the job and rank named.
         inject_delay_s: sleep this long inside every job (straggler testing).
         log: a :class:`JobLog` (per-rank job timings in the shared format) or None.
+        strict_p2p: one op order per link for both directions (default: True on NCCL, where P2P
+            pairs in issue order; False on gloo, where receives may be posted further ahead).
+        recv_lookahead: receives posted ahead per peer in relaxed mode.
     """
 
     def __init__(self, schedule: Schedule, modules: dict[int, nn.Module], loss_fn: Callable, *, pp_rank: int,
                  pp_ranks: Sequence[int], dp_group=None, device: torch.device | str | None = None,
                  param_dtype: torch.dtype | None = None, timeout_s: float = 300.0, inject_delay_s: float = 0.0,
-                 log: JobLog | None = None, check: bool = True) -> None:
+                 log: JobLog | None = None, check: bool = True, strict_p2p: bool | None = None,
+                 recv_lookahead: int = 4) -> None:
         if check:
             v = validate(schedule)
             if v:
@@ -211,7 +215,8 @@ class PipelineExecutor:
             off += p.numel()
         # communication
         plan = build_comm_plan(schedule)
-        self.p2p = P2P(plan.ops(pp_rank), self.pp_ranks, pp_rank, device=self.device, timeout_s=timeout_s)
+        self.p2p = P2P(plan.ops(pp_rank), self.pp_ranks, pp_rank, device=self.device, timeout_s=timeout_s,
+                       strict=strict_p2p, recv_lookahead=recv_lookahead)
         self.p2p.shape_of = self._shape_of
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> output shape/dtype
         self._in_meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> input shape/dtype

@@ -1,10 +1,13 @@
 """Point-to-point transport for one pipeline rank: batched isend/irecv posted early, in link order.
 
 The order of ops on every link comes from :func:`pipeloom.runtime.commplan.build_comm_plan`.
-On each link a cursor walks that order: receives are posted as soon as the cursor reaches them
+NCCL (strict mode): on each link a cursor walks that order: receives are posted as soon as the cursor reaches them
 (with a buffer of the negotiated shape, so data lands while this rank computes), a send is
 posted as soon as its tensor exists and the cursor reaches it. All ops that become ready
-together go out in one ``dist.batch_isend_irecv`` call (one NCCL group on GPU). A rank only
+together go out in one ``dist.batch_isend_irecv`` call (one NCCL group on GPU). gloo (relaxed
+mode): the two directions of a link are independent, so each keeps its own order (the sender's
+job order) and receives are posted up to ``recv_lookahead`` ahead per peer, regardless of this
+rank's pending sends; a receive that a job needs is always posted at once. A rank only
 blocks in :meth:`P2P.recv`, with a timeout, and the error names the job that waited, the
 message and the peer rank.
 """
@@ -41,8 +44,16 @@ class P2P:
     """
 
     def __init__(self, links: dict[int, tuple[Op, ...]], global_rank: list[int], me: int, *,
-                 device: torch.device, timeout_s: float, group=None) -> None:
+                 device: torch.device, timeout_s: float, group=None, strict: bool | None = None,
+                 recv_lookahead: int = 4) -> None:
         self.links = links
+        # strict: one op order per link, both directions (NCCL pairs P2P in issue order on one
+        # stream per pair). Relaxed (gloo): each direction keeps its own order, so receives can
+        # be posted ahead of this rank's own pending sends, up to ``recv_lookahead`` per peer.
+        self.strict = (dist.get_backend(group) == "nccl") if strict is None else strict
+        self.lookahead = max(1, int(recv_lookahead))
+        self._sends_of = {p: tuple(op for op in seq if op.send) for p, seq in links.items()}
+        self._recvs_of = {p: tuple(op for op in seq if not op.send) for p, seq in links.items()}
         self.global_rank = global_rank
         self.me = me
         self.device = device
@@ -55,6 +66,8 @@ class P2P:
     # ---------------------------------------------------------------- per step
     def reset(self) -> None:
         self.cursor = {p: 0 for p in self.links}
+        self.scur = {p: 0 for p in self.links}
+        self.rcur = {p: 0 for p in self.links}
         self.ready: dict[Msg, torch.Tensor] = {}
         self.posted: dict[Msg, tuple[object, torch.Tensor, int]] = {}
         self.sends: list[tuple[object, torch.Tensor, Msg, int]] = []
@@ -65,10 +78,41 @@ class P2P:
         self.ready[msg] = tensor
         self.advance()
 
-    def advance(self) -> None:
-        """Post every op the link cursors can reach now, in one batched call."""
+    def _recv_op(self, op: Op, ops: list, meta: list) -> None:
+        shape, dtype = self.shape_of(op.msg)
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        ops.append(dist.P2POp(dist.irecv, buf, self.global_rank[op.peer], self.group))
+        meta.append((op, buf))
+
+    def _advance_relaxed(self, ops: list, meta: list, force: Msg | None) -> None:
+        for peer in self.links:
+            sends, c = self._sends_of[peer], self.scur[peer]
+            while c < len(sends) and sends[c].msg in self.ready:
+                t = self.ready.pop(sends[c].msg)
+                ops.append(dist.P2POp(dist.isend, t, self.global_rank[peer], self.group))
+                meta.append((sends[c], t))
+                c += 1
+            self.scur[peer] = c
+            recvs, c = self._recvs_of[peer], self.rcur[peer]
+            waiting = sum(1 for m in self.posted.values() if m[2] == peer)
+            forced = force is not None and any(op.msg == force for op in recvs[c:])
+            while c < len(recvs) and (waiting < self.lookahead or forced):
+                self._recv_op(recvs[c], ops, meta)
+                waiting += 1
+                c += 1
+                if forced and recvs[c - 1].msg == force:
+                    forced = False
+            self.rcur[peer] = c
+
+    def advance(self, force: Msg | None = None) -> None:
+        """Post every op the cursors can reach now, in one batched call (``force``: post receives
+        up to this message even beyond the lookahead)."""
         ops: list[dist.P2POp] = []
         meta: list[tuple[Op, torch.Tensor]] = []
+        if not self.strict:
+            self._advance_relaxed(ops, meta, force)
+            self._post(ops, meta)
+            return
         for peer, seq in self.links.items():
             c = self.cursor[peer]
             while c < len(seq):
@@ -80,12 +124,12 @@ class P2P:
                     ops.append(dist.P2POp(dist.isend, t, self.global_rank[peer], self.group))
                     meta.append((op, t))
                 else:
-                    shape, dtype = self.shape_of(op.msg)
-                    buf = torch.empty(shape, dtype=dtype, device=self.device)
-                    ops.append(dist.P2POp(dist.irecv, buf, self.global_rank[peer], self.group))
-                    meta.append((op, buf))
+                    self._recv_op(op, ops, meta)
                 c += 1
             self.cursor[peer] = c
+        self._post(ops, meta)
+
+    def _post(self, ops: list, meta: list) -> None:
         if not ops:
             return
         works = dist.batch_isend_irecv(ops)
@@ -99,7 +143,7 @@ class P2P:
     def recv(self, msg: Msg, waiter: str) -> torch.Tensor:
         """Block (at most the timeout) until ``msg`` has arrived; ``waiter`` names the job for errors."""
         if msg not in self.posted:
-            self.advance()
+            self.advance(force=msg)
         if msg not in self.posted:  # cannot happen for a valid plan (see commplan's proof)
             raise PeerError(f"rank {dist.get_rank()}: job {waiter} needs {msg}, which the link plan never posts")
         w, buf, peer = self.posted.pop(msg)
@@ -119,7 +163,11 @@ class P2P:
             self._wait(w, f"step {step}: sending {msg} to rank {self.global_rank[peer]} (pp stage {peer}) "
                           "did not complete")
         self.sends = []
-        left = [str(op.msg) for p, seq in self.links.items() for op in seq[self.cursor[p]:]]
+        if self.strict:
+            left = [str(op.msg) for p, seq in self.links.items() for op in seq[self.cursor[p]:]]
+        else:
+            left = [str(op.msg) for p in self.links for op in self._sends_of[p][self.scur[p]:]]
+            left += [str(op.msg) for p in self.links for op in self._recvs_of[p][self.rcur[p]:]]
         if left or self.posted or self.ready:
             raise PeerError(f"rank {dist.get_rank()}: step {step} ended with unmatched messages: "
                             f"{left[:3] or list(map(str, self.posted))[:3] or list(map(str, self.ready))[:3]}")

@@ -24,10 +24,11 @@ BUILDER_OF = {"zbv": "zbv", "zbh1": "zbh1", "zbh2": "zbh2", "1f1b": "1f1b"}
 def reference_path() -> Path | None:
     """$PIPELOOM_REFERENCE, else ../shared/reference/official_zb.json next to the repository; None if absent."""
     env = os.environ.get("PIPELOOM_REFERENCE")
-    cands = [Path(env)] if env else []
+    if env:  # an explicit path is authoritative: no silent fallback
+        return Path(env) if Path(env).is_file() else None
     root = Path(__file__).resolve().parents[3]  # src/pipeloom/schedule -> repo root
-    cands += [root.parent / "shared" / "reference" / "official_zb.json",
-              root / "shared" / "reference" / "official_zb.json"]
+    cands = [root.parent / "shared" / "reference" / "official_zb.json",
+             root / "shared" / "reference" / "official_zb.json"]
     for p in cands:
         if p.is_file():
             return p

@@ -30,7 +30,10 @@ Help given to the solver, all of it sound:
       and the device bound  head_d + work_d + tail_d <= makespan;
     * a hint and an upper bound from cheap feasible schedules: a memory-reserving greedy list
       scheduler, the other registered builders of the same kind, and the one-microbatch-at-a-time
-      schedule (which fits any limit >= the smallest feasible one, see :func:`min_feasible_limit`).
+      schedule (which fits any limit >= the smallest feasible one, see :func:`min_feasible_limit`);
+      when one of them meets the lower bound it is optimal and no search runs;
+    * under a memory limit, a second phase adds time-indexed rows (y[j,t] = "j has started by t")
+      whose LP relaxation is stronger; neither model alone proved every small case in our runs.
 
 The smallest feasible memory limit is exact: right after microbatch i's last forward on device
 d, every chunk of d holds i's activation (their B come later), so the peak is at least
@@ -251,9 +254,10 @@ def optimal(spec: PlanSpec) -> Schedule:
         hints       also start from the other registered builders' schedules (default True; the
                     built-in greedy and serial starts are always used)
         start_from  extra Schedules to start from (e.g. heuristics the caller already built)
-        formulation ``interval`` (NoOverlap + reservoir; the default, also for ``auto``), ``time``
-                    (adds time-indexed 0-1 rows with a stronger LP, replacing the reservoir) or
-                    ``both`` (interval, reservoir and time-indexed rows)
+        formulation ``interval`` (NoOverlap + reservoir), ``time`` (time-indexed 0-1 rows with a
+                    stronger LP instead of the reservoir), ``both``, or ``auto`` (default: interval
+                    for half the time, then both from the best schedule found, under a memory
+                    limit; interval alone without one)
     meta: status, objective, best_bound, gap (objective/bound - 1), wall_time_s, makespan
     (re-simulated), hint (the best starting schedule and its makespan).
     """

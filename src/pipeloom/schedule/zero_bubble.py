@@ -39,6 +39,7 @@ def _one_f_one_b_split(pp: int, m: int) -> list[list[Job]]:
 
 
 def plan_h(name: str, spec: PlanSpec, default_p: float):
+    """Plan a one-chunk B/W-split schedule under ``spec.mem_limit`` (default ``default_p`` x pp units)."""
     pp, m = spec.pp, spec.microbatches
     if spec.vpp != 1:
         raise ScheduleError(f"schedule {name!r} takes vpp 1 (one chunk per device), got vpp={spec.vpp}")
