@@ -254,10 +254,12 @@ section 3 uses another shape.
 
 ## 3. Whole schedule, real: one pipeline device replayed on CPU
 
-Each row runs the device's full job list (8 microbatches) with real forwards and backwards; received
-activations/gradients are made on the fly, a sent output's data is freed (Megatron's
-`deallocate_output_tensor`), parameter gradients are preallocated (static memory, not part of the
-measured peak). Predicted = schedule memory trace (`memory_profile` with the analytic a/b) x unit +
+Each row runs the device's full job list (8 microbatches) with real forwards and backwards
+(`pipeloom.memory.traced.measure_schedule`); received activations/gradients are made on the fly, a sent
+output's data is freed (Megatron's `deallocate_output_tensor`), parameter gradients are preallocated
+(static memory, not part of the measured peak). zbh1 and zbv split the backward: B computes input grads
+and keeps each GEMM's (input, output grad) for W, which computes the weight grads and frees them.
+Model: Llama-style, dim 128, 8 layers, 4 heads / 2 KV heads, seq 128, micro-batch 2, vocab 512. Predicted = schedule memory trace (`memory_profile` with the analytic a/b) x unit +
 transient. Worst |error|: **{100 * w3:.3f}%**.
 
 {s3}
@@ -274,8 +276,11 @@ Notes:
   offline; the table above is our estimate, not a comparison.
 - Korthikanti's closed form ignores the LayerNorm statistics (8 bytes per token per norm, fp32 mean and
   rstd) that we keep: the +0.01% in section 4.
-- The B/W split (H) is checked analytic vs traced only (section 1): no runtime that really defers
-  weight gradients was replayed here, so H has no real-allocator check yet.
+- The B/W split is measured for real in section 3 (zbh1, zbv): during F every nn.Linear of a split pair
+  runs as a deferred GEMM (`pipeloom.memory.traced.measure_schedule`), B stashes (x, dy), W computes
+  dW = dy^T x and frees them, as the runtime's executor does.
+- The transient term was fitted to single-chunk allocator records (section 2); section 3 and the
+  tests (`tests/test_memory_traced.py`) check it on other shapes and whole schedules.
 - "Real" here is PyTorch's CPU allocator as recorded by the profiler (`profile_memory=True`, raw
   `[memory]` records replayed in time order), for real forwards/backwards of `pipeloom.models.llama`.
 """

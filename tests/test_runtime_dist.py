@@ -7,6 +7,7 @@ Process start dominates, so one 4-rank process group runs all correctness cases 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -35,9 +36,16 @@ def _family_plans() -> list[tuple[str, dict]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    log_dir = str(tmp_path_factory.mktemp("logs"))
+def test_runtime_matches_reference_everywhere(tmp_path):
+    """ONE test (not a module fixture) so that pytest-xdist never spawns this process group twice."""
+    results = _run_cases(str(tmp_path))
+    _check_every_family_matches_reference(results)
+    _check_random_plans_cover_out_of_order_microbatches(results)
+    _check_bf16_master_grads_close_to_fp32_reference(results)
+    _check_logs_follow_the_format(results)
+
+
+def _run_cases(log_dir: str):
     cases, labels = [], []
     for i, (label, plan) in enumerate(_family_plans()):
         # alternate the NCCL-style strict link order and gloo's relaxed per-direction order
@@ -59,7 +67,7 @@ def results(tmp_path_factory):
     return dict(zip(labels, res)), cases, log_dir
 
 
-def test_every_family_matches_reference(results):
+def _check_every_family_matches_reference(results):
     res, _, _ = results
     fams = [k for k in res if k not in ("bf16", "logged")]
     assert any(k.startswith("zbv") for k in fams) or "zbv" not in registry.names()
@@ -69,7 +77,7 @@ def test_every_family_matches_reference(results):
     assert not bad, bad
 
 
-def test_random_plans_cover_out_of_order_microbatches(results):
+def _check_random_plans_cover_out_of_order_microbatches(results):
     _, cases, _ = results
     shuffled = 0
     for c in cases:
@@ -81,14 +89,14 @@ def test_random_plans_cover_out_of_order_microbatches(results):
     assert shuffled >= 1  # the fuzzed plans really run microbatches out of order
 
 
-def test_bf16_master_grads_close_to_fp32_reference(results):
+def _check_bf16_master_grads_close_to_fp32_reference(results):
     r = results[0]["bf16"]
     assert r["dtype"] == "bf16"
     assert r["max_grad_diff"] < 5e-2 and r["max_loss_diff"] < 5e-2
     assert r["max_grad_diff"] > 0  # really ran in bf16
 
 
-def test_loss_goes_down_and_logs_follow_the_format(results):
+def _check_logs_follow_the_format(results):
     res, cases, log_dir = results
     r = res["logged"]
     assert r["steps"] == 3 and len(r["losses"]) == 3
@@ -118,6 +126,17 @@ def test_straggler_timeout_names_rank_and_job():
     e = ei.value
     assert e.rank == 1
     assert "job F0.1" in str(e) and "from rank 0" in str(e) and "timed out" in str(e)
+
+
+def test_dead_peer_is_named_with_the_job_that_waited():
+    cfg = RunConfig(schedule="1f1b", pp=2, microbatches=2, fault_exit_rank=0, timeout_s=60.0, seq_len=8)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as ei:
+        run(cfg)
+    assert time.monotonic() - t0 < 60  # the failure is detected, not waited out
+    text = str(ei.value)
+    assert ei.value.rank == 0 and "exited with code 3" in text
+    assert "rank 1: job F0.1 waited for act(mb=0, chunk 0->1) from rank 0" in text
 
 
 def test_nan_loss_names_the_microbatch():

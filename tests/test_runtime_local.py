@@ -169,3 +169,48 @@ def test_chunk_modules_from_layers():
     torch.testing.assert_close(h, full(x))
     with pytest.raises(ValueError, match="contiguous"):
         chunk_modules(layers, [[0, 2], [1, 3, 4]], [0])
+
+
+def test_executor_runs_chunks_cut_by_a_partition():
+    # the "full model + partition" path: cut the reference's blocks with pipeloom.partition
+    from pipeloom.partition import uniform
+    from pipeloom.models.llama import LlamaChunk
+
+    part = uniform(CFG.n_layers, 1, 3)
+    sched = random_plan(1, 3, 2, seed=9, split=0.5)
+    full = build_reference(CFG, seed=2)
+    ref_grads = _ref(2, *_data(2, 2))[1]
+
+    class Pre(nn.Module):
+        def __init__(self, emb):
+            super().__init__()
+            self.embed = emb
+
+        def forward(self, x):
+            return self.embed(x)
+
+    class Post(nn.Module):
+        def __init__(self, norm, head):
+            super().__init__()
+            self.norm, self.head = norm, head
+
+        def forward(self, x):
+            return self.head(self.norm(x))
+
+    class Layer(nn.Module):  # a block with the rotary tables bound
+        def __init__(self, blk):
+            super().__init__()
+            self.blk = blk
+
+        def forward(self, x):
+            s = x.shape[1]
+            return self.blk(x, full.rope_cos[:s], full.rope_sin[:s])
+
+    assert isinstance(full, LlamaChunk)
+    layers = [Layer(full.layers[str(i)]) for i in range(CFG.n_layers)]
+    mods = chunk_modules(layers, part.chunks, range(3), pre=Pre(full.embed), post=Post(full.norm, full.head))
+    ex = PipelineExecutor(sched, mods, loss_fn, pp_rank=0, pp_ranks=[0])
+    ex.step(*_data(2, 2))
+    got = {id(p): p.grad for p in full.parameters()}
+    for name, p in full.named_parameters():
+        assert (got[id(p)] - ref_grads[name]).abs().max().item() <= 1e-5, name

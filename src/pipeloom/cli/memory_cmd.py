@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from .common import positive_int, print_json
 
@@ -13,20 +14,23 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser(
         "memory", help="estimate per-device memory (params, grads, optimizer, activations) of a model",
-        description="Estimate the memory of every pipeline device for a decoder-only transformer: parameters, "
+        description=textwrap.fill("Estimate the memory of every pipeline device for a decoder-only transformer: parameters, "
                     "gradients, optimizer states (mixed-precision Adam, Megatron accounting) and the peak of "
                     "saved activations, taken from the memory trace of the actual schedule (B/W split "
                     "included). Activation sizes follow Korthikanti et al. 2022, adapted to GQA/SwiGLU/flash "
                     "attention. With --gpu-memory, say whether it fits and which memory limit (1p/1.5p/2p) "
-                    "the free memory allows.",
+                    "the free memory allows.", 100),
         epilog="examples:\n  pipeloom memory --model llama2-7b --pp 4 --microbatches 8 --schedule 1f1b "
                "--gpu-memory 80GiB\n  pipeloom memory --model llama2-70b --pp 8 --vpp 2 -m 16 -s interleaved "
                "--tp 8 --sequence-parallel --recompute selective --json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="PRESET",
                    help="model preset: " + ", ".join(PRESETS))
+    from ..schedule import registry
+
     p.add_argument("--schedule", "-s", default="1f1b", metavar="NAME",
-                   help="pipeline schedule whose memory trace gives the live microbatches (default: %(default)s)")
+                   help="pipeline schedule whose memory trace gives the live microbatches, one of: "
+                        + ", ".join(registry.names()) + " (default: %(default)s)")
     p.add_argument("--pp", type=positive_int, required=True, help="pipeline degree (devices)")
     p.add_argument("--vpp", type=positive_int, default=None,
                    help="chunks per device (default: 1, or 2 for V-shape schedules)")
@@ -123,8 +127,9 @@ def print_report(rep) -> None:
         tab.add_row(*row)
     con = Console()
     con.print(tab)
-    con.print(f"one unit (full-stage microbatch activation) = {_gib(rep.unit_bytes)} GiB; "
-              f"B frees b/a = {_ratio(rep)} of a chunk's activations, W the rest")
+    split = rep.schedule is not None and any(j.kind.value == "B" for seq in rep.schedule.devices for j in seq)
+    con.print(f"one unit (full-stage microbatch activation) = {_gib(rep.unit_bytes)} GiB"
+              + (f"; B frees b/a = {_ratio(rep)} of a chunk's activations, W the rest" if split else ""))
     if rep.mem_limit_units is not None:
         con.print(f"schedule memory limit: {rep.mem_limit_units:.3g} units ({rep.mem_limit_units / rep.pp:.3g}p)")
     if rep.gpu_bytes is not None:

@@ -36,10 +36,11 @@ def add_parser(sub) -> None:
         "run",
         help="run a schedule for real on torch.distributed (example model, CPU/gloo or torchrun)",
         description=(
-            "Train the built-in example model (a small Llama-style decoder on synthetic data) with a "
-            "pipeline schedule on torch.distributed. Without torchrun the command spawns pp*dp ranks "
-            "on this machine (gloo on 127.0.0.1, CPU); under torchrun (RANK/WORLD_SIZE set) it runs one "
-            "rank per process and uses NCCL when CUDA is available."),
+            "Train the built-in example model (a small Llama-style decoder on synthetic data) with a\n"
+            "pipeline schedule on torch.distributed. Without torchrun the command spawns pp*dp ranks\n"
+            "on this machine (gloo on 127.0.0.1, CPU); under torchrun (RANK/WORLD_SIZE set) it runs\n"
+            "one rank per process and uses NCCL when CUDA is available. --verify compares the first\n"
+            "step's loss and every gradient with a single-process reference (exit code 1 on failure)."),
         epilog=(
             "examples:\n"
             "  pipeloom run --example llama-tiny --schedule zbv --pp 4 --microbatches 8 --verify\n"

@@ -480,7 +480,8 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
     return out
 
 
-def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[ChunkMemory]) -> float:
+def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[ChunkMemory], *,
+                    split: bool = False) -> float:
     """Working memory on top of the held activations while a job of these chunks runs (bytes).
 
     * backward of a layer: the incoming activation gradient and two ``ffn``-wide gradients alive
@@ -489,6 +490,8 @@ def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[Chu
       a weight gradient before adding it into ``.grad``: ``e*(h/r + ffn/t)`` per token plus one
       ``h x ffn`` matrix, if that is larger (Megatron's fused accumulation writes in place);
     * full recompute: plus the recomputed activations of that one layer;
+    * ``split`` (the device runs B jobs of a B/W split): B keeps the ``ffn``-wide GEMM output grads
+      for W while the layer's saved activations are still being released, ``e*ffn/t`` more;
     * last chunk: the loss backward holds the fp32 gradients of the log-softmax output and input
       at once, ``8*V/t`` per token (the forward's logits + fp32 copy, ``(e+4)*V/t``, is less).
 
@@ -505,6 +508,8 @@ def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[Chu
         work = max(work, e * (h / rep + f / t) * tokens + e * h * f / t)
     if train.recompute == "full":
         work += chunks[0].layer_activation_bytes
+    if split:
+        work += e * f * tokens / t
     logits = 8 * model.vocab * tokens / t if any(c.last for c in chunks) else 0.0
     return max(work, logits)
 
@@ -659,6 +664,7 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
     """
     from ..api import make_spec, plan
     from ..schedule import registry
+    from ..schedule.ir import Kind
     from ..sim.costs import MemModel
 
     model = preset(model) if isinstance(model, str) else model
@@ -675,9 +681,6 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
     U, a, b = mem_model_for(chunks, pp)
     notes = []
     b_model = [min(max(y, 0.0), x) for x, y in zip(a, b)]
-    if any(y < 0 for y in b):
-        notes.append("B allocates more than it frees for this config (W needs the GEMM inputs and output grads: "
-                     "H > A, e.g. with full recompute); schedules planned with b = 0, peak traced with the real b")
     gpu = parse_bytes(gpu_bytes) if gpu_bytes is not None else None
     reserve = parse_bytes(reserve_bytes)
     placement = None
@@ -700,13 +703,21 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
         limit_units = spec.mem_limit
         sched = plan(schedule, spec, check=False)
     peaks, _ = activation_trace(sched, a, b)
+    if limit_units is not None and max(peaks) > limit_units + 1e-9:
+        notes.append(f"schedule {sched.name!r} peaks at {max(peaks):.3g} units, above the limit of "
+                     f"{limit_units:.3g} units (only memory-aware schedules honour --mem-limit)")
+    if any(y < 0 for y in b) and any(j.kind is Kind.B for seq in sched.devices for j in seq):
+        notes.append("B allocates more than it frees for this config (W needs the GEMM inputs and output grads: "
+                     "H > A, e.g. with full recompute or sequence parallel); the schedule was planned with b = 0, "
+                     "the peak is traced with the real b")
     devices = []
     for d in range(pp):
         mine = [c for c in chunks if sched.device_of(c.chunk) == d]
         params = _device_params(model, train, mine)
         pb, gb, ob = static_bytes(params, train)
         act = peaks[d] * U
-        tr = transient_bytes(model, train, mine)
+        has_b = any(j.kind is Kind.B for j in sched.devices[d])
+        tr = transient_bytes(model, train, mine, split=has_b)
         peak = pb + gb + ob + act + tr
         devices.append(DeviceMemory(d, [c.chunk for c in mine], sum(c.layers for c in mine), params, pb, gb, ob,
                                     act, tr, peak, peaks[d],
@@ -734,7 +745,7 @@ def _available_units(model, train, chunks, pp, vpp, placement, gpu: int, reserve
     for d in range(pp):
         mine = [c for c in chunks if device_of(c.chunk, pp, placement) == d]
         pb, gb, ob = static_bytes(_device_params(model, train, mine), train)
-        free = gpu - reserve - pb - gb - ob - transient_bytes(model, train, mine)
+        free = gpu - reserve - pb - gb - ob - transient_bytes(model, train, mine, split=True)
         avail = min(avail, free / U)
     return avail
 

@@ -51,7 +51,7 @@ class TracedChunk:
     output_bytes: int
     """size of the chunk's output (sent to the next chunk; not counted above)"""
     by_op: dict[str, int] = field(default_factory=dict)
-    """activation bytes per autograd op that first saved the storage"""
+    """activation bytes per autograd op (node type) that saved the storage"""
 
     @property
     def w_held_bytes(self) -> int:
@@ -120,14 +120,13 @@ def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None
     owned = {_key(t) for t in (state.values() if state is not None else
                                list(module.parameters()) + list(module.buffers()))}
 
-    records: list[tuple[int, int, str]] = []  # (storage key, nbytes, op)
+    records: list[tuple[int, int]] = []        # (storage key, nbytes)
     keep: list[torch.Tensor] = []              # keeps storages alive so keys stay unique
 
     def pack(t: torch.Tensor):
         k = _key(t)
         if k not in owned:
-            node = torch._C._current_autograd_node()
-            records.append((k, t.untyped_storage().nbytes(), type(node).__name__ if node is not None else "?"))
+            records.append((k, t.untyped_storage().nbytes()))
             keep.append(t)
         return t
 
@@ -151,20 +150,22 @@ def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None
                 out = functional_call(module, state, (x,), tie_weights=False)
             else:
                 out = module(x)
+            root = out
             if loss_fn is not None and target is not None:
-                loss_fn(out, y)
+                root = loss_fn(out, y)
+        names = _saving_ops(root)
     finally:
         for h in handles:
             h.remove()
     seen: set[int] = set()
     total = w_in = 0
     by_op: dict[str, int] = defaultdict(int)
-    for k, nb, op in records:
+    for k, nb in records:
         if k in seen:
             continue
         seen.add(k)
         total += nb
-        by_op[op] += nb
+        by_op[names.get(k, "other")] += nb
         if k in gemm_in:
             w_in += nb
     xin = _key(x)
@@ -181,6 +182,32 @@ def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None
     return TracedChunk(params=params, param_bytes=param_bytes, activation_bytes=total, w_input_bytes=w_in,
                        w_grad_bytes=gemm_out[0], input_bytes=input_bytes, output_bytes=out_bytes,
                        by_op=dict(sorted(by_op.items(), key=lambda kv: -kv[1])))
+
+
+def _saving_ops(root) -> dict[int, str]:
+    """Storage key -> name of the first autograd node (walking back from ``root``) that saved it."""
+    names: dict[int, str] = {}
+    if not isinstance(root, torch.Tensor) or root.grad_fn is None:
+        return names
+    stack, visited = [root.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        label = type(node).__name__.removesuffix("Backward0").removesuffix("Backward")
+        for attr in dir(node):
+            if not attr.startswith("_saved_") and attr != "saved_tensors":
+                continue
+            try:
+                val = getattr(node, attr)
+            except Exception:  # freed or not a tensor attribute
+                continue
+            for t in (val if isinstance(val, (tuple, list)) else (val,)):
+                if isinstance(t, torch.Tensor):
+                    names.setdefault(_key(t), label)
+        stack.extend(fn for fn, _ in node.next_functions)
+    return names
 
 
 class _Null:

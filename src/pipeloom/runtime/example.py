@@ -12,7 +12,7 @@ import dataclasses
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -75,6 +75,8 @@ class RunConfig:
     """link-ordered P2P for both directions (default: only on NCCL)"""
     fault_nan_mb: int | None = None
     """testing: make the loss of this microbatch NaN in the first step"""
+    fault_exit_rank: int | None = None
+    """testing: this global rank dies (os._exit) at its first job"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim"):
@@ -164,6 +166,10 @@ def worker(cfg: RunConfig) -> dict:
             loss = _lf(out, target)
             return loss * float("nan") if ex.step_count == 0 and ex.current_job.mb == cfg.fault_nan_mb else loss
         ex.loss_fn = poisoned
+    if cfg.fault_exit_rank == rank:
+        def dead(job):
+            os._exit(3)  # a crash without any report, like a killed process
+        ex._handlers = {k: dead for k in ex._handlers}
     opt = torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
     losses, times, waits = [], [], []
     verify = None
@@ -228,7 +234,7 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
     model_config(cfg, sched.num_chunks)
     world = sched.pp * cfg.dp
     if under_torchrun():
-        init_process_group(cfg.timeout_s)
+        init_process_group(max(cfg.timeout_s, 300.0))
         if dist.get_world_size() != world:
             raise ValueError(f"torchrun started {dist.get_world_size()} ranks; pp*dp = {world}")
         out = worker(cfg)

@@ -25,8 +25,13 @@ class RankFailure(RuntimeError):
 
     def __init__(self, rank: int, message: str, others: list[tuple[int, str]] | None = None, tb: str = "") -> None:
         self.rank, self.message, self.others, self.tb = rank, message, others or [], tb
-        extra = f" ({len(self.others)} other rank(s) failed too)" if self.others else ""
         head = message if message.startswith(f"rank {rank}") else f"rank {rank}: {message}"
+        extra = ""
+        if self.others:  # the first other rank often says what it was waiting for when this one failed
+            r2, m2 = self.others[0]
+            m2 = m2 if m2.startswith(f"rank {r2}") else f"rank {r2}: {m2}"
+            more = f" (+{len(self.others) - 1} more)" if len(self.others) > 1 else ""
+            extra = f"; then {m2}{more}"
         super().__init__(f"{head}{extra}")
 
 
@@ -69,7 +74,7 @@ def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeo
     if torch.cuda.device_count() < world:  # not one GPU per rank here: run every rank on CPU/gloo
         os.environ["PIPELOOM_DEVICE"] = "cpu"
     try:
-        init_process_group(timeout_s)
+        init_process_group(max(timeout_s, 300.0))  # rendezvous and setup are not the P2P timeout
         out = fn(*args)
         q.put((rank, "ok", out, ""))
     except BaseException as e:  # report, never hang the parent

@@ -59,6 +59,8 @@ class P2P:
         self.device = device
         self.timeout = _dt.timedelta(seconds=float(timeout_s))
         self.timeout_s = float(timeout_s)
+        # the one-time shape negotiation runs every chunk once (first calls are slow): be generous
+        self.setup_timeout_s = max(self.timeout_s, 120.0)
         self.group = group
         self.shape_of = None
         self.reset()
@@ -172,15 +174,17 @@ class P2P:
             raise PeerError(f"rank {dist.get_rank()}: step {step} ended with unmatched messages: "
                             f"{left[:3] or list(map(str, self.posted))[:3] or list(map(str, self.ready))[:3]}")
 
-    def _wait(self, work, what: str) -> None:
+    def _wait(self, work, what: str, timeout_s: float | None = None) -> None:
+        timeout = self.timeout if timeout_s is None else _dt.timedelta(seconds=timeout_s)
+        shown = self.timeout_s if timeout_s is None else timeout_s
         try:
-            ok = work.wait(self.timeout)
+            ok = work.wait(timeout)
         except Exception as e:  # DistBackendError, RuntimeError from gloo
             text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            kind = "timed out" if "imeout" in text or "imed out" in text else "failed"
-            raise PeerError(f"rank {dist.get_rank()}: {what}: {kind} after at most {self.timeout_s:g}s ({text})") from None
+            kind = f"timed out after {shown:g}s" if ("imeout" in text or "imed out" in text) else "failed"
+            raise PeerError(f"rank {dist.get_rank()}: {what}: {kind} ({text})") from None
         if ok is False:
-            raise PeerError(f"rank {dist.get_rank()}: {what}: timed out after {self.timeout_s:g}s")
+            raise PeerError(f"rank {dist.get_rank()}: {what}: timed out after {shown:g}s")
 
     # ---------------------------------------------------------------- shapes (once)
     def send_header(self, peer: int, shape: torch.Size, dtype: torch.dtype) -> None:
@@ -190,12 +194,12 @@ class P2P:
         h[0], h[1] = len(shape), _dtype_code(dtype)
         h[2:2 + len(shape)] = torch.tensor(list(shape), dtype=torch.int64)
         w = dist.isend(h, self.global_rank[peer], self.group)
-        self._wait(w, f"shape negotiation: sending a header to pp stage {peer}")
+        self._wait(w, f"shape negotiation: sending a header to pp stage {peer}", self.setup_timeout_s)
 
     def recv_header(self, peer: int, what: str) -> tuple[torch.Size, torch.dtype]:
         h = torch.zeros(10, dtype=torch.int64, device=self.device)
         w = dist.irecv(h, self.global_rank[peer], self.group)
         self._wait(w, f"shape negotiation: {what} waited for a header from rank {self.global_rank[peer]} "
-                      f"(pp stage {peer})")
+                      f"(pp stage {peer})", self.setup_timeout_s)
         h = h.cpu().tolist()
         return torch.Size(h[2:2 + h[0]]), _DTYPES[h[1]]

@@ -30,7 +30,10 @@ A :class:`Policy` decides among the ready candidates:
   ZB-V generator's cap); ``None`` = as many as memory allows (seed 000's improvement).
 
 :func:`search` runs a grid of policies (the role of the official ``try_v_schedule(fill_f,
-fill_b)`` variants, widened) within a deterministic work budget, keeps the schedule with the
+fill_b)`` variants, widened) within a deterministic work budget; for V placement with two
+chunks per device it also takes the lock-step passes of :mod:`pipeloom.schedule._vlockstep`
+(the official ZB-V generator's construction, which wins where memory binds hardest, e.g. pp 4
+at 1p with m >= 2pp). It keeps the schedule with the
 smallest makespan (then stage bubble, then peak memory), tries to keep that makespan under
 tighter memory limits ("memory trimming"), and finishes with a budgeted local search of
 adjacent swaps (:func:`local_search`). Everything is deterministic: the same input gives the
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 
 from ..sim.costs import Costs, MemModel
+from . import _vlockstep
 from .ir import Job, Kind, Placement, device_of
 
 INF = math.inf
@@ -387,12 +391,17 @@ def policy_grid(prob: Problem) -> list[Policy]:
     return out
 
 
-def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000) -> PassResult | None:
+def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
+           insert_budget: int = 0) -> PassResult | None:
     """Best schedule over the policy grid and a local search, within a deterministic work budget.
 
     ``budget_jobs`` bounds the job placements summed over all greedy passes (at least one pass
     runs; big shapes get only the first policy), ``ls_budget`` the job re-timings of the local
-    search (:func:`local_search`). Best = smallest makespan, then smallest peak memory. If
+    search (:func:`local_search`), ``insert_budget`` those of the optional, wider
+    :func:`insertion_search` run after it (0: off). With V placement and vpp 2 the lock-step passes of
+    :mod:`._vlockstep` are candidates too (within a quarter of ``budget_jobs``, only when a pass
+    has at most ``budget_jobs / 8`` jobs). Best = smallest makespan, then smallest stage
+    bubble, then smallest peak memory. If
     every pass tried deadlocks, the ``reserve`` policy (which cannot deadlock at any limit >=
     :func:`min_feasible_limit`) is run as a fallback.
     """
@@ -404,6 +413,16 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000) -
         r = run_pass(prob, pol)
         if r is not None and (best is None or _better(r, best, prob)):
             best = r
+    spent = n * njobs
+    if _vlockstep.applies(prob) and njobs <= budget_jobs // 8:
+        # the official ZB-V generator's lock-step construction (vpp 2 only), as more candidates
+        # within a quarter of the budget (8 passes usually: 4 fill variants x 2 refinements)
+        # (not counted in `spent`: the memory trimming below keeps its budget, so wherever a
+        # lock-step pass does not win, the result is exactly the greedy search's)
+        for seqs, lpol in _vlockstep.candidates(prob, budget_jobs // 4):
+            r = _result_of(prob, seqs, lpol)
+            if r is not None and (best is None or _better(r, best, prob)):
+                best = r
     if best is None:
         best = run_pass(prob, Policy(admit="reserve"))
         if best is None:
@@ -411,7 +430,6 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000) -
     # memory trimming: the same makespan and stage bubble under a tighter limit? (leaders; step = min a)
     step = min(prob.a) if prob.a else 0.0
     lo = min_feasible_limit(prob)
-    spent = n * njobs
     while step > 0 and spent + len(_LEADERS) * njobs <= 2 * budget_jobs:
         lim = max(best.peak) - step
         if lim < lo - _EPS:
@@ -435,7 +453,25 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000) -
         if r is not None and r[0] < best.makespan - _EPS:
             best = PassResult(seqs, r[0], _peaks(prob, seqs), best.policy)
             best.improved = True
+    evals = insert_budget // max(njobs, 1)
+    if evals >= 1:
+        seqs = insertion_search(prob, best.seqs, evals)
+        r = _result_of(prob, seqs, best.policy)
+        if r is not None and r.makespan < best.makespan - _EPS:
+            best = r
+            best.improved = True
     return best
+
+
+def _result_of(prob: Problem, seqs: list[list[Job]], policy) -> PassResult | None:
+    """Time and check job lists made outside :func:`run_pass`; None on deadlock or over the limit."""
+    r = time_seqs(prob, seqs, detail=True)
+    if r is None:
+        return None
+    peak = _peaks(prob, seqs)
+    if max(peak) > prob.limit + _EPS:
+        return None
+    return PassResult(seqs, r[0], peak, policy, r[2], starts=r[3])
 
 
 def _peaks(prob: Problem, seqs) -> list[float]:
@@ -489,10 +525,12 @@ def evaluate_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, list[flo
     return r.makespan, r.peak_memory
 
 
-def time_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, float] | None:
+def time_seqs(prob: Problem, seqs: list[list[Job]], detail: bool = False):
     """(makespan, sum of job ends) of B/W-split job lists; None on deadlock.
 
     Same timing rules as :func:`pipeloom.sim.simulate.simulate`, specialised for the local search.
+    With ``detail``: (makespan, sum of ends, per-device end of the last job, per-device start
+    of the first job).
     """
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
@@ -502,6 +540,7 @@ def time_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, float] | Non
     bend = [-1.0] * (nc * m)
     ptr = [0] * pp
     free = [0.0] * pp
+    first = [0.0] * pp
     total = 0.0
     progress = True
     remaining = sum(len(s) for s in seqs)
@@ -546,6 +585,8 @@ def time_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, float] | Non
                         break
                     s = tf if tf > r else r
                     tf = s + dW[c]
+                if not i:
+                    first[d] = s
                 total += tf
                 i += 1
             if i != ptr[d]:
@@ -555,6 +596,8 @@ def time_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, float] | Non
                 free[d] = tf
     if remaining:
         return None
+    if detail:
+        return max(free), total, free, first
     return max(free), total
 
 
@@ -603,4 +646,62 @@ def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[l
                     break
             if evals >= max_evals:
                 break
+    return seqs
+
+
+def insertion_search(prob: Problem, seqs: list[list[Job]], max_evals: int, window: int = 8) -> list[list[Job]]:
+    """Improve job lists by moving one job up to ``window`` places earlier or later on its device.
+
+    First improvement on (makespan, sum of job ends), re-timed with :func:`time_seqs`; a move
+    is tried only when the device's running memory stays within the limit. Wider than the
+    adjacent swaps of :func:`local_search` (a move is a chain of swaps whose intermediate steps
+    may be worse), and slower: opt-in via the ``insert_budget`` option of the V-shape builders.
+    Deterministic (fixed scan order).
+    """
+    a, bfree = prob.a, prob.b
+    limit = prob.limit + _EPS
+    seqs = [list(s) for s in seqs]
+    cur = time_seqs(prob, seqs)
+    if cur is None:
+        return seqs
+
+    def delta(job):
+        k, _, c = job
+        return a[c] if k is _KF else (-bfree[c] if k is _KB else bfree[c] - a[c])
+
+    def fits(seq):
+        m = 0.0
+        for job in seq:
+            m += delta(job)
+            if m > limit:
+                return False
+        return True
+
+    evals = 0
+    improved = True
+    while improved and evals < max_evals:
+        improved = False
+        for d in range(prob.pp):
+            seq = seqs[d]
+            n = len(seq)
+            for i in range(n):
+                for j in range(max(0, i - window), min(n, i + window + 1)):
+                    if j == i:
+                        continue
+                    x = seq.pop(i)
+                    seq.insert(j, x)
+                    if not fits(seq):
+                        seq.pop(j)
+                        seq.insert(i, x)
+                        continue
+                    evals += 1
+                    r = time_seqs(prob, seqs)
+                    if r is not None and (r[0] < cur[0] - _EPS or (r[0] < cur[0] + _EPS and r[1] < cur[1] - _EPS)):
+                        cur = r
+                        improved = True
+                    else:
+                        seq.pop(j)
+                        seq.insert(i, x)
+                    if evals >= max_evals:
+                        return seqs
     return seqs
