@@ -30,7 +30,8 @@ def solve(pp, m, vpp, costs, limit="none", **opts):
 @pytest.mark.parametrize("limit,expected", [("none", 26), ("1p", 29)])
 def test_published_anchor_pp2_m4_v(limit, expected):
     # hints off: the number must come from the solver, not from a heuristic that happens to hit it
-    spec, s = solve(2, 4, 2, "F=1,B=1,W=1,comm=1", limit, hints=False)
+    # a generous time limit: the solver stops as soon as it has the proof (5-12 s on a busy 2-core box)
+    spec, s = solve(2, 4, 2, "F=1,B=1,W=1,comm=1", limit, hints=False, time_limit=90)
     assert s.meta["status"] == "OPTIMAL"
     assert s.meta["objective"] == expected
     assert s.placement is Placement.V
@@ -148,7 +149,7 @@ def test_fused_optimum_not_below_split_optimum():
     _, split = solve(2, 3, 1, "F=1,B=2,W=1,comm=1", "1p", backward="split")
     _, fused = solve(2, 3, 1, "F=1,B=2,W=1,comm=1", "1p", backward="bw")
     assert {j.kind for _, _, j in fused.jobs()} == {Kind.F, Kind.BW}
-    assert fused.meta["objective"] >= split.meta["objective"]
+    assert fused.meta["objective"] >= split.meta["best_bound"]
 
 
 def test_fractional_costs_are_exact():
@@ -158,7 +159,9 @@ def test_fractional_costs_are_exact():
 
 
 def test_tighter_memory_never_helps():
-    vals = [solve(2, 4, 2, "F=1,B=1,W=1,comm=0", lim)[1].meta["objective"] for lim in ("1p", "1.5p", "none")]
+    metas = [solve(2, 4, 2, "F=1,B=1,W=1,comm=0", lim, time_limit=60)[1].meta for lim in ("1p", "1.5p", "none")]
+    assert [m["status"] for m in metas] == ["OPTIMAL"] * 3
+    vals = [m["objective"] for m in metas]
     assert vals[0] >= vals[1] >= vals[2]
 
 

@@ -27,8 +27,11 @@ jobs keep their relative order) and its memory can only drop (a dropped microbat
 from its F to its W), so any m >= 1 works.
 
 DeepSeek's bubble for DualPipe (their F, B = full backward, W, F&B = an overlapped pair):
-``(PP/2 - 1)(F&B + B - 3W)``. DualPipeV on ``pp`` devices is DualPipe on 2pp stages cut in half;
-``bench``/tests compare this with the simulator (docs/readme/45-optimal-dualpipe.md).
+``(PP/2 - 1)(F&B + B - 3W)``. DualPipeV on ``pp`` devices is DualPipe on 2pp ranks cut in half, so
+in pipeloom's terms (B input grad only, DeepSeek's B = B + W) it reads
+``(pp - 1)(F&B + (B + W) - 3W)`` with ``F&B = F + (B + W) - overlap * min(F, B + W)``. The
+simulated bubble of every device (makespan - busy) equals it exactly when F = B and W <= F, for any
+overlap and m >= 2pp (tests/test_dualpipe.py; measured table in docs/readme/45-optimal-dualpipe.md).
 """
 from __future__ import annotations
 
