@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     header = ["case", "optimum V/split", "optimum il/split", "optimum BW"] + used
     body = [[_case_id(r), _opt_cell(r, ["v/split"]), _opt_cell(r, ["interleaved/split"]),
              _opt_cell(r, ["interleaved/bw", "v/bw"])] + [_gap_cell(r["heuristics"].get(n)) for n in used]
-            for r in rows]
+            for r in rows if r["heuristics"]]
     sheader = ["schedule", "cases", "proven", "avg gap", "avg gap (proven)", "max gap", "at optimum", "over limit"]
     with_own = any("avg_gap_own_peak" in v for v in summ.values())
     if with_own:

@@ -191,7 +191,8 @@ def test_too_large_is_refused_with_the_limits():
 
 
 @pytest.mark.parametrize("opts,msg", [({"placement": "ring"}, "placement"), ({"backward": "x"}, "backward"),
-                                      ({"time_limit": 0}, "time_limit"), ({"bogus": 1}, "unknown option")])
+                                      ({"time_limit": 0}, "time_limit"), ({"bogus": 1}, "unknown option"),
+                                      ({"formulation": "lp"}, "formulation"), ({"workers": 0}, "workers")])
 def test_bad_options(opts, msg):
     with pytest.raises(ScheduleError, match=msg):
         plan("optimal", make_spec(pp=2, microbatches=2, vpp=1, options=opts))
@@ -222,3 +223,15 @@ def test_start_from_is_used_and_checked():
     bad = make_spec(pp=2, microbatches=4, vpp=1, options={**FAST, "start_from": [h]})
     with pytest.raises(ScheduleError, match="start_from"):
         plan("optimal", bad)
+
+
+def test_formulations_agree():
+    """The interval model, the time-indexed one and both together must find the same optimum."""
+    got = {}
+    for form in ("interval", "time", "both"):
+        spec, s = solve(2, 3, 2, "F=1,B=2,W=1,comm=1", "1p", formulation=form, hints=False, time_limit=60)
+        assert s.meta["status"] == "OPTIMAL", form
+        assert s.meta["formulation"] == form  # the model ran (no shortcut by the path bound)
+        assert validate(s, mem=spec.mem, mem_limit=spec.mem_limit) == []
+        got[form] = s.meta["objective"]
+    assert len(set(got.values())) == 1, got

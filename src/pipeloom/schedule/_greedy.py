@@ -398,12 +398,16 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
     ``budget_jobs`` bounds the job placements summed over all greedy passes (at least one pass
     runs; big shapes get only the first policy), ``ls_budget`` the job re-timings of the local
     search (:func:`local_search`), ``insert_budget`` those of the optional, wider
-    :func:`insertion_search` run after it (0: off). With V placement and vpp 2 the lock-step passes of
-    :mod:`._vlockstep` are candidates too (within a quarter of ``budget_jobs``, only when a pass
-    has at most ``budget_jobs / 8`` jobs). Best = smallest makespan, then smallest stage
-    bubble, then smallest peak memory. If
-    every pass tried deadlocks, the ``reserve`` policy (which cannot deadlock at any limit >=
-    :func:`min_feasible_limit`) is run as a fallback.
+    :func:`insertion_search` run at the end (0: off). If every pass tried deadlocks, the
+    ``reserve`` policy (which cannot deadlock at any limit >= :func:`min_feasible_limit`) is
+    run as a fallback.
+
+    With V placement and vpp 2 the lock-step passes of :mod:`._vlockstep` compete too (within
+    a quarter of ``budget_jobs``, only when a pass has at most ``budget_jobs / 8`` jobs): the
+    best of them, polished by the same local search, replaces the greedy result when it is
+    better. The greedy result itself is computed exactly as without them, so adding them never
+    makes a schedule worse. Best = smallest makespan, then smallest stage bubble, then smallest
+    peak memory.
     """
     njobs = 3 * prob.m * prob.nc
     grid = policy_grid(prob)
@@ -413,21 +417,37 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
         r = run_pass(prob, pol)
         if r is not None and (best is None or _better(r, best, prob)):
             best = r
-    spent = n * njobs
-    if _vlockstep.applies(prob) and njobs <= budget_jobs // 8:
-        # the official ZB-V generator's lock-step construction (vpp 2 only), as more candidates
-        # within a quarter of the budget (8 passes usually: 4 fill variants x 2 refinements)
-        # (not counted in `spent`: the memory trimming below keeps its budget, so wherever a
-        # lock-step pass does not win, the result is exactly the greedy search's)
-        for seqs, lpol in _vlockstep.candidates(prob, budget_jobs // 4):
-            r = _result_of(prob, seqs, lpol)
-            if r is not None and (best is None or _better(r, best, prob)):
-                best = r
     if best is None:
         best = run_pass(prob, Policy(admit="reserve"))
-        if best is None:
-            return None
-    # memory trimming: the same makespan and stage bubble under a tighter limit? (leaders; step = min a)
+    if best is not None:
+        best = _polish(prob, _trim(prob, best, n * njobs, budget_jobs), ls_budget)
+    if _vlockstep.applies(prob) and njobs <= budget_jobs // 8:
+        # the official ZB-V generator's lock-step construction (8 passes usually: 4 fill
+        # variants x 2 refinements)
+        lbest: PassResult | None = None
+        for seqs, lpol in _vlockstep.candidates(prob, budget_jobs // 4):
+            r = _result_of(prob, seqs, lpol)
+            if r is not None and (lbest is None or _better(r, lbest, prob)):
+                lbest = r
+        if lbest is not None:
+            lbest = _polish(prob, lbest, ls_budget)
+            if best is None or _better(lbest, best, prob):
+                best = lbest
+    if best is None:
+        return None
+    evals = insert_budget // max(njobs, 1)
+    if evals >= 1:
+        seqs = insertion_search(prob, best.seqs, evals)
+        r = _result_of(prob, seqs, best.policy)
+        if r is not None and r.makespan < best.makespan - _EPS:
+            best = r
+            best.improved = True
+    return best
+
+
+def _trim(prob: Problem, best: PassResult, spent: int, budget_jobs: int) -> PassResult:
+    """Memory trimming: the same makespan and stage bubble under a tighter limit? (leaders; step = min a)"""
+    njobs = 3 * prob.m * prob.nc
     step = min(prob.a) if prob.a else 0.0
     lo = min_feasible_limit(prob)
     while step > 0 and spent + len(_LEADERS) * njobs <= 2 * budget_jobs:
@@ -446,20 +466,18 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
         if found is None:
             break
         best = found
-    evals = ls_budget // max(njobs, 1)
+    return best
+
+
+def _polish(prob: Problem, best: PassResult, ls_budget: int) -> PassResult:
+    """Adjacent-swap local search (:func:`local_search`) within ``ls_budget`` job re-timings."""
+    evals = ls_budget // max(3 * prob.m * prob.nc, 1)
     if evals >= 20:
         seqs = local_search(prob, best.seqs, evals)
-        r = time_seqs(prob, seqs)
-        if r is not None and r[0] < best.makespan - _EPS:
-            best = PassResult(seqs, r[0], _peaks(prob, seqs), best.policy)
-            best.improved = True
-    evals = insert_budget // max(njobs, 1)
-    if evals >= 1:
-        seqs = insertion_search(prob, best.seqs, evals)
         r = _result_of(prob, seqs, best.policy)
         if r is not None and r.makespan < best.makespan - _EPS:
-            best = r
-            best.improved = True
+            r.improved = True
+            return r
     return best
 
 

@@ -284,6 +284,9 @@ def optimal(spec: PlanSpec) -> Schedule:
     if backward not in ("split", "bw"):
         raise ScheduleError(f"optimal: backward must be 'split' (B and W) or 'bw' (fused), got {backward!r}")
     split = backward == "split"
+    formulation = str(opts.get("formulation", "auto")).lower()
+    if formulation not in ("auto", "interval", "time", "both"):
+        raise ScheduleError(f"optimal: formulation must be auto, interval, time or both, got {formulation!r}")
     try:
         workers = int(opts.get("workers", min(8, os.cpu_count() or 1)))
         seed = int(opts.get("seed", 0))
@@ -406,9 +409,6 @@ def optimal(spec: PlanSpec) -> Schedule:
                        time_limit, workers, "-", limit, best_hint, t_rounded or m_rounded)
 
     # --- CP-SAT
-    formulation = str(opts.get("formulation", "auto")).lower()
-    if formulation not in ("auto", "interval", "time", "both"):
-        raise ScheduleError(f"optimal: formulation must be auto, interval, time or both, got {formulation!r}")
     if formulation == "auto":
         # Measured on the memory-bound V cases (pp 2-4, m 4-8, 1p, 2 workers): neither model dominates.
         # The interval model proves most cases fastest (pp4 m8 vpp1 1p: 4 s, the time-indexed one none
@@ -476,20 +476,6 @@ def _solve(form, time_limit, workers, seed, hint_vals, horizon, *, jobs, preds, 
     # symmetry: microbatches are interchangeable, take chunk 0's forwards in microbatch order
     for mb in range(m - 1):
         model.add(start[Job(Kind.F, mb + 1, 0)] >= end[Job(Kind.F, mb, 0)])
-    if os.environ.get("A2WFIFO") and any(j.kind is Kind.W for j in jobs):
-        # dominance: two W of one chunk are interchangeable (same device, duration and memory), so
-        # they may run in the order of their B (swapping them keeps every dependency and the memory)
-        nc_ = max(j.chunk for j in jobs) + 1
-        for c in range(nc_):
-            for i in range(m):
-                for k in range(i + 1, m):
-                    bi, bk = Job(Kind.B, i, c), Job(Kind.B, k, c)
-                    wi, wk = Job(Kind.W, i, c), Job(Kind.W, k, c)
-                    first = model.new_bool_var("")
-                    model.add(end[bi] <= start[bk]).only_enforce_if(first)
-                    model.add(end[wi] <= start[wk]).only_enforce_if(first)
-                    model.add(end[bk] <= start[bi]).only_enforce_if(~first)
-                    model.add(end[wk] <= start[wi]).only_enforce_if(~first)
     for j in jobs:
         model.add_hint(start[j], int(round(hint_vals[j])))
     model.add_hint(makespan, horizon)
