@@ -39,6 +39,9 @@ def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> No
     p.add_argument("--mem", default=None, metavar="a=..,b=..",
                    help="activation memory per chunk pass in units: F allocates a (default 1/vpp), "
                         "B frees b (default a/2), W frees a-b")
+    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE", dest="option",
+                   help="builder-specific option, repeatable, e.g. -O time_limit=30 for optimal, "
+                        "-O remainder=last for interleaved (values parsed as JSON when they can be)")
     add_partition_options(p)
 
 
@@ -97,12 +100,26 @@ def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progr
                           max_evals=getattr(args, "max_evals", 400), options=spec.options, progress=progress)
 
 
+def parse_options(items: list[str]) -> dict:
+    """``["time_limit=30", "placement=v"]`` -> ``{"time_limit": 30, "placement": "v"}``."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option {item!r}: expected KEY=VALUE, e.g. time_limit=30")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
     vpp = args.vpp
     if vpp is None:
         vpp = registry.default_vpp(schedule) if schedule else 1
     spec = make_spec(pp=args.pp, microbatches=args.microbatches, vpp=vpp, costs=args.costs, mem=args.mem,
-                     mem_limit=args.mem_limit, options=getattr(args, "options", None))
+                     mem_limit=args.mem_limit, options=parse_options(getattr(args, "option", [])))
     if partition_given(args):
         if args.mem is not None:
             raise ValueError("--mem cannot be combined with the layer partition options (memory then comes from "

@@ -10,13 +10,20 @@ def add_parser(sub) -> None:
                        description="Plan and simulate every registered schedule that accepts the given vpp "
                                    "and memory limit; print them sorted by makespan (then peak memory).")
     add_plan_options(p, schedule=False)
-    p.add_argument("--schedules", default=None, help="comma-separated subset of schedules (default: all)")
+    p.add_argument("--schedules", default=None,
+                   help="comma-separated subset of schedules (default: all heuristics; the exact solver "
+                        "'optimal' only when named here or with --with-optimal)")
+    p.add_argument("--with-optimal", action="store_true",
+                   help="also run the exact CP-SAT solver (small shapes only; up to its time limit)")
     p.add_argument("--json", action="store_true", help="print one JSON object {'rows': [...]}")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    names = [s.strip() for s in args.schedules.split(",")] if args.schedules else None
+    from ..schedule import registry
+
+    names = [s.strip() for s in args.schedules.split(",")] if args.schedules else \
+        [n for n in registry.names() if n != "optimal" or args.with_optimal]
     rows = []
     given_vpp = args.vpp
     for vpp in ([given_vpp] if given_vpp else [1, 2]):

@@ -31,10 +31,14 @@ def run(args) -> int:
         res = evaluate(sched, spec)
         res["plan_time_s"] = dt
         res["out"] = args.out
+        res["meta"] = sched.meta
         print_json(res)
     elif args.out:
         print(f"wrote {args.out}: {sched.name} pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
               f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s", file=sys.stderr)
+        if "status" in sched.meta:  # the exact solver says whether it proved optimality
+            print(f"solver: {sched.meta['status']}, makespan {fmt(sched.meta.get('objective'))}, "
+                  f"proven lower bound {fmt(sched.meta.get('best_bound'))}", file=sys.stderr)
     else:
         print(sched.to_text())
     return 0
