@@ -7,46 +7,78 @@ from .common import add_plan_options, fmt, print_json, spec_from_args
 
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="plan and simulate every schedule for one shape, sorted by makespan",
-                       description="Plan and simulate every registered schedule that accepts the given vpp "
-                                   "and memory limit; print them sorted by makespan (then peak memory).")
+                       description="Plan and simulate every registered schedule for one shape (vpp 1 and 2, or "
+                                   "the given --vpp) under one memory limit; print them sorted by makespan (then "
+                                   "peak memory), and say why the others do not apply.")
     add_plan_options(p, schedule=False)
     p.add_argument("--schedules", default=None,
                    help="comma-separated subset of schedules (default: all heuristics; the exact solver "
                         "'optimal' only when named here or with --with-optimal)")
     p.add_argument("--with-optimal", action="store_true",
                    help="also run the exact CP-SAT solver (small shapes only; up to its time limit)")
+    p.add_argument("--costs-per", choices=["stage", "chunk"], default="stage",
+                   help="'stage' (default): --costs F/B/W are for a device's whole stage and are split over its "
+                        "vpp chunks, so schedules with different vpp model the same network; 'chunk': per chunk "
+                        "pass as in simulate (needs --vpp)")
     p.add_argument("--json", action="store_true", help="print one JSON object {'rows': [...]}")
     p.set_defaults(func=run)
 
 
+def _stage_costs(args, vpp: int) -> str:
+    """--costs per full-stage pass -> per chunk pass for a schedule with ``vpp`` chunks per device."""
+    from ..sim.costs import Costs
+
+    c = Costs.parse(args.costs)
+    if not c.is_uniform():
+        raise ValueError("per-chunk cost lists need --costs-per chunk and an explicit --vpp")
+    return f"F={c.F / vpp},B={c.B / vpp},W={c.W / vpp},comm={c.comm},overlap={c.overlap}"
+
+
 def run(args) -> int:
     from ..schedule import registry
+    from .common import partition_given
 
     names = [s.strip() for s in args.schedules.split(",")] if args.schedules else \
         [n for n in registry.names() if n != "optimal" or args.with_optimal]
     rows = []
-    given_vpp = args.vpp
+    given_vpp, given_costs = args.vpp, args.costs
+    if args.costs_per == "chunk" and not given_vpp:
+        raise ValueError("--costs-per chunk compares one vpp only: give --vpp")
     for vpp in ([given_vpp] if given_vpp else [1, 2]):
         args.vpp = vpp
+        if args.costs_per == "stage" and not partition_given(args):
+            args.costs = _stage_costs(args, vpp)
         # without --vpp, each schedule runs at its natural vpp; drop the "takes vpp ..." mismatches
         rows += [r for r in compare(spec_from_args(args), names)
                  if given_vpp or "takes vpp" not in r.get("error", "")]
+        args.costs = given_costs
     args.vpp = given_vpp
     rows.sort(key=lambda r: ("error" in r, r.get("makespan") or 0, max(r.get("peak_memory") or [0])))
     if args.json:
-        print_json({"pp": args.pp, "microbatches": args.microbatches, "rows": rows})
+        print_json({"pp": args.pp, "microbatches": args.microbatches, "costs": args.costs,
+                    "costs_per": args.costs_per, "mem_limit": args.mem_limit, "rows": rows})
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"pp={args.pp} m={args.microbatches} mem-limit={args.mem_limit} costs={args.costs}")
-    for c in ("schedule", "vpp", "makespan", "bubble", "stage bubble", "peak memory (max)", "valid"):
-        t.add_column(c, justify="left" if c == "schedule" else "right")
-    for r in rows:
-        if "error" in r:
-            t.add_row(r["schedule"], "-", "-", "-", "-", "-", f"[dim]{r['error'][:60]}[/dim]")
-        else:
-            t.add_row(r["schedule"], str(r["vpp"]), fmt(r["makespan"]), fmt(r["bubble"]), fmt(r["stage_bubble"]),
-                      fmt(max(r["peak_memory"]), 3), "yes" if r["valid"] else "[red]no[/red]")
-    Console().print(t)
+    con = Console()
+    per = "full-stage pass (split over vpp chunks)" if args.costs_per == "stage" else "chunk pass"
+    t = Table(title=f"pp={args.pp}  m={args.microbatches}  memory limit {args.mem_limit}\n"
+                    f"costs {args.costs} per {per}", title_justify="left")
+    for c in ("schedule", "vpp", "makespan", "vs best", "bubble", "stage bubble", "peak mem"):
+        t.add_column(c, justify="left" if c == "schedule" else "right", no_wrap=True)
+    ok = [r for r in rows if "error" not in r]
+    best = min((r["makespan"] for r in ok), default=None)
+    for r in ok:
+        t.add_row(r["schedule"], str(r["vpp"]), fmt(r["makespan"]), f"{r['makespan'] / best:.3f}" if best else "-",
+                  f"{r['bubble']:.1%}", f"{r['stage_bubble']:.1%}", fmt(max(r["peak_memory"]), 3)
+                  + ("" if r["valid"] else " [red]invalid[/red]"))
+    con.print(t)
+    skipped = [r for r in rows if "error" in r]
+    if skipped:
+        con.print("[bold]not applicable here:[/bold]")
+        for r in skipped:
+            con.print(f"  {r['schedule']}: {r['error']}", overflow="ellipsis", no_wrap=True, soft_wrap=False,
+                      width=max(60, con.width))
+    con.print("[dim]peak mem in full-stage microbatch activations (1p = pp); bubble = idle / (pp x makespan)[/dim]")
     return 0
