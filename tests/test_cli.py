@@ -96,3 +96,13 @@ def test_console_script_help_and_error():
     r = subprocess.run([sys.executable, "-m", "pipeloom", "simulate", "-s", "zzz", "--pp", "2", "-m", "2"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_compare_models_one_network_across_vpp(capsys):
+    """--costs are per full-stage pass: every schedule, whatever its vpp, does the same total work."""
+    rc, out, _ = run(capsys, "compare", "--pp", "4", "-m", "8", "--costs", "F=2,B=3,W=1,comm=0", "--json")
+    rows = [r for r in json.loads(out)["rows"] if "error" not in r]
+    assert {r["vpp"] for r in rows} == {1, 2}
+    for r in rows:
+        busy = r["makespan"] * (1 - r["bubble"]) * r["pp"]
+        assert busy == pytest.approx(4 * 8 * (2 + 3 + 1)), r["schedule"]
