@@ -16,12 +16,14 @@ dependencies, plus ``comm`` on cross-device edges, have ended):
    they fit before the microbatch comes back on chunk 1 and while ``mem + a*(2+2d)`` fits the
    limit (headroom for the microbatches in flight), then its first chunk-1 forward.
 2. Warm-up, part 2: from device 1 down, forwards are added in rounds alternating chunk 0 and
-   chunk 1 (from the last device up to ``d``) until device ``d`` has as many forwards as
-   device ``d-1`` and not fewer chunk-1 forwards.
-3. Steady state, ``2m`` rounds. Each round every device first runs one input-grad backward B
-   (chunk 1's while it lags chunk 0's, unless its upstream B has not run yet; devices whose B
-   is of chunk 0 go first, from the bottom device up, then the chunk-1 ones from the top
-   down), then one forward (chunk 1's when its input is ready, else chunk 0's). Before each of
+   chunk 1 (from the last device up to ``d``) until device ``d`` has at least as many
+   forwards as device ``d-1`` and more chunk-1 forwards (unless ``d-1`` has run all m).
+3. Steady state, ``2m`` rounds. Each round every device first runs one input-grad backward B:
+   of its chunk 1 while chunk 1 has not run more Bs than chunk 0, else of chunk 0 when its
+   input from device d+1 is there (always on the last device, or once chunk 1 is done), else
+   of chunk 1 again. Devices running a chunk-0 B go first, from device pp-1 to 0, then those
+   running a chunk-1 B, from device 0 to pp-1. Then every device runs one forward (chunk 1's
+   when its input is ready, else chunk 0's, else none). Before each of
    these jobs pending weight-grad jobs W (oldest first) are run while they end before the job's
    cross-device input arrives (they fill the wait), and one more when the wait would push the
    device's bubble past the largest bubble allowed so far ("approved bubble"; ``fill_b`` /

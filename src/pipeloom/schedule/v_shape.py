@@ -21,7 +21,7 @@ construction reproduces it (it does on all 96 reference cases).
 Options (``spec.options``): ``budget`` (job placements for the policy search, default
 60 000) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
 default 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W 4/6/3, comm 1 at 1p from 240 to 238
-in about 2 s). Where memory allows, a device
+in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (seed 000's change to the official
 generator, which caps that count).
 
