@@ -1,39 +1,15 @@
 """pipeloom check: compare a measured run's bubbles with its plan; find late jobs and the straggler."""
 from __future__ import annotations
 
-import textwrap
-
 import argparse
 
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {v}")
-    return v
-
-
-def _ms(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, 90)
+from .common import number_type, wrap
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "check", help="bubble check of a run: planned vs measured bubble per device, late jobs, straggler rank",
-        description=_wrap("Read the worker logs of a run (the plan comes from their meta line), fit the job durations, "
+        description=wrap("Read the worker logs of a run (the plan comes from their meta line), fit the job durations, "
                     "replay the plan, and report per device the planned and measured bubble, the jobs that started "
                     "late and by how much, the rank that causes them (its own jobs grew or started late; ranks "
                     "that only waited are not blamed) and a verdict. For FThenB, 1F1B and balanced interleaved "
@@ -44,13 +20,13 @@ def add_parser(sub) -> None:
     p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: planned_bubble, measured_bubble, stragglers, late_jobs, verdict, ...")
-    p.add_argument("--straggler-threshold", type=_fraction, default=0.03, metavar="FRACTION",
+    p.add_argument("--straggler-threshold", type=number_type(0, 1, hi_open=True), default=0.03, metavar="FRACTION",
                    help="a rank is a straggler when it alone lengthens the step by this share of the planned "
                         "makespan (default: %(default)s)")
-    p.add_argument("--late-tolerance", type=_ms, default=None, metavar="MS",
+    p.add_argument("--late-tolerance", type=number_type(0, unit="a number of milliseconds"), default=None, metavar="MS",
                    help="a job is late when it starts this much after its planned start "
                         "(default: the larger of the median job time and 3%% of the planned makespan)")
-    p.add_argument("--bubble-tolerance", type=_fraction, default=0.05, metavar="FRACTION",
+    p.add_argument("--bubble-tolerance", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",
                    help="measured bubble may exceed the planned one by this much before the verdict says so "
                         "(default: %(default)s)")
     p.add_argument("--top", type=int, default=10, help="late jobs to list (default: %(default)s)")

@@ -20,6 +20,28 @@ def positive_int(text: str) -> int:
     return v
 
 
+def number_type(lo: float, hi: float | None = None, *, unit: str = "a number", hi_open: bool = False):
+    """argparse type: a float in [lo, hi] (or [lo, hi) with ``hi_open``), with a one-line message otherwise."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {unit}") from None
+        too_high = hi is not None and (v >= hi if hi_open else v > hi)
+        if v < lo or too_high:
+            rng = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}{')' if hi_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be {rng}, got {v:g}")
+        return v
+    return parse
+
+
+def wrap(text: str, width: int = 90) -> str:
+    """Wrap a long --help description paragraph."""
+    import textwrap
+
+    return textwrap.fill(text, width)
+
+
 def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
     """--schedule/--pp/--microbatches/--vpp/--mem-limit/--costs/--mem (shared by simulate, plan, compare)."""
     if schedule:

@@ -1,21 +1,16 @@
 """pipeloom show: draw a saved schedule as a Gantt chart (terminal, PNG, SVG, HTML, Chrome trace)."""
 from __future__ import annotations
 
-import textwrap
-
 from ..schedule.ir import Schedule
 from ..sim.costs import Costs, MemModel, parse_mem_limit
 from ..sim.simulate import DeadlockError, simulate
-
-
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, 90)
+from .common import wrap
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "show", help="draw a saved schedule (.csv/.json) as a Gantt chart (terminal, .png, .svg, .html, trace)",
-        description=_wrap("Simulate a saved schedule and draw it: one row per device, F/B/W/BW boxes labelled with the "
+        description=wrap("Simulate a saved schedule and draw it: one row per device, F/B/W/BW boxes labelled with the "
                     "microbatch, local chunks by shade, idle time visible, activation memory under each row. "
                     "Without --out the chart is printed as text."),
         epilog="examples:\n  pipeloom plan -s 1f1b --pp 4 -m 8 -o 1f1b.json\n  pipeloom show 1f1b.json\n"

@@ -1,19 +1,15 @@
 """pipeloom trace: merge per-rank worker logs into a Chrome/Perfetto trace and Gantt pictures."""
 from __future__ import annotations
 
-import textwrap
-
 import argparse
 
-
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, 90)
+from .common import wrap
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "trace", help="merge worker logs (pipeloom run --log-dir, or machine<k>/workerlog.<rank>) into a trace",
-        description=_wrap("Read LOGDIR/workerlog.<rank> (or LOGDIR/machine<k>/workerlog.<rank> gathered from several "
+        description=wrap("Read LOGDIR/workerlog.<rank> (or LOGDIR/machine<k>/workerlog.<rank> gathered from several "
                     "machines), keep the profiled steps, align the machines' clocks (sync events, else the first "
                     "P2P pairs), skip malformed lines (counted), and write a Chrome trace / Perfetto JSON with one "
                     "process per machine and one thread per rank, the plan (replayed with the measured job "

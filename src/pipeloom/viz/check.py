@@ -178,14 +178,20 @@ def _durations(sr: StepRun) -> list[list[float]]:
     return out
 
 
+def _event_ends(sr: StepRun) -> dict:
+    """Event (what a job produces) -> (device that produced it, measured end time)."""
+    ends = {}
+    for d, i, job in sr.order.jobs():
+        for ev in produces(job):
+            ends[ev] = (d, sr.end[d][i])
+    return ends
+
+
 def _edge_waits(sr: StepRun) -> tuple[list[float], list[list[float]]]:
     """(gaps of cross-device edges where the consumer was idle, ready time of each job ignoring comm)."""
     sched = sr.order
     nc = sched.num_chunks
-    ends = {}
-    for d, i, job in sched.jobs():
-        for ev in produces(job):
-            ends[ev] = (d, sr.end[d][i])
+    ends = _event_ends(sr)
     gaps, ready = [], []
     for d, seq in enumerate(sched.devices):
         row = []
@@ -272,10 +278,7 @@ def check_run(run: RunLog, *, straggler_threshold: float = 0.03, late_tolerance:
         sched = sr.order
         nc = sched.num_chunks
         # own delay of each job: start minus the moment it could start (inputs + fitted latency)
-        ends = {}
-        for d, i, job in sched.jobs():
-            for ev in produces(job):
-                ends[ev] = (d, sr.end[d][i])
+        ends = _event_ends(sr)
         delays = []
         for d, seq in enumerate(sched.devices):
             row = []
