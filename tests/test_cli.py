@@ -106,3 +106,12 @@ def test_compare_models_one_network_across_vpp(capsys):
     for r in rows:
         busy = r["makespan"] * (1 - r["bubble"]) * r["pp"]
         assert busy == pytest.approx(4 * 8 * (2 + 3 + 1)), r["schedule"]
+
+
+def test_core_and_cli_import_without_torch():
+    """The core (schedule, sim, partition, analytic memory, viz) and the CLI parser never import torch."""
+    code = ("import sys, pipeloom, pipeloom.partition, pipeloom.viz, pipeloom.memory.analytic, pipeloom.cli\n"
+            "from pipeloom.schedule import registry\nregistry.names(); pipeloom.cli.build_parser()\n"
+            "print(sorted(m for m in ('torch', 'ortools', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
