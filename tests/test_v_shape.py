@@ -11,6 +11,7 @@ from pipeloom.schedule.registry import ScheduleError
 from pipeloom.schedule.validate import validate
 from pipeloom.sim.costs import Costs, MemModel
 from pipeloom.sim.simulate import simulate
+from strategies import draw_costs
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -21,13 +22,7 @@ def shapes(draw, max_pp=16, max_m=64):
     vpp = draw(st.integers(2, 4))
     m = draw(st.integers(1, max_m))
     nc = pp * vpp
-    if draw(st.booleans()):
-        costs = Costs(F=draw(st.sampled_from([0.5, 1.0, 2.0])), B=draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])),
-                      W=draw(st.sampled_from([0.5, 1.0, 2.0])), comm=draw(st.sampled_from([0.0, 0.25, 1.0])))
-    else:  # heterogeneous per-chunk costs
-        vals = st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0]), min_size=nc, max_size=nc)
-        costs = Costs(F=tuple(draw(vals)), B=tuple(draw(vals)), W=tuple(draw(vals)),
-                      comm=draw(st.sampled_from([0.0, 0.5])))
+    costs = draw_costs(draw, nc)  # uniform with comm, or heterogeneous per-chunk
     limit = draw(st.sampled_from([None, "1p", "1.5p", "2p", "0.5p", "1.2"]))
     return pp, vpp, m, costs, limit
 

@@ -15,6 +15,7 @@ from pipeloom.schedule.ir import Placement, make_schedule
 from pipeloom.schedule.validate import validate
 from pipeloom.sim.costs import Costs, MemModel
 from pipeloom.sim.simulate import simulate
+from strategies import draw_costs
 
 REF = load_reference()
 ZBV_CASES = [c for c in REF["cases"] if c["generator"] == "zbv"] if REF else []
@@ -40,13 +41,7 @@ def v2_shapes(draw):
     pp = draw(st.integers(2, 8))
     m = draw(st.integers(1, 24))
     nc = 2 * pp
-    if draw(st.booleans()):
-        costs = Costs(F=draw(st.sampled_from([0.5, 1.0, 2.0])), B=draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])),
-                      W=draw(st.sampled_from([0.5, 1.0, 2.0])), comm=draw(st.sampled_from([0.0, 0.25, 1.0])))
-    else:  # heterogeneous per-chunk costs
-        vals = st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0]), min_size=nc, max_size=nc)
-        costs = Costs(F=tuple(draw(vals)), B=tuple(draw(vals)), W=tuple(draw(vals)),
-                      comm=draw(st.sampled_from([0.0, 0.5])))
+    costs = draw_costs(draw, nc)  # uniform with comm, or heterogeneous per-chunk
     limit = draw(st.sampled_from([None, 1.0, 1.5, 2.0]))
     return pp, m, costs, (None if limit is None else limit * pp)
 
