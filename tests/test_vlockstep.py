@@ -117,12 +117,8 @@ def test_bad_budget_options_are_clear_errors(bad):
         plan("zbv", make_spec(pp=4, microbatches=8, vpp=2, options={"insert_budget": bad}))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=v2_shapes())
-def test_lockstep_candidates_never_make_the_search_worse(shape):
-    """search() with the lock-step passes is never slower than the greedy search alone."""
-    pp, m, costs, limit = shape
-    prob = _prob(pp, m, costs, limit)
+def _search_with_and_without_lockstep(prob):
+    """(search result, search result with the lock-step candidates switched off)."""
     with_ls = _greedy.search(prob)
     orig = _vlockstep.applies
     try:
@@ -130,6 +126,16 @@ def test_lockstep_candidates_never_make_the_search_worse(shape):
         alone = _greedy.search(prob)
     finally:
         _vlockstep.applies = orig
+    return with_ls, alone
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=v2_shapes())
+def test_lockstep_candidates_never_make_the_search_worse(shape):
+    """search() with the lock-step passes is never slower than the greedy search alone."""
+    pp, m, costs, limit = shape
+    prob = _prob(pp, m, costs, limit)
+    with_ls, alone = _search_with_and_without_lockstep(prob)
     assert with_ls.makespan <= alone.makespan + 1e-9
     assert max(with_ls.peak) <= (math.inf if limit is None else limit) + 1e-9
 
@@ -137,12 +143,6 @@ def test_lockstep_candidates_never_make_the_search_worse(shape):
 def test_lockstep_wins_where_memory_binds():
     """pp 8, m 16, F/B/W/comm = 4/6/3/1 at 1p: the greedy alone leaves a larger makespan."""
     prob = _prob(8, 16, Costs(F=4, B=6, W=3, comm=1), 8.0)
-    with_ls = _greedy.search(prob)
-    orig = _vlockstep.applies
-    try:
-        _vlockstep.applies = lambda p: False
-        alone = _greedy.search(prob)
-    finally:
-        _vlockstep.applies = orig
+    with_ls, alone = _search_with_and_without_lockstep(prob)
     assert with_ls.makespan < alone.makespan
     assert isinstance(with_ls.policy, _vlockstep.LockstepPolicy)
