@@ -76,7 +76,7 @@ class Job(NamedTuple):
     chunk: int
 
     def __str__(self) -> str:
-        return f"{self.kind.value}{self.mb}.{self.chunk}"
+        return f"{self[0]._value_}{self[1]}.{self[2]}"
 
     @classmethod
     def parse(cls, text: str) -> "Job":
@@ -115,6 +115,11 @@ class Schedule:
     ``overlapped`` holds ``(device, index)`` pairs: the job at ``index`` and the one at
     ``index + 1`` on that device run as one overlapped pair (DualPipe's F&B overlap).
     ``meta`` carries free-form provenance (builder options, memory limit used, ...).
+    ``witness`` (optional, from a builder; never saved to files) is, per device and job, the
+    job's rank in one order of all jobs that respects every dependency and each device's
+    order, e.g. the order in which a list scheduler placed them. It proves the schedule cannot
+    deadlock; the validator checks it with a few vectorised comparisons instead of
+    re-simulating. A wrong witness is never trusted: it only sends validation down the slow path.
     """
 
     name: str
@@ -125,6 +130,7 @@ class Schedule:
     devices: tuple[tuple[Job, ...], ...]
     overlapped: frozenset[tuple[int, int]] = frozenset()
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    witness: tuple | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", Placement(self.placement))
@@ -153,12 +159,12 @@ class Schedule:
 
     def with_name(self, name: str) -> "Schedule":
         return Schedule(name, self.pp, self.vpp, self.microbatches, self.placement, self.devices,
-                        self.overlapped, dict(self.meta))
+                        self.overlapped, dict(self.meta), self.witness)
 
     # ------------------------------------------------------------------ text forms
     def to_text(self) -> str:
         """One line per device: ``d0: F0.0 F1.0 B0.0 ...``."""
-        return "\n".join(f"d{d}: " + " ".join(map(str, seq)) for d, seq in enumerate(self.devices))
+        return "\n".join(f"d{d}: " + " ".join(_job_strs(seq)) for d, seq in enumerate(self.devices))
 
     def to_dict(self) -> dict:
         return {
@@ -168,13 +174,23 @@ class Schedule:
             "vpp": self.vpp,
             "microbatches": self.microbatches,
             "placement": self.placement.value,
-            "devices": [[str(j) for j in seq] for seq in self.devices],
+            "devices": [_job_strs(seq) for seq in self.devices],
             "overlapped": sorted([list(p) for p in self.overlapped]),
             "meta": self.meta,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """JSON text; with ``indent`` each device's job list is one line (and written by json's C encoder)."""
+        d = self.to_dict()
+        if indent is None:
+            return json.dumps(d)
+        devices = d.pop("devices")
+        overlapped = d.pop("overlapped")
+        head = json.dumps(d, indent=indent)
+        pad = " " * indent
+        rows = ",\n".join(pad * 2 + json.dumps(seq) for seq in devices)
+        return (f'{head[:-2]},\n{pad}"overlapped": {json.dumps(overlapped)},\n'
+                f'{pad}"devices": [\n{rows}\n{pad}]\n}}')
 
     @classmethod
     def from_dict(cls, data: dict) -> "Schedule":
@@ -216,8 +232,9 @@ class Schedule:
         )
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["device", "step", "job", "overlap"])
-        for d, i, job in self.jobs():
-            w.writerow([d, i, str(job), 1 if (d, i) in self.overlapped else 0])
+        ov = self.overlapped
+        for d, seq in enumerate(self.devices):
+            w.writerows([(d, i, job, 1 if (d, i) in ov else 0) for i, job in enumerate(_job_strs(seq))])
         return buf.getvalue()
 
     @classmethod
@@ -310,6 +327,11 @@ class Schedule:
         return cls.from_json(text) if text.lstrip().startswith("{") else cls.from_csv(text)
 
 
+def _job_strs(seq: Iterable[Job]) -> list[str]:
+    """``str(job)`` for each job (the hot path of writing 200k-job schedules)."""
+    return [f"{k._value_}{mb}.{c}" for k, mb, c in seq]
+
+
 def _infer_shape(devices: Sequence[Sequence[Job]], pp: int) -> tuple[int, int, str]:
     """Infer (vpp, microbatches, placement) from jobs when a file does not say."""
     jobs = [j for seq in devices for j in seq]
@@ -327,6 +349,8 @@ def _infer_shape(devices: Sequence[Sequence[Job]], pp: int) -> tuple[int, int, s
 
 
 def make_schedule(name: str, pp: int, vpp: int, microbatches: int, placement: Placement | str,
-                  devices: Iterable[Iterable[Job]], **meta) -> Schedule:
-    """Convenience constructor used by builders."""
-    return Schedule(name, pp, vpp, microbatches, Placement(placement), tuple(tuple(d) for d in devices), meta=meta)
+                  devices: Iterable[Iterable[Job]], *, witness: Sequence[Sequence[int]] | None = None,
+                  **meta) -> Schedule:
+    """Convenience constructor used by builders (``witness``: see :class:`Schedule`)."""
+    return Schedule(name, pp, vpp, microbatches, Placement(placement), tuple(tuple(d) for d in devices), meta=meta,
+                    witness=None if witness is None else tuple(witness))

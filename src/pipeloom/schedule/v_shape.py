@@ -71,7 +71,7 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     meta = {"builder": name, "mem_limit": limit, "policy": _policy_dict(pol), "local_search": best.improved}
     if target:
         meta["target"] = target
-    return make_schedule(name, pp, vpp, m, placement, best.to_jobs(), **meta)
+    return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
 
 
 def _int_option(spec: PlanSpec, key: str, default: int) -> int:

@@ -5,6 +5,14 @@ each (kind, microbatch, chunk) exactly once with either B+W or BW per (microbatc
 same-device order (F of chunk k before F of chunk k+1, B after its F and after the next chunk's
 B, W after its B); no deadlock when devices run their lists in order with blocking
 dependencies; peak memory never above the limit.
+
+A schedule that carries a builder's ``witness`` (see :class:`~pipeloom.schedule.ir.Schedule`)
+and has many jobs is first checked by :func:`_proven_valid`: the same rules checked in one
+pass of compiled code (``_accel.c``), with the witness ranks as the proof that no deadlock
+exists (every dependency and every device's order goes from a lower to a higher
+rank, so the devices can always run their lists to the end). Only when that check passes is
+the schedule reported valid without the job-by-job checks below; any failure, or no witness,
+runs them and they produce the messages.
 """
 from __future__ import annotations
 
@@ -13,6 +21,8 @@ from ..sim.simulate import DeadlockError, memory_profile, simulate
 from .ir import Kind, Schedule, device_of
 
 _EPS = 1e-9
+#: schedules with fewer jobs are always checked job by job (fast enough; keeps messages one code path)
+FAST_MIN_JOBS = 5_000
 
 
 class ValidationError(ValueError):
@@ -33,6 +43,9 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
         return [f"bad shape pp={pp} vpp={vpp} microbatches={m}: each must be >= 1"]
     if len(schedule.devices) != pp:
         return [f"schedule has {len(schedule.devices)} device lists but pp={pp}"]
+    if schedule.witness is not None and schedule.num_jobs >= FAST_MIN_JOBS and _proven_valid(
+            schedule, mem or MemModel(), mem_limit):
+        return []
     home = [device_of(c, pp, schedule.placement) for c in range(nc)]
     mnc = m * nc
     kidx = {Kind.F: 0, Kind.B: 1, Kind.W: 2, Kind.BW: 3}
@@ -109,6 +122,24 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
             if p > mem_limit + _EPS:
                 out.append(f"device {d}: peak memory {p:g} units exceeds the limit {mem_limit:g}")
     return out[:max_messages]
+
+
+def _proven_valid(schedule: Schedule, mem: MemModel, mem_limit: float | None) -> bool:
+    """All of :func:`validate`'s rules in one C pass, with ``schedule.witness`` as the deadlock proof.
+
+    True only if every rule holds (see ``proven_valid`` in ``_accel.c``); False, or no C
+    extension, sends the caller down the job-by-job checks.
+    """
+    from ._greedy import _accel, accelerated
+
+    if not accelerated() or schedule.overlapped:
+        return False
+    pp, vpp, m = schedule.pp, schedule.vpp, schedule.microbatches
+    nc = pp * vpp
+    a, b = mem.per_chunk(nc, vpp)
+    home = [device_of(c, pp, schedule.placement) for c in range(nc)]
+    return _accel.proven_valid(schedule.devices, schedule.witness, (pp, vpp, m), home,
+                               (Kind.F, Kind.B, Kind.W, Kind.BW), a, b, mem_limit)
 
 
 def _key_str(key: int, m: int, nc: int) -> str:

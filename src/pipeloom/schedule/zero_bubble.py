@@ -65,8 +65,9 @@ def plan_h(name: str, spec: PlanSpec, default_p: float):
             seqs, how = fb, "1f1b-split"
     if seqs is None:
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit:g} units")
-    jobs = [list(seq) for seq in seqs]
-    return make_schedule(name, pp, 1, m, Placement.INTERLEAVED, jobs, builder=name, mem_limit=limit, source=how)
+    witness = best.order if how == "greedy" else None
+    return make_schedule(name, pp, 1, m, Placement.INTERLEAVED, seqs, witness=witness, builder=name,
+                         mem_limit=limit, source=how)
 
 
 @register("zbh1", description="ZB-H1: B/W split at 1F1B memory (default limit 1p), about 1/3 of 1F1B's bubble",
