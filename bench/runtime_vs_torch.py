@@ -5,12 +5,15 @@ ranks: every pair is measured in ONE process group, alternating a pipeloom step 
 so machine noise hits both alike. Reported: median step time of each (slowest rank, barrier to
 barrier) and their ratio.
 
-Bubble check: from pipeloom's own job log (start/end of every job), the measured bubble of a
-step is ``1 - sum(busy) / (pp * makespan)``; the simulated bubble is what
+Bubble check: from pipeloom's own job log, where every job has its share of its rank's time
+``[ready, done]`` (input in hand .. outputs handed to the transport; gaps between them are waits
+for a peer, see docs/bench/runtime.md), the measured bubble of a step is
+``1 - sum(done - ready) / (pp * (last done - first ready))``; the simulated bubble is what
 :func:`pipeloom.sim.simulate.simulate` predicts for the same schedule with per-chunk F, B, W
-costs set to the measured means (BW split half/half into B and W), once with comm = 0 and once
-with comm = the fitted edge latency (median of consumer start - producer end over the cross-device
-edges where the consumer really waited).
+costs set to the measured means of ``done - ready`` (BW split half/half into B and W), once with
+comm = 0 and once with comm = the fitted edge latency (median of consumer ready - producer done
+over the cross-device edges where the consumer really waited). The compute-only bubble (jobs
+as ``[start, end]``) is printed too.
 
     python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--json]
 """
@@ -99,18 +102,26 @@ def _worker(opts: dict) -> list[dict] | None:
         log.close(warm + steps - 1)
         dist.barrier()
         if rank == 0:
-            meas, sim0, sim, comm = _bubbles(log_dir, pp, sched, warm, steps)
+            meas, sim0, sim, comm, meas_c = _bubbles(log_dir, pp, sched, warm, steps)
             rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
                          "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
                          "ratio": statistics.median(tp) / statistics.median(tt),
-                         "bubble_measured": meas, "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
+                         "bubble_measured": meas, "bubble_measured_compute_only": meas_c,
+                         "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
                          "comm_fitted_s": comm})
         del ex, tsched, stages
     return rows if rank == 0 else None
 
 
-def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float, float]:
-    """Median measured bubble over the logged steps and the simulated bubble with measured costs."""
+def _span(j: dict) -> tuple[float, float]:
+    """A job's share of its rank's time: [ready, done] (input in hand .. outputs handed over),
+    falling back to the compute-only [start, end] for logs without them (GPU timers)."""
+    return j.get("ready", j["start"]), j.get("done", j["end"])
+
+
+def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float, float, float, float, float]:
+    """Median measured bubble over the logged steps (jobs as [ready, done], and compute-only for
+    reference) and the simulated bubble with the measured per-chunk costs (comm 0 and fitted)."""
     from pipeloom.sim.costs import Costs
     from pipeloom.sim.simulate import simulate
 
@@ -120,14 +131,17 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
             jobs += [j for j in map(json.loads, f) if j["event"] == "job"]
     nc = sched.num_chunks
     dur: dict[tuple[str, int], list[float]] = {}
-    per_step = []
+    per_step, per_step_compute = [], []
     for s in range(warm, warm + steps):
         js = [j for j in jobs if j["step"] == s]
-        span = max(j["end"] for j in js) - min(j["start"] for j in js)
-        busy = sum(j["end"] - j["start"] for j in js)
+        span = max(_span(j)[1] for j in js) - min(_span(j)[0] for j in js)
+        busy = sum(_span(j)[1] - _span(j)[0] for j in js)
         per_step.append(1 - busy / (pp * span))
+        span_c = max(j["end"] for j in js) - min(j["start"] for j in js)
+        per_step_compute.append(1 - sum(j["end"] - j["start"] for j in js) / (pp * span_c))
         for j in js:
-            dur.setdefault((j["kind"], j["chunk"]), []).append(j["end"] - j["start"])
+            a, b = _span(j)
+            dur.setdefault((j["kind"], j["chunk"]), []).append(b - a)
     mean = {k: statistics.fmean(v) for k, v in dur.items()}
     F = tuple(mean[("F", k)] for k in range(nc))
     B = tuple(mean.get(("B", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
@@ -135,12 +149,13 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
     res0 = simulate(sched, Costs(F=F, B=B, W=W))
     comm = _fit_comm(jobs, sched, warm, steps)
     res = simulate(sched, Costs(F=F, B=B, W=W, comm=comm))
-    return statistics.median(per_step), res0.bubble, res.bubble, comm
+    return statistics.median(per_step), res0.bubble, res.bubble, comm, statistics.median(per_step_compute)
 
 
 def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:
-    """Median latency of cross-device edges where the consumer really waited for its producer:
-    consumer.start - producer.end, over edges with producer.end > the consumer device's previous end."""
+    """Median latency of the cross-device edges where the consumer really waited for its producer:
+    consumer ready - producer done, over the jobs whose ready came after their rank's previous done
+    (the only blocking call between two jobs is the wait for the job's own network input)."""
     from pipeloom.runtime.commplan import needed
     from pipeloom.schedule.ir import Job, Kind
 
@@ -150,16 +165,16 @@ def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:
         by = {(j["kind"], j["mb"], j["chunk"]): j for j in js}
         for d in range(sched.pp):
             prev = None
-            for j in sorted((j for j in js if j["device"] == d), key=lambda j: j["start"]):
+            for j in sorted((j for j in js if j["device"] == d), key=lambda j: _span(j)[0]):
                 job = Job(Kind(j["kind"]), j["mb"], j["chunk"])
                 n = needed(job, sched)
                 if n is not None and n[1] != d:
                     msg = n[0]
                     src = by.get(("F", msg.mb, msg.chunk)) if msg.kind == "act" else (
                         by.get(("B", msg.mb, msg.chunk)) or by.get(("BW", msg.mb, msg.chunk)))
-                    if src is not None and (prev is None or src["end"] > prev):
-                        lat.append(max(0.0, j["start"] - src["end"]))
-                prev = j["end"]
+                    if src is not None and (prev is None or _span(src)[1] > prev):
+                        lat.append(max(0.0, _span(j)[0] - _span(src)[1]))
+                prev = _span(j)[1]
     return statistics.median(lat) if lat else 0.0
 
 
@@ -188,13 +203,15 @@ def main(argv=None) -> int:
     print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
           f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank)")
     print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
-          "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) | |meas - sim| / meas | "
+          "bubble measured (compute only) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        rel = abs(r["bubble_measured"] - r["bubble_simulated"]) / r["bubble_measured"] if r["bubble_measured"] else 0.0
         print(f"| {r['schedule']} (vpp {r['vpp']}) | {r['torch_schedule']} | {r['pipeloom_s']:.4f} | "
               f"{r['torch_s']:.4f} | {r['ratio']:.2f} | {100 * r['bubble_measured']:.1f}% | "
               f"{100 * r['bubble_simulated_comm0']:.1f}% | {1000 * r['comm_fitted_s']:.2f} | "
-              f"{100 * r['bubble_simulated']:.1f}% |")
+              f"{100 * r['bubble_simulated']:.1f}% | {100 * rel:.0f}% | {100 * r['bubble_measured_compute_only']:.1f}% |")
     return 0
 
 

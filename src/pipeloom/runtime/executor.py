@@ -270,17 +270,23 @@ class PipelineExecutor:
         self._losses = torch.zeros(M, dtype=torch.float32, device=self.device)
         self._flat.zero_()
         self.p2p.reset()
-        records: list[tuple[Job, float, float]] = []
+        records: list[tuple[Job, float, float, float, float]] = []
         t0 = time.perf_counter()
         compute = 0.0
+        cpu_log = profiled and not self._timer.cuda  # ready/done are host times: CPU devices only
+        self.p2p.advance()  # post the first receives before the first job
         for job in self.jobs:
             handler = self._handlers.get(job.kind)
             if handler is None:
                 raise ScheduleRuntimeError(f"rank {dist.get_rank()}: no handler for job {job} (kind {job.kind!r}); "
                                            f"known kinds: {', '.join(str(k) for k in self._handlers)}")
-            self._prefetch(job)
             self.current_job = job
-            self._receive(job)  # block for a network input OUTSIDE the timed compute
+            # Job boundaries (docs/bench/runtime.md): the job is READY when its network input is in
+            # hand (the blocking wait for a peer ends here: that wait is bubble, not the job's time);
+            # it is DONE when its outputs are handed to the transport and the receives they unblock
+            # are posted. start/end bracket the compute inside [ready, done].
+            self._receive(job)
+            ready = time.time() if cpu_log else 0.0
             ts = self._timer.start()
             c0 = time.perf_counter()
             if self.delay:  # straggler injection: the job's outputs come late by this much
@@ -288,11 +294,15 @@ class PipelineExecutor:
             handler(job)
             compute += time.perf_counter() - c0
             if profiled:
-                self._timer.stop(ts, lambda s, e, j=job: records.append((j, s, e)))
-            for msg, t in self._outbox:  # post sends after the timed compute: a consumer never starts
-                self.p2p.send(msg, t)    # before its producer's logged end
-            self._outbox.clear()
+                self._timer.stop(ts, lambda s, e, j=job, r=ready: records.append((j, s, e, r)))
+            if self._outbox:
+                for msg, t in self._outbox:
+                    self.p2p.send(msg, t, post=False)
+                self._outbox.clear()
+            self.p2p.advance()  # this job's sends and every receive the link order now allows: one call
             self.p2p.poll_sends()
+            if cpu_log:
+                records[-1] = records[-1] + (time.time(),)
         self.p2p.finish(step)
         self._timer.resolve()
         if self._inp or self._out or self._stash or self._local:
@@ -312,8 +322,9 @@ class PipelineExecutor:
         self._install_grads()
         loss = sum(losses) / M
         if self.log is not None:
-            for j, s, e in records:
-                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e)
+            for j, s, e, *rd in records:
+                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e,
+                             ready=rd[0] if len(rd) == 2 else None, done=rd[1] if len(rd) == 2 else None)
             self.log.end_step(step, loss)
         self.last_stats = StepStats(step, loss, losses, time.perf_counter() - t0, self.p2p.wait_s, compute)
         self.step_count += 1
@@ -398,10 +409,6 @@ class PipelineExecutor:
         n = needed(job, self.sched)
         if n is not None and n[1] != self.me:
             self._local[n[0]] = self.p2p.recv(n[0], str(job))
-
-    def _prefetch(self, job: Job) -> None:
-        """Post any receives the link order now allows before computing (overlap comm with compute)."""
-        self.p2p.advance()
 
     def _give(self, msg: Msg, t: torch.Tensor, job: Job) -> None:
         dst = produced(job, self.sched)[1]

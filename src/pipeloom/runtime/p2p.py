@@ -75,10 +75,12 @@ class P2P:
         self.sends: list[tuple[object, torch.Tensor, Msg, int]] = []
         self.wait_s = 0.0  # time spent blocked in recv this step
 
-    def send(self, msg: Msg, tensor: torch.Tensor) -> None:
-        """Queue ``tensor`` for its peer; it goes out as soon as the link order allows."""
+    def send(self, msg: Msg, tensor: torch.Tensor, *, post: bool = True) -> None:
+        """Queue ``tensor`` for its peer; it goes out as soon as the link order allows (with
+        ``post=False`` at the next :meth:`advance`, so several ops can share one batched call)."""
         self.ready[msg] = tensor
-        self.advance()
+        if post:
+            self.advance()
 
     def _recv_op(self, op: Op, ops: list, meta: list) -> None:
         shape, dtype = self.shape_of(op.msg)
