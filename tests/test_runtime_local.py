@@ -113,6 +113,21 @@ def test_grads_accumulate_over_steps_like_torch():
         torch.testing.assert_close(p.grad, 2 * first[n])
 
 
+def test_grads_handed_out_are_never_overwritten_by_later_steps():
+    """.grad is a view of the step's own buffer (no copy); the next step accumulates into a new one."""
+    sched = random_plan(1, 2, 2, seed=1)
+    ex, _, xs, ys = _run(sched)
+    kept = {n: p.grad for n, p in ex.named_parameters()}
+    snap = {n: g.clone() for n, g in kept.items()}
+    for _, p in ex.named_parameters():
+        p.grad = None  # like optimizer.zero_grad(set_to_none=True)
+    ex.step(xs, ys)
+    for n, p in ex.named_parameters():
+        assert torch.equal(kept[n], snap[n])  # the old grads were not zeroed or added to
+        torch.testing.assert_close(p.grad, snap[n])
+        assert p.grad.data_ptr() != kept[n].data_ptr()
+
+
 def test_nan_loss_is_reported_with_microbatch():
     sched = random_plan(1, 2, 3, seed=2)
     split = even_layer_split(CFG.n_layers, 2)
@@ -142,6 +157,11 @@ def test_job_log_lines(tmp_path):
     jobs = [x for x in lines if x["event"] == "job"]
     assert {x["step"] for x in jobs} == {1}
     assert [f"{x['kind']}{x['mb']}.{x['chunk']}" for x in jobs] == [str(j) for j in sched.devices[0]]
+    # CPU: every job carries ready <= start <= end <= done, and one rank's jobs tile its time
+    for x in jobs:
+        assert x["ready"] <= x["start"] <= x["end"] <= x["done"]
+    for a, b in zip(jobs, jobs[1:]):
+        assert a["done"] <= b["ready"] < a["done"] + 5e-3  # nothing to wait for in a world of one
 
 
 def test_rejects_wrong_modules_and_invalid_schedule():

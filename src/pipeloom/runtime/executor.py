@@ -206,13 +206,8 @@ class PipelineExecutor:
                 for m in self.modules.values():
                     m.to(dtype=param_dtype)
             # nn.Module.to keeps Parameter identity, so self.params stays valid
-        n = sum(p.numel() for p in allp)
-        self._flat = torch.zeros(n, dtype=torch.float32, device=self.device)
-        self._gbuf: dict[nn.Parameter, torch.Tensor] = {}
-        off = 0
-        for p in allp:
-            self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
-            off += p.numel()
+        self._allp = allp
+        self._new_grad_buffer()
         # communication
         plan = build_comm_plan(schedule)
         self.p2p = P2P(plan.ops(pp_rank), self.pp_ranks, pp_rank, device=self.device, timeout_s=timeout_s,
@@ -221,6 +216,13 @@ class PipelineExecutor:
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> output shape/dtype
         self._in_meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> input shape/dtype
         self._timer = _Timer(self.device)
+        # gloo: reduce the losses asynchronously as soon as this rank has computed all of its own
+        # (right after its last loss-producing F; at once on ranks without the last chunk), so the
+        # step's end does not wait for a collective. NCCL: one blocking all-reduce at the end, as
+        # collectives and P2P share communicators there.
+        self._early_loss = dist.get_backend() == "gloo"
+        last = [i for i, j in enumerate(self.jobs) if j.kind is Kind.F and j.chunk == self.nc - 1]
+        self._loss_after = last[-1] if last else -1
         self.step_count = 0
         self.current_job: Job | None = None  # the job being run (for loss hooks and error messages)
         self.last_stats: StepStats | None = None
@@ -268,14 +270,20 @@ class PipelineExecutor:
         self._stash: dict[tuple[int, int], list] = {}
         self._outbox: list[tuple[Msg, torch.Tensor]] = []
         self._losses = torch.zeros(M, dtype=torch.float32, device=self.device)
-        self._flat.zero_()
+        if self._flat_given:
+            self._new_grad_buffer()
+        else:
+            self._flat.zero_()
         self.p2p.reset()
         records: list[tuple[Job, float, float, float, float]] = []
         t0 = time.perf_counter()
         compute = 0.0
         cpu_log = profiled and not self._timer.cuda  # ready/done are host times: CPU devices only
+        self._loss_work = None
+        if self._early_loss and self._loss_after < 0:
+            self._loss_work = dist.all_reduce(self._losses, async_op=True)
         self.p2p.advance()  # post the first receives before the first job
-        for job in self.jobs:
+        for i, job in enumerate(self.jobs):
             handler = self._handlers.get(job.kind)
             if handler is None:
                 raise ScheduleRuntimeError(f"rank {dist.get_rank()}: no handler for job {job} (kind {job.kind!r}); "
@@ -301,6 +309,8 @@ class PipelineExecutor:
                 self._outbox.clear()
             self.p2p.advance()  # this job's sends and every receive the link order now allows: one call
             self.p2p.poll_sends()
+            if i == self._loss_after and self._early_loss:
+                self._loss_work = dist.all_reduce(self._losses, async_op=True)
             if cpu_log:
                 records[-1] = records[-1] + (time.time(),)
         self.p2p.finish(step)
@@ -309,7 +319,10 @@ class PipelineExecutor:
             left = list(self._inp) + list(self._out) + list(self._stash)
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: step {step} left unfinished work for (mb, chunk) {left[:4]}")
         # losses: every rank learns them (sum over the world of the last stages' values / dp)
-        dist.all_reduce(self._losses)
+        if self._loss_work is not None:
+            self.p2p._wait(self._loss_work, f"step {step}: all-reduce of the microbatch losses")
+        else:
+            dist.all_reduce(self._losses)
         losses = (self._losses / self.dp).tolist()
         bad = [m for m, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
         if bad:
@@ -456,14 +469,31 @@ class PipelineExecutor:
                 self.p2p.send_header(dst, y.shape, y.dtype)
 
     # ------------------------------------------------------------------ grads
+    def _new_grad_buffer(self) -> None:
+        """A fresh zeroed flat fp32 buffer and the per-parameter views into it."""
+        self._flat = torch.zeros(sum(p.numel() for p in self._allp), dtype=torch.float32, device=self.device)
+        self._flat_given = False  # True once views of it were installed as .grad (then it is the user's)
+        self._gbuf: dict[nn.Parameter, torch.Tensor] = {}
+        off = 0
+        for p in self._allp:
+            self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
+            off += p.numel()
+
     @torch.no_grad()
     def _install_grads(self) -> None:
+        """Leave the step's gradients in ``.grad``. A parameter without a grad gets a view of the
+        step's fp32 buffer (no copy; the next step then accumulates into a new buffer, so grads
+        handed out are never overwritten); an existing grad is added to."""
         for k in sorted(self.params):
             for p in self.params[k]:
                 target = self.master.get(p, p)
                 g = self._gbuf[p]
                 if target.grad is None:
-                    target.grad = g.to(target.dtype, copy=True)
+                    if target.dtype == g.dtype:
+                        target.grad = g
+                        self._flat_given = True
+                    else:
+                        target.grad = g.to(target.dtype, copy=True)
                 else:
                     target.grad.add_(g.to(target.grad.dtype))
 
