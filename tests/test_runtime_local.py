@@ -88,6 +88,23 @@ def test_w_really_is_deferred():
     assert ex._gbuf[wq].abs().sum() > 0 and (0, 0) not in ex._stash
 
 
+def test_linears_are_patched_only_in_chunks_with_w_jobs():
+    # chunk 0 splits its backward (B + W), chunk 1 runs BW: only chunk 0's linears are deferred
+    F0, F1 = Job(Kind.F, 0, 0), Job(Kind.F, 0, 1)
+    sched = Schedule("t", 1, 2, 1, "interleaved", ((F0, F1, Job(Kind.BW, 0, 1), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0])
+    lin = [[sub for sub in m.modules() if isinstance(sub, nn.Linear)] for m in mods]
+    assert lin[0] and all("forward" in sub.__dict__ for sub in lin[0])
+    assert lin[1] and all("forward" not in sub.__dict__ for sub in lin[1])
+    xs, ys = _data(1)
+    loss = ex.step(xs, ys)
+    ref_loss, ref = _ref(0, xs, ys)
+    assert abs(loss - ref_loss) < 1e-5
+    for n, p in ex.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-5)
+
+
 def test_bf16_params_get_fp32_master_grads():
     sched = random_plan(1, 2, 3, seed=4, split=0.5)
     ex, loss, xs, ys = _run(sched, param_dtype=torch.bfloat16)

@@ -185,10 +185,13 @@ class PipelineExecutor:
         self._handlers: dict[Kind, Callable[[Job], None]] = {
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
         }
-        # deferred linears: patch the instance forward of every nn.Linear in this rank's chunks
+        # deferred linears: patch the instance forward of every nn.Linear in this rank's chunks,
+        # only where some job of this rank is a W (otherwise the modules keep their own forward)
         self._deferral = _Deferral()
         fwd = _patched_linear_forward(self._deferral)
-        for m in self.modules.values():
+        for k, m in self.modules.items():
+            if not any(c == k for _, c in split):
+                continue
             for sub in m.modules():
                 if isinstance(sub, nn.Linear):
                     sub.forward = fwd.__get__(sub, nn.Linear)
