@@ -50,23 +50,11 @@ class ScheduleRuntimeError(RuntimeError):
 
 
 # ------------------------------------------------------------------------ deferred weight grads
-class _DeferredLinear(torch.autograd.Function):
-    """y = x W^T + b whose backward returns only dx and stashes (x, dy) for a later W job."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, mod, stash):  # noqa: D401
-        ctx.save_for_backward(x, weight)
-        ctx.mod, ctx.stash = mod, stash
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        ctx.stash.append((ctx.mod, x, dy))
-        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None
-        return dx, None, None, None, None
-
-
+# A split forward runs every deferrable nn.Linear as usual (F.linear, autograd's own backward node)
+# but stashes an entry [module, x, dy]: x now, dy by a tensor hook on the output when B's backward
+# reaches it. B asks autograd only for the chunk input and the OTHER parameters, so the engine
+# prunes the weight-gradient products of the linears (no dW = dy^T x in B); W later adds them
+# from the stash. No Python autograd.Function per linear: F costs what an ordinary forward costs.
 class _Deferral:
     """Holds the stash that patched nn.Linear modules write into during a split forward."""
 
@@ -75,10 +63,23 @@ class _Deferral:
 
 def _patched_linear_forward(deferral: _Deferral):
     def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if deferral.stash is None or not torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        return _DeferredLinear.apply(x, self.weight, self.bias, self, deferral.stash)
+        y = F.linear(x, self.weight, self.bias)
+        stash = deferral.stash
+        if stash is not None and y.requires_grad:
+            entry = [self, x, None]
+            stash.append(entry)
+            y.register_hook(lambda g, e=entry: e.__setitem__(2, g))
+        return y
     return forward
+
+
+def _deferrable_linears(module: nn.Module) -> list[nn.Linear]:
+    """The nn.Linear sub-modules whose parameters no other (non-Linear) sub-module also owns (a
+    weight tied to an embedding must get its whole gradient in B, so its linear is not deferred)."""
+    other = {id(p) for sub in module.modules() if not isinstance(sub, nn.Linear)
+             for p in sub.parameters(recurse=False)}
+    return [sub for sub in module.modules() if isinstance(sub, nn.Linear)
+            and not any(id(p) in other for p in sub.parameters(recurse=False))]
 
 
 # ------------------------------------------------------------------------ timers
@@ -189,15 +190,19 @@ class PipelineExecutor:
         # only where some job of this rank is a W (otherwise the modules keep their own forward)
         self._deferral = _Deferral()
         fwd = _patched_linear_forward(self._deferral)
+        deferred: dict[int, set[int]] = {}  # chunk -> ids of the parameters whose grads W computes
         for k, m in self.modules.items():
             if not any(c == k for _, c in split):
                 continue
-            for sub in m.modules():
-                if isinstance(sub, nn.Linear):
-                    sub.forward = fwd.__get__(sub, nn.Linear)
+            for sub in _deferrable_linears(m):
+                sub.forward = fwd.__get__(sub, nn.Linear)
+                deferred.setdefault(k, set()).update(id(p) for p in sub.parameters(recurse=False))
         # parameters, master copies, flat fp32 grad buffer
         self.params: dict[int, list[nn.Parameter]] = {k: [p for p in m.parameters() if p.requires_grad]
                                                       for k, m in self.modules.items()}
+        # B of a split pair differentiates only w.r.t. the parameters that are not deferred to W
+        self._b_params: dict[int, list[nn.Parameter]] = {
+            k: [p for p in ps if id(p) not in deferred.get(k, ())] for k, ps in self.params.items()}
         allp = [p for k in mine for p in self.params[k]]
         self.param_dtype = param_dtype
         self.master: dict[nn.Parameter, torch.Tensor] = {}
@@ -389,9 +394,17 @@ class PipelineExecutor:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} runs before F{m}.{k}") from None
         dy = None if k == self.nc - 1 else self._take(Msg("grad", m, k + 1), job)
         want_dx = k > 0 and x.requires_grad
-        params = self.params[k]
+        split = job.kind is Kind.B
+        params = self._b_params[k] if split else self.params[k]
         wrt = ([x] if want_dx else []) + params
-        if wrt and y.requires_grad:
+        if split and not wrt and y.requires_grad:
+            # nothing but deferred weights to differentiate: still run the backward so that the
+            # stash hooks see every dy (the weight grads it computes here are dropped; W adds them)
+            deferred = [p for p in self.params[k] if p.requires_grad]
+            if deferred:
+                torch.autograd.grad(y, deferred, grad_outputs=dy, allow_unused=True)
+            grads = []
+        elif wrt and y.requires_grad:
             grads = torch.autograd.grad(y, wrt, grad_outputs=dy, allow_unused=True)
         else:
             grads = [None] * len(wrt)
@@ -412,6 +425,8 @@ class PipelineExecutor:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} has nothing to do: F{m}.{k} ran "
                                        "without deferral or B has not run")
         for mod, x, dy in stash:
+            if dy is None:  # this linear's output did not reach the loss
+                continue
             dy2 = dy.reshape(-1, dy.shape[-1]).float()
             x2 = x.reshape(-1, x.shape[-1]).float()
             if mod.weight.requires_grad:
