@@ -59,18 +59,24 @@ def _worker(opts: dict) -> list[dict] | None:
         mine = sched.chunks_of(rank)
         x, y = synthetic_batch(cfg, m * opts["mbs"], opts["seq"], seed=1)
         xs, ys = list(x.chunk(m)), list(y.chunk(m))
-        # pipeloom
-        log_dir = os.path.join(opts["log_root"], pname)
-        log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
-                     schedule=sched.to_dict(), costs=None, profile_steps=(warm, warm + steps))
-        ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
-                              pp_rank=rank, pp_ranks=list(range(pp)), log=log)
         # torch.distributed.pipelining on the same chunks (stage index = global chunk id)
         tmods = build_chunk_modules(cfg, split, 0, chunks=mine)
         stages = [tpp.PipelineStage(mod, k, nc, torch.device("cpu")) for k, mod in zip(mine, tmods)]
         cls = getattr(tpp, tname)
         tsched = cls(stages[0] if vpp == 1 else stages, n_microbatches=m, loss_fn=loss_fn)
         has_first, has_last = 0 in mine, nc - 1 in mine
+        order = "pipeloom builder"
+        if vpp > 1 and not opts["builder_orders"]:
+            # multi-stage torch schedules execute their own pipeline_order, which need not equal
+            # pipeloom's builder of the same name (ZBV does not): run exactly torch's order here
+            sched = _torch_order(tsched.pipeline_order, sched, tname)
+            order = "torch's pipeline_order"
+        # pipeloom
+        log_dir = os.path.join(opts["log_root"], pname)
+        log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
+                     schedule=sched.to_dict(), costs=None, profile_steps=(warm, warm + steps))
+        ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
+                              pp_rank=rank, pp_ranks=list(range(pp)), log=log)
 
         def torch_step():
             losses = []
@@ -104,6 +110,7 @@ def _worker(opts: dict) -> list[dict] | None:
         if rank == 0:
             meas, sim0, sim, comm, meas_c = _bubbles(log_dir, pp, sched, warm, steps)
             rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
+                         "order": order,
                          "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
                          "ratio": statistics.median(tp) / statistics.median(tt),
                          "bubble_measured": meas, "bubble_measured_compute_only": meas_c,
@@ -111,6 +118,30 @@ def _worker(opts: dict) -> list[dict] | None:
                          "comm_fitted_s": comm})
         del ex, tsched, stages
     return rows if rank == 0 else None
+
+
+def _torch_order(pipeline_order: dict, like, tname: str):
+    """torch's per-rank action lists as a pipeloom Schedule (same placement as ``like``):
+    F -> F, I (input grad) -> B, W -> W, B (full backward) -> BW; stage index = global chunk."""
+    from pipeloom.schedule.ir import Schedule
+    from pipeloom.schedule.validate import validate
+
+    kinds = {"F": "F", "I": "B", "W": "W", "B": "BW"}
+    devices = []
+    for r in range(like.pp):
+        seq = []
+        for a in pipeline_order[r]:
+            if a is None or a.computation_type.value not in kinds:
+                continue
+            seq.append(f"{kinds[a.computation_type.value]}{a.microbatch_index}.{a.stage_index}")
+        devices.append(seq)
+    sched = Schedule.from_dict({"name": f"torch-{tname}", "pp": like.pp, "vpp": like.vpp,
+                                "microbatches": like.microbatches, "placement": like.placement.value,
+                                "devices": devices})
+    bad = validate(sched)
+    if bad:
+        raise ValueError(f"torch's {tname} order is not a valid pipeloom schedule: {bad[0]}")
+    return sched
 
 
 def _span(j: dict) -> tuple[float, float]:
@@ -189,6 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--mbs", type=int, default=4, help="sequences per microbatch")
     ap.add_argument("--only", nargs="*", default=None, help="pipeloom schedule names to run (default: all)")
+    ap.add_argument("--builder-orders", action="store_true",
+                    help="run pipeloom's own builders (interleaved, zbv) instead of torch's exact order")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     from pipeloom.runtime.launch import spawn
@@ -201,7 +234,8 @@ def main(argv=None) -> int:
                           for r in rows], indent=1))
         return 0
     print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
-          f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank)")
+          f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank); pipeloom runs "
+          + ("its own builders' orders" if a.builder_orders else "torch's exact order (vpp > 1: its pipeline_order)"))
     print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
           "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) | |meas - sim| / meas | "
           "bubble measured (compute only) |")
