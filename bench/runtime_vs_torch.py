@@ -3,7 +3,10 @@
 Same model (the llama example decoder, same weights), same schedule, same microbatches, same
 ranks: every pair is measured in ONE process group, alternating a pipeloom step and a torch step
 so machine noise hits both alike. Reported: median step time of each (slowest rank, barrier to
-barrier) and their ratio.
+barrier) and their ratio. The timed steps run with pipeloom's job log off (torch has none); the
+bubble columns come from ``--log-steps`` further steps, same alternation, with the log on. For the
+multi-stage pairs pipeloom executes torch's own ``pipeline_order`` (``--builder-orders``: pipeloom's
+builders of the same name instead, whose orders can differ, e.g. zbv), so both run one schedule.
 
 Bubble check: from pipeloom's own job log, where every job has its share of its rank's time
 ``[ready, done]`` (input in hand .. outputs handed to the transport; gaps between them are waits
@@ -15,7 +18,8 @@ comm = 0 and once with comm = the fitted edge latency (median of consumer ready 
 over the cross-device edges where the consumer really waited). The compute-only bubble (jobs
 as ``[start, end]``) is printed too.
 
-    python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--json]
+    python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--log-steps 10]
+                                     [--builder-orders] [--only NAME ...] [--json]
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ def _worker(opts: dict) -> list[dict] | None:
     from pipeloom.runtime.joblog import JobLog
 
     rank, pp = dist.get_rank(), dist.get_world_size()
-    m, steps, warm = opts["microbatches"], opts["steps"], 2
+    m, steps, warm, logged = opts["microbatches"], opts["steps"], 2, opts["log_steps"]
     rows = []
     for tname, pname, vpp in PAIRS:
         if opts["only"] and pname not in opts["only"]:
@@ -74,7 +78,8 @@ def _worker(opts: dict) -> list[dict] | None:
         # pipeloom
         log_dir = os.path.join(opts["log_root"], pname)
         log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
-                     schedule=sched.to_dict(), costs=None, profile_steps=(warm, warm + steps))
+                     schedule=sched.to_dict(), costs=None,
+                     profile_steps=(warm + steps, warm + steps + logged))
         ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
                               pp_rank=rank, pp_ranks=list(range(pp)), log=log)
 
@@ -97,18 +102,20 @@ def _worker(opts: dict) -> list[dict] | None:
                 mod.zero_grad(set_to_none=True)
 
         tp, tt = [], []
-        for i in range(warm + steps):
+        # timed steps with the job log off (torch runs without one); then `logged` more steps, same
+        # alternation, with pipeloom's job log on, for the bubble columns
+        for i in range(warm + steps + logged):
             for fn, acc in ((pl_step, tp), (torch_step, tt)):
                 dist.barrier()
                 t0 = time.perf_counter()
                 fn()
                 dist.barrier()
-                if i >= warm:
+                if warm <= i < warm + steps:
                     acc.append(time.perf_counter() - t0)
-        log.close(warm + steps - 1)
+        log.close(warm + steps + logged - 1)
         dist.barrier()
         if rank == 0:
-            meas, sim0, sim, comm, meas_c = _bubbles(log_dir, pp, sched, warm, steps)
+            meas, sim0, sim, comm, meas_c = _bubbles(log_dir, pp, sched, warm + steps, logged)
             rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
                          "order": order,
                          "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
@@ -213,7 +220,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=6, help="measured steps per schedule (after 2 warm-up)")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per schedule (after 2 warm-up)")
+    ap.add_argument("--log-steps", type=int, default=10,
+                    help="further steps with pipeloom's job log on, for the bubble columns (not timed)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=8)
@@ -234,7 +243,7 @@ def main(argv=None) -> int:
                           for r in rows], indent=1))
         return 0
     print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
-          f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank); pipeloom runs "
+          f"mbs={a.mbs} steps={a.steps} log-steps={a.log_steps} (CPU, gloo, 1 thread per rank); pipeloom runs "
           + ("its own builders' orders" if a.builder_orders else "torch's exact order (vpp > 1: its pipeline_order)"))
     print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
           "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) | |meas - sim| / meas | "
