@@ -194,6 +194,31 @@ def test_rejects_wrong_modules_and_invalid_schedule():
         ex.step(*_data(3))
 
 
+def test_split_backward_of_a_chunk_made_only_of_linears():
+    """Chunk 0 holds nothing but linears (no input grad, no other parameter): B still runs the
+    backward so that W gets every dy. One Linear is used in both chunks: its grad is the sum of
+    both uses, left once in .grad (not once per chunk)."""
+    torch.manual_seed(0)
+    a, shared, c, d = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+    mods = {0: nn.Sequential(a, shared), 1: nn.Sequential(c, shared, d)}
+    full = nn.Sequential(a, shared, c, shared, d)
+    mse = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+    xs = [torch.randn(5, 6) for _ in range(3)]
+    ys = [torch.randn(5, 3) for _ in range(3)]
+    ref_loss, ref = reference_step(full, mse, xs, ys)
+    for split in (1.0, 0.5, 0.0):
+        full.zero_grad(set_to_none=True)
+        for m in mods.values():  # un-patch: the next executor decides afresh
+            for sub in m.modules():
+                sub.__dict__.pop("forward", None)
+        ex = PipelineExecutor(random_plan(1, 2, 3, seed=1, split=split), mods, mse, pp_rank=0, pp_ranks=[0])
+        assert len(ex.parameters()) == len(list(full.parameters()))  # the shared one once
+        loss = ex.step(xs, ys)
+        assert abs(loss - ref_loss) < 1e-6
+        for name, p in full.named_parameters():
+            torch.testing.assert_close(p.grad, ref[name], atol=1e-6, rtol=1e-5)
+
+
 def test_chunk_modules_from_layers():
     layers = [nn.Linear(4, 4) for _ in range(5)]
     pre, post = nn.Linear(3, 4), nn.Linear(4, 2)

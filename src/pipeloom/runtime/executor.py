@@ -203,7 +203,7 @@ class PipelineExecutor:
         # B of a split pair differentiates only w.r.t. the parameters that are not deferred to W
         self._b_params: dict[int, list[nn.Parameter]] = {
             k: [p for p in ps if id(p) not in deferred.get(k, ())] for k, ps in self.params.items()}
-        allp = [p for k in mine for p in self.params[k]]
+        allp = list(dict.fromkeys(p for k in mine for p in self.params[k]))  # once each, even if shared
         self.param_dtype = param_dtype
         self.master: dict[nn.Parameter, torch.Tensor] = {}
         if param_dtype is not None:
@@ -238,7 +238,7 @@ class PipelineExecutor:
     # ------------------------------------------------------------------ public
     def parameters(self) -> list[nn.Parameter]:
         """What to give the optimizer: the module parameters (fp32) or their fp32 master copies."""
-        ps = [p for k in sorted(self.params) for p in self.params[k]]
+        ps = list(dict.fromkeys(p for k in sorted(self.params) for p in self.params[k]))
         return [self.master[p] for p in ps] if self.master else ps
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -502,18 +502,17 @@ class PipelineExecutor:
         """Leave the step's gradients in ``.grad``. A parameter without a grad gets a view of the
         step's fp32 buffer (no copy; the next step then accumulates into a new buffer, so grads
         handed out are never overwritten); an existing grad is added to."""
-        for k in sorted(self.params):
-            for p in self.params[k]:
-                target = self.master.get(p, p)
-                g = self._gbuf[p]
-                if target.grad is None:
-                    if target.dtype == g.dtype:
-                        target.grad = g
-                        self._flat_given = True
-                    else:
-                        target.grad = g.to(target.dtype, copy=True)
+        for p in self._allp:  # a parameter two chunks share has ONE accumulated grad
+            target = self.master.get(p, p)
+            g = self._gbuf[p]
+            if target.grad is None:
+                if target.dtype == g.dtype:
+                    target.grad = g
+                    self._flat_given = True
                 else:
-                    target.grad.add_(g.to(target.grad.dtype))
+                    target.grad = g.to(target.dtype, copy=True)
+            else:
+                target.grad.add_(g.to(target.grad.dtype))
 
     @staticmethod
     def _split_mb(x, M: int, what: str) -> list[torch.Tensor]:
