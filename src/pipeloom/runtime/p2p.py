@@ -157,8 +157,13 @@ class P2P:
         return buf
 
     def poll_sends(self) -> None:
-        """Drop finished sends so their buffers can be freed."""
-        self.sends = [s for s in self.sends if not s[0].is_completed()]
+        """Drop finished sends, oldest first, so their buffers can be freed. Stops at the first
+        unfinished one (O(1) per call: gloo reports a P2P send complete only once waited on)."""
+        i = 0
+        while i < len(self.sends) and self.sends[i][0].is_completed():
+            i += 1
+        if i:
+            del self.sends[:i]
 
     def finish(self, step: int) -> None:
         """Wait for every outstanding send of this step (with the timeout)."""
