@@ -3,16 +3,23 @@
 Same model (the llama example decoder, same weights), same schedule, same microbatches, same
 ranks: every pair is measured in ONE process group, alternating a pipeloom step and a torch step
 so machine noise hits both alike. Reported: median step time of each (slowest rank, barrier to
-barrier) and their ratio.
+barrier) and their ratio. The timed steps run with pipeloom's job log off (torch has none); the
+bubble columns come from ``--log-steps`` further steps, same alternation, with the log on. For the
+multi-stage pairs pipeloom executes torch's own ``pipeline_order`` (``--builder-orders``: pipeloom's
+builders of the same name instead, whose orders can differ, e.g. zbv), so both run one schedule.
 
-Bubble check: from pipeloom's own job log (start/end of every job), the measured bubble of a
-step is ``1 - sum(busy) / (pp * makespan)``; the simulated bubble is what
+Bubble check: from pipeloom's own job log, where every job has its share of its rank's time
+``[ready, done]`` (input in hand .. outputs handed to the transport; gaps between them are waits
+for a peer, see docs/bench/runtime.md), the measured bubble of a step is
+``1 - sum(done - ready) / (pp * (last done - first ready))``; the simulated bubble is what
 :func:`pipeloom.sim.simulate.simulate` predicts for the same schedule with per-chunk F, B, W
-costs set to the measured means (BW split half/half into B and W), once with comm = 0 and once
-with comm = the fitted edge latency (median of consumer start - producer end over the cross-device
-edges where the consumer really waited).
+costs set to the measured means of ``done - ready`` (BW split half/half into B and W), once with
+comm = 0 and once with comm = the fitted edge latency (mean of consumer ready - producer done
+over the cross-device edges where the consumer really waited). The compute-only bubble (jobs
+as ``[start, end]``) is printed too.
 
-    python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--json]
+    python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--log-steps 10]
+                                     [--builder-orders] [--only NAME ...] [--json]
 """
 from __future__ import annotations
 
@@ -43,7 +50,7 @@ def _worker(opts: dict) -> list[dict] | None:
     from pipeloom.runtime.joblog import JobLog
 
     rank, pp = dist.get_rank(), dist.get_world_size()
-    m, steps, warm = opts["microbatches"], opts["steps"], 2
+    m, steps, warm, logged = opts["microbatches"], opts["steps"], 2, opts["log_steps"]
     rows = []
     for tname, pname, vpp in PAIRS:
         if opts["only"] and pname not in opts["only"]:
@@ -56,18 +63,25 @@ def _worker(opts: dict) -> list[dict] | None:
         mine = sched.chunks_of(rank)
         x, y = synthetic_batch(cfg, m * opts["mbs"], opts["seq"], seed=1)
         xs, ys = list(x.chunk(m)), list(y.chunk(m))
-        # pipeloom
-        log_dir = os.path.join(opts["log_root"], pname)
-        log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
-                     schedule=sched.to_dict(), costs=None, profile_steps=(warm, warm + steps))
-        ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
-                              pp_rank=rank, pp_ranks=list(range(pp)), log=log)
         # torch.distributed.pipelining on the same chunks (stage index = global chunk id)
         tmods = build_chunk_modules(cfg, split, 0, chunks=mine)
         stages = [tpp.PipelineStage(mod, k, nc, torch.device("cpu")) for k, mod in zip(mine, tmods)]
         cls = getattr(tpp, tname)
         tsched = cls(stages[0] if vpp == 1 else stages, n_microbatches=m, loss_fn=loss_fn)
         has_first, has_last = 0 in mine, nc - 1 in mine
+        order = "pipeloom builder"
+        if vpp > 1 and not opts["builder_orders"]:
+            # multi-stage torch schedules execute their own pipeline_order, which need not equal
+            # pipeloom's builder of the same name (ZBV does not): run exactly torch's order here
+            sched = _torch_order(tsched.pipeline_order, sched, tname)
+            order = "torch's pipeline_order"
+        # pipeloom
+        log_dir = os.path.join(opts["log_root"], pname)
+        log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
+                     schedule=sched.to_dict(), costs=None,
+                     profile_steps=(warm + steps, warm + steps + logged))
+        ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
+                              pp_rank=rank, pp_ranks=list(range(pp)), log=log)
 
         def torch_step():
             losses = []
@@ -88,29 +102,64 @@ def _worker(opts: dict) -> list[dict] | None:
                 mod.zero_grad(set_to_none=True)
 
         tp, tt = [], []
-        for i in range(warm + steps):
+        # timed steps with the job log off (torch runs without one); then `logged` more steps, same
+        # alternation, with pipeloom's job log on, for the bubble columns
+        for i in range(warm + steps + logged):
             for fn, acc in ((pl_step, tp), (torch_step, tt)):
                 dist.barrier()
                 t0 = time.perf_counter()
                 fn()
                 dist.barrier()
-                if i >= warm:
+                if warm <= i < warm + steps:
                     acc.append(time.perf_counter() - t0)
-        log.close(warm + steps - 1)
+        log.close(warm + steps + logged - 1)
         dist.barrier()
         if rank == 0:
-            meas, sim0, sim, comm = _bubbles(log_dir, pp, sched, warm, steps)
+            meas, sim0, sim, comm, meas_c, rep = _bubbles(log_dir, pp, sched, warm + steps, logged)
             rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
+                         "order": order,
                          "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
                          "ratio": statistics.median(tp) / statistics.median(tt),
-                         "bubble_measured": meas, "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
+                         "bubble_measured": meas, "bubble_measured_compute_only": meas_c, "bubble_replayed": rep,
+                         "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
                          "comm_fitted_s": comm})
         del ex, tsched, stages
     return rows if rank == 0 else None
 
 
-def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float, float]:
-    """Median measured bubble over the logged steps and the simulated bubble with measured costs."""
+def _torch_order(pipeline_order: dict, like, tname: str):
+    """torch's per-rank action lists as a pipeloom Schedule (same placement as ``like``):
+    F -> F, I (input grad) -> B, W -> W, B (full backward) -> BW; stage index = global chunk."""
+    from pipeloom.schedule.ir import Schedule
+    from pipeloom.schedule.validate import validate
+
+    kinds = {"F": "F", "I": "B", "W": "W", "B": "BW"}
+    devices = []
+    for r in range(like.pp):
+        seq = []
+        for a in pipeline_order[r]:
+            if a is None or a.computation_type.value not in kinds:
+                continue
+            seq.append(f"{kinds[a.computation_type.value]}{a.microbatch_index}.{a.stage_index}")
+        devices.append(seq)
+    sched = Schedule.from_dict({"name": f"torch-{tname}", "pp": like.pp, "vpp": like.vpp,
+                                "microbatches": like.microbatches, "placement": like.placement.value,
+                                "devices": devices})
+    bad = validate(sched)
+    if bad:
+        raise ValueError(f"torch's {tname} order is not a valid pipeloom schedule: {bad[0]}")
+    return sched
+
+
+def _span(j: dict) -> tuple[float, float]:
+    """A job's share of its rank's time: [ready, done] (input in hand .. outputs handed over),
+    falling back to the compute-only [start, end] for logs without them (GPU timers)."""
+    return j.get("ready", j["start"]), j.get("done", j["end"])
+
+
+def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float, ...]:
+    """Median measured bubble over the logged steps (jobs as [ready, done], and compute-only for
+    reference) and the simulated bubble with the measured per-chunk costs (comm 0 and fitted)."""
     from pipeloom.sim.costs import Costs
     from pipeloom.sim.simulate import simulate
 
@@ -120,27 +169,46 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
             jobs += [j for j in map(json.loads, f) if j["event"] == "job"]
     nc = sched.num_chunks
     dur: dict[tuple[str, int], list[float]] = {}
-    per_step = []
+    per_step, per_step_compute = [], []
     for s in range(warm, warm + steps):
         js = [j for j in jobs if j["step"] == s]
-        span = max(j["end"] for j in js) - min(j["start"] for j in js)
-        busy = sum(j["end"] - j["start"] for j in js)
+        span = max(_span(j)[1] for j in js) - min(_span(j)[0] for j in js)
+        busy = sum(_span(j)[1] - _span(j)[0] for j in js)
         per_step.append(1 - busy / (pp * span))
+        span_c = max(j["end"] for j in js) - min(j["start"] for j in js)
+        per_step_compute.append(1 - sum(j["end"] - j["start"] for j in js) / (pp * span_c))
         for j in js:
-            dur.setdefault((j["kind"], j["chunk"]), []).append(j["end"] - j["start"])
+            a, b = _span(j)
+            dur.setdefault((j["kind"], j["chunk"]), []).append(b - a)
+    comm = _fit_comm(jobs, sched, warm, steps)
+    # diagnostic: the same steps replayed with each job's OWN measured duration (not the per-chunk
+    # mean); the difference to the mean-cost simulation is what job-to-job variation costs
+    from pipeloom.viz.replay import replay
+
+    replayed = []
+    for s in range(warm, warm + steps):
+        by = {(j["kind"], j["mb"], j["chunk"]): j for j in jobs if j["step"] == s}
+        durs = [[_span(by[(jb.kind.value, jb.mb, jb.chunk)])[1] - _span(by[(jb.kind.value, jb.mb, jb.chunk)])[0]
+                 for jb in seq] for seq in sched.devices]
+        rp = replay(sched, durs, comm=comm)
+        replayed.append(1 - sum(map(sum, durs)) / (pp * rp.makespan))
     mean = {k: statistics.fmean(v) for k, v in dur.items()}
     F = tuple(mean[("F", k)] for k in range(nc))
     B = tuple(mean.get(("B", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
     W = tuple(mean.get(("W", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
     res0 = simulate(sched, Costs(F=F, B=B, W=W))
-    comm = _fit_comm(jobs, sched, warm, steps)
     res = simulate(sched, Costs(F=F, B=B, W=W, comm=comm))
-    return statistics.median(per_step), res0.bubble, res.bubble, comm
+    return (statistics.median(per_step), res0.bubble, res.bubble, comm, statistics.median(per_step_compute),
+            statistics.median(replayed))
 
 
 def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:
-    """Median latency of cross-device edges where the consumer really waited for its producer:
-    consumer.start - producer.end, over edges with producer.end > the consumer device's previous end."""
+    """Mean latency of the cross-device edges where the consumer really waited for its producer:
+    consumer ready - producer done (clipped at 0), over the jobs whose ready came after their rank's
+    previous done (the only blocking call between two jobs is the wait for the job's own network
+    input). The mean, not the median: the simulator adds this one constant on every cross-device
+    edge, so it must stand for the expected delay, and on a shared CPU the delay is heavy-tailed
+    (most hand-offs ~0.01 ms, one in ten 0.4-1.5 ms: a sleeping consumer thread is woken late)."""
     from pipeloom.runtime.commplan import needed
     from pipeloom.schedule.ir import Job, Kind
 
@@ -150,30 +218,34 @@ def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:
         by = {(j["kind"], j["mb"], j["chunk"]): j for j in js}
         for d in range(sched.pp):
             prev = None
-            for j in sorted((j for j in js if j["device"] == d), key=lambda j: j["start"]):
+            for j in sorted((j for j in js if j["device"] == d), key=lambda j: _span(j)[0]):
                 job = Job(Kind(j["kind"]), j["mb"], j["chunk"])
                 n = needed(job, sched)
                 if n is not None and n[1] != d:
                     msg = n[0]
                     src = by.get(("F", msg.mb, msg.chunk)) if msg.kind == "act" else (
                         by.get(("B", msg.mb, msg.chunk)) or by.get(("BW", msg.mb, msg.chunk)))
-                    if src is not None and (prev is None or src["end"] > prev):
-                        lat.append(max(0.0, j["start"] - src["end"]))
-                prev = j["end"]
-    return statistics.median(lat) if lat else 0.0
+                    if src is not None and (prev is None or _span(src)[1] > prev):
+                        lat.append(max(0.0, _span(j)[0] - _span(src)[1]))
+                prev = _span(j)[1]
+    return statistics.fmean(lat) if lat else 0.0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=6, help="measured steps per schedule (after 2 warm-up)")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per schedule (after 2 warm-up)")
+    ap.add_argument("--log-steps", type=int, default=10,
+                    help="further steps with pipeloom's job log on, for the bubble columns (not timed)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--mbs", type=int, default=4, help="sequences per microbatch")
     ap.add_argument("--only", nargs="*", default=None, help="pipeloom schedule names to run (default: all)")
+    ap.add_argument("--builder-orders", action="store_true",
+                    help="run pipeloom's own builders (interleaved, zbv) instead of torch's exact order")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     from pipeloom.runtime.launch import spawn
@@ -186,15 +258,19 @@ def main(argv=None) -> int:
                           for r in rows], indent=1))
         return 0
     print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
-          f"mbs={a.mbs} steps={a.steps} (CPU, gloo, 1 thread per rank)")
+          f"mbs={a.mbs} steps={a.steps} log-steps={a.log_steps} (CPU, gloo, 1 thread per rank); pipeloom runs "
+          + ("its own builders' orders" if a.builder_orders else "torch's exact order (vpp > 1: its pipeline_order)"))
     print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
-          "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) | |meas - sim| / meas | "
+          "bubble replayed (per-job durations) | bubble measured (compute only) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        rel = abs(r["bubble_measured"] - r["bubble_simulated"]) / r["bubble_measured"] if r["bubble_measured"] else 0.0
         print(f"| {r['schedule']} (vpp {r['vpp']}) | {r['torch_schedule']} | {r['pipeloom_s']:.4f} | "
               f"{r['torch_s']:.4f} | {r['ratio']:.2f} | {100 * r['bubble_measured']:.1f}% | "
               f"{100 * r['bubble_simulated_comm0']:.1f}% | {1000 * r['comm_fitted_s']:.2f} | "
-              f"{100 * r['bubble_simulated']:.1f}% |")
+              f"{100 * r['bubble_simulated']:.1f}% | {100 * rel:.0f}% | {100 * r['bubble_replayed']:.1f}% | "
+              f"{100 * r['bubble_measured_compute_only']:.1f}% |")
     return 0
 
 

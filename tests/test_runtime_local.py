@@ -88,6 +88,23 @@ def test_w_really_is_deferred():
     assert ex._gbuf[wq].abs().sum() > 0 and (0, 0) not in ex._stash
 
 
+def test_linears_are_patched_only_in_chunks_with_w_jobs():
+    # chunk 0 splits its backward (B + W), chunk 1 runs BW: only chunk 0's linears are deferred
+    F0, F1 = Job(Kind.F, 0, 0), Job(Kind.F, 0, 1)
+    sched = Schedule("t", 1, 2, 1, "interleaved", ((F0, F1, Job(Kind.BW, 0, 1), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0])
+    lin = [[sub for sub in m.modules() if isinstance(sub, nn.Linear)] for m in mods]
+    assert lin[0] and all("forward" in sub.__dict__ for sub in lin[0])
+    assert lin[1] and all("forward" not in sub.__dict__ for sub in lin[1])
+    xs, ys = _data(1)
+    loss = ex.step(xs, ys)
+    ref_loss, ref = _ref(0, xs, ys)
+    assert abs(loss - ref_loss) < 1e-5
+    for n, p in ex.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-5)
+
+
 def test_bf16_params_get_fp32_master_grads():
     sched = random_plan(1, 2, 3, seed=4, split=0.5)
     ex, loss, xs, ys = _run(sched, param_dtype=torch.bfloat16)
@@ -111,6 +128,21 @@ def test_grads_accumulate_over_steps_like_torch():
     ex.step(xs, ys)  # no zero_grad: grads add up, as with loss.backward()
     for n, p in ex.named_parameters():
         torch.testing.assert_close(p.grad, 2 * first[n])
+
+
+def test_grads_handed_out_are_never_overwritten_by_later_steps():
+    """.grad is a view of the step's own buffer (no copy); the next step accumulates into a new one."""
+    sched = random_plan(1, 2, 2, seed=1)
+    ex, _, xs, ys = _run(sched)
+    kept = {n: p.grad for n, p in ex.named_parameters()}
+    snap = {n: g.clone() for n, g in kept.items()}
+    for _, p in ex.named_parameters():
+        p.grad = None  # like optimizer.zero_grad(set_to_none=True)
+    ex.step(xs, ys)
+    for n, p in ex.named_parameters():
+        assert torch.equal(kept[n], snap[n])  # the old grads were not zeroed or added to
+        torch.testing.assert_close(p.grad, snap[n])
+        assert p.grad.data_ptr() != kept[n].data_ptr()
 
 
 def test_nan_loss_is_reported_with_microbatch():
@@ -142,6 +174,11 @@ def test_job_log_lines(tmp_path):
     jobs = [x for x in lines if x["event"] == "job"]
     assert {x["step"] for x in jobs} == {1}
     assert [f"{x['kind']}{x['mb']}.{x['chunk']}" for x in jobs] == [str(j) for j in sched.devices[0]]
+    # CPU: every job carries ready <= start <= end <= done, and one rank's jobs tile its time
+    for x in jobs:
+        assert x["ready"] <= x["start"] <= x["end"] <= x["done"]
+    for a, b in zip(jobs, jobs[1:]):
+        assert a["done"] <= b["ready"] < a["done"] + 5e-3  # nothing to wait for in a world of one
 
 
 def test_rejects_wrong_modules_and_invalid_schedule():
@@ -155,6 +192,31 @@ def test_rejects_wrong_modules_and_invalid_schedule():
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0])
     with pytest.raises(ValueError, match="microbatches"):
         ex.step(*_data(3))
+
+
+def test_split_backward_of_a_chunk_made_only_of_linears():
+    """Chunk 0 holds nothing but linears (no input grad, no other parameter): B still runs the
+    backward so that W gets every dy. One Linear is used in both chunks: its grad is the sum of
+    both uses, left once in .grad (not once per chunk)."""
+    torch.manual_seed(0)
+    a, shared, c, d = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+    mods = {0: nn.Sequential(a, shared), 1: nn.Sequential(c, shared, d)}
+    full = nn.Sequential(a, shared, c, shared, d)
+    mse = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+    xs = [torch.randn(5, 6) for _ in range(3)]
+    ys = [torch.randn(5, 3) for _ in range(3)]
+    ref_loss, ref = reference_step(full, mse, xs, ys)
+    for split in (1.0, 0.5, 0.0):
+        full.zero_grad(set_to_none=True)
+        for m in mods.values():  # un-patch: the next executor decides afresh
+            for sub in m.modules():
+                sub.__dict__.pop("forward", None)
+        ex = PipelineExecutor(random_plan(1, 2, 3, seed=1, split=split), mods, mse, pp_rank=0, pp_ranks=[0])
+        assert len(ex.parameters()) == len(list(full.parameters()))  # the shared one once
+        loss = ex.step(xs, ys)
+        assert abs(loss - ref_loss) < 1e-6
+        for name, p in full.named_parameters():
+            torch.testing.assert_close(p.grad, ref[name], atol=1e-6, rtol=1e-5)
 
 
 def test_chunk_modules_from_layers():

@@ -50,23 +50,11 @@ class ScheduleRuntimeError(RuntimeError):
 
 
 # ------------------------------------------------------------------------ deferred weight grads
-class _DeferredLinear(torch.autograd.Function):
-    """y = x W^T + b whose backward returns only dx and stashes (x, dy) for a later W job."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, mod, stash):  # noqa: D401
-        ctx.save_for_backward(x, weight)
-        ctx.mod, ctx.stash = mod, stash
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        ctx.stash.append((ctx.mod, x, dy))
-        dx = dy.matmul(weight) if ctx.needs_input_grad[0] else None
-        return dx, None, None, None, None
-
-
+# A split forward runs every deferrable nn.Linear as usual (F.linear, autograd's own backward node)
+# but stashes an entry [module, x, dy]: x now, dy by a tensor hook on the output when B's backward
+# reaches it. B asks autograd only for the chunk input and the OTHER parameters, so the engine
+# prunes the weight-gradient products of the linears (no dW = dy^T x in B); W later adds them
+# from the stash. No Python autograd.Function per linear: F costs what an ordinary forward costs.
 class _Deferral:
     """Holds the stash that patched nn.Linear modules write into during a split forward."""
 
@@ -75,10 +63,23 @@ class _Deferral:
 
 def _patched_linear_forward(deferral: _Deferral):
     def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if deferral.stash is None or not torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        return _DeferredLinear.apply(x, self.weight, self.bias, self, deferral.stash)
+        y = F.linear(x, self.weight, self.bias)
+        stash = deferral.stash
+        if stash is not None and y.requires_grad:
+            entry = [self, x, None]
+            stash.append(entry)
+            y.register_hook(lambda g, e=entry: e.__setitem__(2, g))
+        return y
     return forward
+
+
+def _deferrable_linears(module: nn.Module) -> list[nn.Linear]:
+    """The nn.Linear sub-modules whose parameters no other (non-Linear) sub-module also owns (a
+    weight tied to an embedding must get its whole gradient in B, so its linear is not deferred)."""
+    other = {id(p) for sub in module.modules() if not isinstance(sub, nn.Linear)
+             for p in sub.parameters(recurse=False)}
+    return [sub for sub in module.modules() if isinstance(sub, nn.Linear)
+            and not any(id(p) in other for p in sub.parameters(recurse=False))]
 
 
 # ------------------------------------------------------------------------ timers
@@ -185,17 +186,24 @@ class PipelineExecutor:
         self._handlers: dict[Kind, Callable[[Job], None]] = {
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
         }
-        # deferred linears: patch the instance forward of every nn.Linear in this rank's chunks
+        # deferred linears: patch the instance forward of every nn.Linear in this rank's chunks,
+        # only where some job of this rank is a W (otherwise the modules keep their own forward)
         self._deferral = _Deferral()
         fwd = _patched_linear_forward(self._deferral)
-        for m in self.modules.values():
-            for sub in m.modules():
-                if isinstance(sub, nn.Linear):
-                    sub.forward = fwd.__get__(sub, nn.Linear)
+        deferred: dict[int, set[int]] = {}  # chunk -> ids of the parameters whose grads W computes
+        for k, m in self.modules.items():
+            if not any(c == k for _, c in split):
+                continue
+            for sub in _deferrable_linears(m):
+                sub.forward = fwd.__get__(sub, nn.Linear)
+                deferred.setdefault(k, set()).update(id(p) for p in sub.parameters(recurse=False))
         # parameters, master copies, flat fp32 grad buffer
         self.params: dict[int, list[nn.Parameter]] = {k: [p for p in m.parameters() if p.requires_grad]
                                                       for k, m in self.modules.items()}
-        allp = [p for k in mine for p in self.params[k]]
+        # B of a split pair differentiates only w.r.t. the parameters that are not deferred to W
+        self._b_params: dict[int, list[nn.Parameter]] = {
+            k: [p for p in ps if id(p) not in deferred.get(k, ())] for k, ps in self.params.items()}
+        allp = list(dict.fromkeys(p for k in mine for p in self.params[k]))  # once each, even if shared
         self.param_dtype = param_dtype
         self.master: dict[nn.Parameter, torch.Tensor] = {}
         if param_dtype is not None:
@@ -206,13 +214,8 @@ class PipelineExecutor:
                 for m in self.modules.values():
                     m.to(dtype=param_dtype)
             # nn.Module.to keeps Parameter identity, so self.params stays valid
-        n = sum(p.numel() for p in allp)
-        self._flat = torch.zeros(n, dtype=torch.float32, device=self.device)
-        self._gbuf: dict[nn.Parameter, torch.Tensor] = {}
-        off = 0
-        for p in allp:
-            self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
-            off += p.numel()
+        self._allp = allp
+        self._new_grad_buffer()
         # communication
         plan = build_comm_plan(schedule)
         self.p2p = P2P(plan.ops(pp_rank), self.pp_ranks, pp_rank, device=self.device, timeout_s=timeout_s,
@@ -221,6 +224,13 @@ class PipelineExecutor:
         self._meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> output shape/dtype
         self._in_meta: dict[int, tuple[torch.Size, torch.dtype]] = {}  # chunk -> input shape/dtype
         self._timer = _Timer(self.device)
+        # gloo: reduce the losses asynchronously as soon as this rank has computed all of its own
+        # (right after its last loss-producing F; at once on ranks without the last chunk), so the
+        # step's end does not wait for a collective. NCCL: one blocking all-reduce at the end, as
+        # collectives and P2P share communicators there.
+        self._early_loss = dist.get_backend() == "gloo"
+        last = [i for i, j in enumerate(self.jobs) if j.kind is Kind.F and j.chunk == self.nc - 1]
+        self._loss_after = last[-1] if last else -1
         self.step_count = 0
         self.current_job: Job | None = None  # the job being run (for loss hooks and error messages)
         self.last_stats: StepStats | None = None
@@ -228,7 +238,7 @@ class PipelineExecutor:
     # ------------------------------------------------------------------ public
     def parameters(self) -> list[nn.Parameter]:
         """What to give the optimizer: the module parameters (fp32) or their fp32 master copies."""
-        ps = [p for k in sorted(self.params) for p in self.params[k]]
+        ps = list(dict.fromkeys(p for k in sorted(self.params) for p in self.params[k]))
         return [self.master[p] for p in ps] if self.master else ps
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -268,19 +278,31 @@ class PipelineExecutor:
         self._stash: dict[tuple[int, int], list] = {}
         self._outbox: list[tuple[Msg, torch.Tensor]] = []
         self._losses = torch.zeros(M, dtype=torch.float32, device=self.device)
-        self._flat.zero_()
+        if self._flat_given:
+            self._new_grad_buffer()
+        else:
+            self._flat.zero_()
         self.p2p.reset()
-        records: list[tuple[Job, float, float]] = []
+        records: list[tuple[Job, float, float, float, float]] = []
         t0 = time.perf_counter()
         compute = 0.0
-        for job in self.jobs:
+        cpu_log = profiled and not self._timer.cuda  # ready/done are host times: CPU devices only
+        self._loss_work = None
+        if self._early_loss and self._loss_after < 0:
+            self._loss_work = dist.all_reduce(self._losses, async_op=True)
+        self.p2p.advance()  # post the first receives before the first job
+        for i, job in enumerate(self.jobs):
             handler = self._handlers.get(job.kind)
             if handler is None:
                 raise ScheduleRuntimeError(f"rank {dist.get_rank()}: no handler for job {job} (kind {job.kind!r}); "
                                            f"known kinds: {', '.join(str(k) for k in self._handlers)}")
-            self._prefetch(job)
             self.current_job = job
-            self._receive(job)  # block for a network input OUTSIDE the timed compute
+            # Job boundaries (docs/bench/runtime.md): the job is READY when its network input is in
+            # hand (the blocking wait for a peer ends here: that wait is bubble, not the job's time);
+            # it is DONE when its outputs are handed to the transport and the receives they unblock
+            # are posted. start/end bracket the compute inside [ready, done].
+            self._receive(job)
+            ready = time.time() if cpu_log else 0.0
             ts = self._timer.start()
             c0 = time.perf_counter()
             if self.delay:  # straggler injection: the job's outputs come late by this much
@@ -288,18 +310,27 @@ class PipelineExecutor:
             handler(job)
             compute += time.perf_counter() - c0
             if profiled:
-                self._timer.stop(ts, lambda s, e, j=job: records.append((j, s, e)))
-            for msg, t in self._outbox:  # post sends after the timed compute: a consumer never starts
-                self.p2p.send(msg, t)    # before its producer's logged end
-            self._outbox.clear()
+                self._timer.stop(ts, lambda s, e, j=job, r=ready: records.append((j, s, e, r)))
+            if self._outbox:
+                for msg, t in self._outbox:
+                    self.p2p.send(msg, t, post=False)
+                self._outbox.clear()
+            self.p2p.advance()  # this job's sends and every receive the link order now allows: one call
             self.p2p.poll_sends()
+            if i == self._loss_after and self._early_loss:
+                self._loss_work = dist.all_reduce(self._losses, async_op=True)
+            if cpu_log:
+                records[-1] = records[-1] + (time.time(),)
         self.p2p.finish(step)
         self._timer.resolve()
         if self._inp or self._out or self._stash or self._local:
             left = list(self._inp) + list(self._out) + list(self._stash)
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: step {step} left unfinished work for (mb, chunk) {left[:4]}")
         # losses: every rank learns them (sum over the world of the last stages' values / dp)
-        dist.all_reduce(self._losses)
+        if self._loss_work is not None:
+            self.p2p._wait(self._loss_work, f"step {step}: all-reduce of the microbatch losses")
+        else:
+            dist.all_reduce(self._losses)
         losses = (self._losses / self.dp).tolist()
         bad = [m for m, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
         if bad:
@@ -312,8 +343,9 @@ class PipelineExecutor:
         self._install_grads()
         loss = sum(losses) / M
         if self.log is not None:
-            for j, s, e in records:
-                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e)
+            for j, s, e, *rd in records:
+                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e,
+                             ready=rd[0] if len(rd) == 2 else None, done=rd[1] if len(rd) == 2 else None)
             self.log.end_step(step, loss)
         self.last_stats = StepStats(step, loss, losses, time.perf_counter() - t0, self.p2p.wait_s, compute)
         self.step_count += 1
@@ -362,9 +394,17 @@ class PipelineExecutor:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} runs before F{m}.{k}") from None
         dy = None if k == self.nc - 1 else self._take(Msg("grad", m, k + 1), job)
         want_dx = k > 0 and x.requires_grad
-        params = self.params[k]
+        split = job.kind is Kind.B
+        params = self._b_params[k] if split else self.params[k]
         wrt = ([x] if want_dx else []) + params
-        if wrt and y.requires_grad:
+        if split and not wrt and y.requires_grad:
+            # nothing but deferred weights to differentiate: still run the backward so that the
+            # stash hooks see every dy (the weight grads it computes here are dropped; W adds them)
+            deferred = [p for p in self.params[k] if p.requires_grad]
+            if deferred:
+                torch.autograd.grad(y, deferred, grad_outputs=dy, allow_unused=True)
+            grads = []
+        elif wrt and y.requires_grad:
             grads = torch.autograd.grad(y, wrt, grad_outputs=dy, allow_unused=True)
         else:
             grads = [None] * len(wrt)
@@ -385,6 +425,8 @@ class PipelineExecutor:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} has nothing to do: F{m}.{k} ran "
                                        "without deferral or B has not run")
         for mod, x, dy in stash:
+            if dy is None:  # this linear's output did not reach the loss
+                continue
             dy2 = dy.reshape(-1, dy.shape[-1]).float()
             x2 = x.reshape(-1, x.shape[-1]).float()
             if mod.weight.requires_grad:
@@ -398,10 +440,6 @@ class PipelineExecutor:
         n = needed(job, self.sched)
         if n is not None and n[1] != self.me:
             self._local[n[0]] = self.p2p.recv(n[0], str(job))
-
-    def _prefetch(self, job: Job) -> None:
-        """Post any receives the link order now allows before computing (overlap comm with compute)."""
-        self.p2p.advance()
 
     def _give(self, msg: Msg, t: torch.Tensor, job: Job) -> None:
         dst = produced(job, self.sched)[1]
@@ -449,16 +487,32 @@ class PipelineExecutor:
                 self.p2p.send_header(dst, y.shape, y.dtype)
 
     # ------------------------------------------------------------------ grads
+    def _new_grad_buffer(self) -> None:
+        """A fresh zeroed flat fp32 buffer and the per-parameter views into it."""
+        self._flat = torch.zeros(sum(p.numel() for p in self._allp), dtype=torch.float32, device=self.device)
+        self._flat_given = False  # True once views of it were installed as .grad (then it is the user's)
+        self._gbuf: dict[nn.Parameter, torch.Tensor] = {}
+        off = 0
+        for p in self._allp:
+            self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
+            off += p.numel()
+
     @torch.no_grad()
     def _install_grads(self) -> None:
-        for k in sorted(self.params):
-            for p in self.params[k]:
-                target = self.master.get(p, p)
-                g = self._gbuf[p]
-                if target.grad is None:
-                    target.grad = g.to(target.dtype, copy=True)
+        """Leave the step's gradients in ``.grad``. A parameter without a grad gets a view of the
+        step's fp32 buffer (no copy; the next step then accumulates into a new buffer, so grads
+        handed out are never overwritten); an existing grad is added to."""
+        for p in self._allp:  # a parameter two chunks share has ONE accumulated grad
+            target = self.master.get(p, p)
+            g = self._gbuf[p]
+            if target.grad is None:
+                if target.dtype == g.dtype:
+                    target.grad = g
+                    self._flat_given = True
                 else:
-                    target.grad.add_(g.to(target.grad.dtype))
+                    target.grad = g.to(target.dtype, copy=True)
+            else:
+                target.grad.add_(g.to(target.grad.dtype))
 
     @staticmethod
     def _split_mb(x, M: int, what: str) -> list[torch.Tensor]:

@@ -5,6 +5,14 @@ File ``LOGDIR/workerlog.<global rank>``; first line ``meta``; inside the profile
 barrier at the start of each profiled step (to align clocks), one ``job`` line per executed job
 (``start``/``end`` wall-clock seconds bracketing the compute only, not the waits), ``step_end``,
 and ``profile_stop`` when the window closes.
+
+On CPU devices a job line also carries ``ready`` <= ``start`` and ``done`` >= ``end``: the job's
+whole share of its rank's time. ``ready`` is the moment its input is in hand (right after the
+blocking wait for a peer's message, or right after the previous job's ``done`` when nothing is
+awaited); ``done`` is the moment its outputs are handed to the transport and the receives they
+unblock are posted. So consecutive jobs of a rank tile its timeline, and the gaps between one
+job's ``done`` and the next one's ``ready`` are exactly the time spent waiting for a peer.
+(Not written on GPUs, where ``start``/``end`` come from CUDA events on the device's clock.)
 """
 from __future__ import annotations
 
@@ -67,9 +75,13 @@ class JobLog:
             self._open_window = True
         self._write({"event": "sync", "step": step, "t": time.time()})
 
-    def job(self, step: int, kind: str, mb: int, chunk: int, device: int, start: float, end: float) -> None:
-        self._write({"event": "job", "step": step, "kind": kind, "mb": mb, "chunk": chunk, "device": device,
-                     "start": start, "end": end})
+    def job(self, step: int, kind: str, mb: int, chunk: int, device: int, start: float, end: float, *,
+            ready: float | None = None, done: float | None = None) -> None:
+        ev = {"event": "job", "step": step, "kind": kind, "mb": mb, "chunk": chunk, "device": device,
+              "start": start, "end": end}
+        if ready is not None and done is not None:
+            ev["ready"], ev["done"] = ready, done
+        self._write(ev)
 
     def end_step(self, step: int, loss: float) -> None:
         if not self.profiled(step):

@@ -75,10 +75,12 @@ class P2P:
         self.sends: list[tuple[object, torch.Tensor, Msg, int]] = []
         self.wait_s = 0.0  # time spent blocked in recv this step
 
-    def send(self, msg: Msg, tensor: torch.Tensor) -> None:
-        """Queue ``tensor`` for its peer; it goes out as soon as the link order allows."""
+    def send(self, msg: Msg, tensor: torch.Tensor, *, post: bool = True) -> None:
+        """Queue ``tensor`` for its peer; it goes out as soon as the link order allows (with
+        ``post=False`` at the next :meth:`advance`, so several ops can share one batched call)."""
         self.ready[msg] = tensor
-        self.advance()
+        if post:
+            self.advance()
 
     def _recv_op(self, op: Op, ops: list, meta: list) -> None:
         shape, dtype = self.shape_of(op.msg)
@@ -155,8 +157,13 @@ class P2P:
         return buf
 
     def poll_sends(self) -> None:
-        """Drop finished sends so their buffers can be freed."""
-        self.sends = [s for s in self.sends if not s[0].is_completed()]
+        """Drop finished sends, oldest first, so their buffers can be freed. Stops at the first
+        unfinished one (O(1) per call: gloo reports a P2P send complete only once waited on)."""
+        i = 0
+        while i < len(self.sends) and self.sends[i][0].is_completed():
+            i += 1
+        if i:
+            del self.sends[:i]
 
     def finish(self, step: int) -> None:
         """Wait for every outstanding send of this step (with the timeout)."""
