@@ -11,20 +11,11 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def reference_path() -> pathlib.Path | None:
-    """../shared/reference/official_zb.json next to the checkout (or $PIPELOOM_REFERENCE)."""
-    env = os.environ.get("PIPELOOM_REFERENCE")
-    for p in ([pathlib.Path(env)] if env else []) + [REPO.parent / "shared" / "reference" / "official_zb.json"]:
-        if p.is_file():
-            return p
-    return None
-
-
 @pytest.fixture(scope="session")
 def reference_cases():
-    import json
+    from pipeloom.schedule._greedy_ref import load_reference
 
-    p = reference_path()
-    if p is None:
+    ref = load_reference()
+    if ref is None:
         pytest.skip("official reference schedules (../shared/reference/official_zb.json) not found")
-    return json.loads(p.read_text())["cases"]
+    return ref["cases"]

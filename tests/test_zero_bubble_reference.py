@@ -20,6 +20,18 @@ CASES = REF["cases"] if REF else []
 pytestmark = pytest.mark.skipif(REF is None, reason="../shared/reference/official_zb.json not found")
 
 
+def test_shipped_copy_is_identical_to_the_shared_reference():
+    """tests/data/official_zb.json.gz (used when ../shared is absent) must equal the shared file."""
+    import gzip
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    shared = repo.parent / "shared" / "reference" / "official_zb.json"
+    if not shared.is_file():
+        pytest.skip("../shared/reference/official_zb.json not here; only the shipped copy")
+    assert gzip.decompress((repo / "tests" / "data" / "official_zb.json.gz").read_bytes()) == shared.read_bytes()
+
+
 def test_reference_is_complete():
     assert len(CASES) == 168
     assert {c["generator"] for c in CASES} == {"zbv", "zbh1", "zbh2", "1f1b"}
