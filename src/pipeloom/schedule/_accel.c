@@ -101,58 +101,37 @@ static HItem heap_pushpop(Heap *h, HItem it) {
     return it;
 }
 
-/* sequence of numbers -> freshly malloc'd C array of exactly n items (NULL + exception on error) */
-static double *as_doubles(PyObject *seq, Py_ssize_t n, const char *what) {
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (!fast) return NULL;
-    if (PySequence_Fast_GET_SIZE(fast) != n) {
-        PyErr_Format(PyExc_ValueError, "%s: expected %zd values", what, n);
-        Py_DECREF(fast);
-        return NULL;
+/* sequence of numbers -> freshly malloc'd C array of exactly n items (NULL + exception on error);
+   one definition per element type: as_doubles (PyFloat_AsDouble) and as_longs (PyLong_AsLong) */
+#define DEFINE_AS_ARRAY(NAME, TYPE, CONVERT)                                      \
+    static TYPE *NAME(PyObject *seq, Py_ssize_t n, const char *what) {           \
+        PyObject *fast = PySequence_Fast(seq, what);                              \
+        if (!fast) return NULL;                                                   \
+        if (PySequence_Fast_GET_SIZE(fast) != n) {                                \
+            PyErr_Format(PyExc_ValueError, "%s: expected %zd values", what, n);   \
+            Py_DECREF(fast);                                                      \
+            return NULL;                                                          \
+        }                                                                         \
+        TYPE *out = malloc((size_t)(n ? n : 1) * sizeof(TYPE));                   \
+        if (!out) {                                                               \
+            Py_DECREF(fast);                                                      \
+            PyErr_NoMemory();                                                     \
+            return NULL;                                                          \
+        }                                                                         \
+        for (Py_ssize_t i = 0; i < n; i++) {                                      \
+            out[i] = CONVERT(PySequence_Fast_GET_ITEM(fast, i));                  \
+            if (out[i] == (TYPE)-1 && PyErr_Occurred()) {                         \
+                free(out);                                                        \
+                Py_DECREF(fast);                                                  \
+                return NULL;                                                      \
+            }                                                                     \
+        }                                                                         \
+        Py_DECREF(fast);                                                          \
+        return out;                                                               \
     }
-    double *out = malloc((size_t)(n ? n : 1) * sizeof(double));
-    if (!out) {
-        Py_DECREF(fast);
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-        if (out[i] == -1.0 && PyErr_Occurred()) {
-            free(out);
-            Py_DECREF(fast);
-            return NULL;
-        }
-    }
-    Py_DECREF(fast);
-    return out;
-}
 
-static long *as_longs(PyObject *seq, Py_ssize_t n, const char *what) {
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (!fast) return NULL;
-    if (PySequence_Fast_GET_SIZE(fast) != n) {
-        PyErr_Format(PyExc_ValueError, "%s: expected %zd values", what, n);
-        Py_DECREF(fast);
-        return NULL;
-    }
-    long *out = malloc((size_t)(n ? n : 1) * sizeof(long));
-    if (!out) {
-        Py_DECREF(fast);
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (out[i] == -1 && PyErr_Occurred()) {
-            free(out);
-            Py_DECREF(fast);
-            return NULL;
-        }
-    }
-    Py_DECREF(fast);
-    return out;
-}
+DEFINE_AS_ARRAY(as_doubles, double, PyFloat_AsDouble)
+DEFINE_AS_ARRAY(as_longs, long, PyLong_AsLong)
 
 static PyObject *list_of_doubles(const double *x, Py_ssize_t n) {
     PyObject *l = PyList_New(n);
