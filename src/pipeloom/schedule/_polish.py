@@ -187,4 +187,73 @@ def lower_bound(spec: PlanSpec, placement: Placement | str = Placement.V) -> Bou
     ``spec.mem_limit``) with ``placement`` (see the module docstring for the proof)."""
     g = _graph(spec, Placement(placement))
     v, term, d = graph_bound(g)
+    if g.rounded:  # durations rounded to 1/tscale: every path or sum has < 2*len(jobs) terms, each off by <= 1/2
+        return Bound(max(0.0, (v - len(g.jobs)) / g.tscale), term, d)
     return Bound(v / g.tscale, term, d)
+
+
+@dataclass(slots=True)
+class PolishResult:
+    schedule: Schedule | None
+    """a strictly shorter valid schedule, or None"""
+    makespan: float
+    """makespan of the input schedule"""
+    bound: float
+    """best lower bound known (analytic, raised by CP-SAT's proof where it ran)"""
+    status: str
+    """'proven optimal' (the input meets the analytic bound: no search), 'improved' (shorter found),
+    'optimal' (CP-SAT proved the returned or the input schedule optimal), 'no improvement', 'off'
+    (budget 0: bound only) or 'skipped (...)' (costs the integer model cannot take exactly)"""
+    det_time: float = 0.0
+
+
+def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0, params: dict | None = None) -> PolishResult:
+    """Look for a strictly shorter valid schedule than ``sched`` with CP-SAT (see the module docstring).
+
+    ``det_time``: CP-SAT's deterministic time limit (about seconds of one worker; 0: bound only).
+    Deterministic: one worker, fixed ``seed``. The answer is re-timed with the simulator and
+    returned only if it passes :func:`pipeloom.schedule.validate.validate` under ``spec.mem_limit``
+    and is strictly shorter than ``sched``.
+    """
+    from ..sim.simulate import simulate
+    from .optimal import _hint_starts, _relabel_hint, _topo_key, solve_graph
+    from .validate import validate
+
+    g = _graph(spec, sched.placement)
+    if g.rounded:  # costs that are no small fraction: the integer model is not exact, leave the schedule
+        return PolishResult(None, simulate(sched, spec.costs).makespan, lower_bound(spec, sched.placement).value,
+                            "skipped (costs rounded)")
+    lb, _, _ = graph_bound(g)
+    if det_time > 0 and min(g.iF + g.iB + g.iW) <= 0:  # the reservoir needs distinct start times on a device
+        return PolishResult(None, simulate(sched, spec.costs).makespan, lb / g.tscale, "skipped (zero durations)")
+    ires = simulate(sched, g.int_costs())
+    horizon = int(round(ires.makespan))
+    before = simulate(sched, spec.costs).makespan
+    if lb >= horizon:
+        return PolishResult(None, before, lb / g.tscale, "proven optimal")
+    if det_time <= 0:
+        return PolishResult(None, before, lb / g.tscale, "off")
+    hint = _relabel_hint(_hint_starts(ires), g.m, g.nc)
+    res = solve_graph(g, "interval", hint, horizon, det_time=det_time, workers=1, seed=seed, extra_lb=lb,
+                      params=params)
+    if res is None:
+        return PolishResult(None, before, lb / g.tscale, "no improvement", det_time)
+    status, vals, obj, bound = res
+    bound = max(lb, min(bound, obj))
+    out = PolishResult(None, before, bound / g.tscale, "optimal" if bound >= obj else "no improvement", det_time)
+    if obj >= horizon:
+        return out
+    devices = []
+    for d in range(g.pp):
+        on = [j for j in g.jobs if g.dev[j.chunk] == d]
+        on.sort(key=lambda j: (vals[j], _topo_key(j, g.nc)))
+        devices.append(tuple(on))
+    cand = Schedule(sched.name, sched.pp, sched.vpp, sched.microbatches, sched.placement, tuple(devices),
+                    meta=dict(sched.meta))
+    if validate(cand, mem=spec.mem, mem_limit=spec.mem_limit):
+        return out
+    after = simulate(cand, spec.costs, spec.mem).makespan
+    if after < before - 1e-9:
+        out.schedule = cand
+        out.status = "optimal" if bound >= obj else "improved"
+    return out

@@ -508,7 +508,7 @@ def optimal(spec: PlanSpec) -> Schedule:
 
 def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time_limit: float | None = None,
                 det_time: float | None = None, workers: int = 1, seed: int = 0, devices=None,
-                strict: bool = False, extra_lb: int = 0):
+                strict: bool = False, extra_lb: int = 0, params: dict | None = None):
     """Build and solve one CP-SAT model of ``g``; (status, starts, objective, bound) or None without a solution.
 
     ``horizon`` is the makespan of ``hint_vals``, a feasible schedule: the model looks for one at
@@ -518,7 +518,8 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     modelled; the others only delay their successors (a relaxation: its optimum, and any bound
     it proves, is a lower bound of the full problem). ``time_limit`` is wall seconds,
     ``det_time`` CP-SAT's deterministic time (the same result on any machine and load with one
-    worker and a fixed seed). ``extra_lb`` is a makespan bound proved elsewhere.
+    worker and a fixed seed). ``extra_lb`` is a makespan bound proved elsewhere; ``params`` more
+    CP-SAT parameters by name.
     """
     from ortools.sat.python import cp_model  # lazy: the core must import fast
 
@@ -569,6 +570,8 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     solver.parameters.random_seed = seed
     # probing in presolve costs seconds on these dense precedence models and did not pay off here
     solver.parameters.cp_model_probing_level = 0
+    for k, v in (params or {}).items():
+        setattr(solver.parameters, k, v)
     status = solver.solve(model)
     if status == cp_model.INFEASIBLE:
         if strict:  # nothing shorter than horizon exists (in this model)

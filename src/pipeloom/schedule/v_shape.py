@@ -34,6 +34,9 @@ limit where the budget is below it). A tighter ``--mem-limit`` than the budget i
 """
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from .ir import Placement, make_schedule
 from .registry import PlanSpec, ScheduleError, register
 from . import _greedy
@@ -64,6 +67,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
             f"device at once); use --mem-limit {lo:g} or more")
     budget = _int_option(spec, "budget", DEFAULT_BUDGET)
     insert_budget = _int_option(spec, "insert_budget", 0)
+    njobs = 3 * m * pp * vpp
+    polish_det = _polish_option(spec, njobs)
     best = _greedy.search(prob, budget, insert_budget=insert_budget)
     if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
@@ -71,7 +76,46 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     meta = {"builder": name, "mem_limit": limit, "policy": _policy_dict(pol), "local_search": best.improved}
     if target:
         meta["target"] = target
-    return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
+    sched = make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
+    if polish_det is None:  # large shape: no bound, no polish (the greedy path is all there is)
+        return sched
+    from . import _polish
+
+    pspec = spec if spec.mem_limit == limit else replace(spec, mem_limit=limit)
+    res = _polish.polish(pspec, sched, polish_det)
+    meta = sched.meta
+    meta["lower_bound"] = res.bound
+    meta["polished"] = res.status
+    if res.schedule is not None:
+        meta["polished_from"] = res.makespan
+        return make_schedule(name, pp, vpp, m, placement, res.schedule.devices, **meta)
+    return sched
+
+
+#: default polish budget (CP-SAT deterministic seconds) and the largest shape (jobs) it runs on by default
+DEFAULT_POLISH = 0.1
+DEFAULT_POLISH_MAX_JOBS = 300
+#: the largest shape (jobs) on which an explicit ``polish`` option is accepted
+POLISH_MAX_JOBS = 400
+
+
+def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
+    """Polish budget in CP-SAT deterministic seconds (0: bound only), or None (no bound, no polish)."""
+    if "polish" not in spec.options:
+        if njobs > DEFAULT_POLISH_MAX_JOBS:
+            return None
+        return DEFAULT_POLISH if spec.mem_limit is not None else 0.0
+    v = spec.options["polish"]
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = math.nan
+    if isinstance(v, bool) or not (math.isfinite(x) and x >= 0):
+        raise ScheduleError(f"option polish must be a number >= 0 (CP-SAT deterministic seconds, 0 = off), got {v!r}")
+    if x > 0 and njobs > POLISH_MAX_JOBS:
+        raise ScheduleError(f"option polish: the shape has {njobs} jobs; polish runs on at most {POLISH_MAX_JOBS} "
+                            f"(e.g. pp 4, m 16, vpp 2); use polish=0 or a smaller shape")
+    return x if njobs <= POLISH_MAX_JOBS else None
 
 
 def _int_option(spec: PlanSpec, key: str, default: int) -> int:
