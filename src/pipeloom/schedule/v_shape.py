@@ -104,7 +104,7 @@ def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
     if "polish" not in spec.options:
         if njobs > DEFAULT_POLISH_MAX_JOBS:
             return None
-        return DEFAULT_POLISH if spec.mem_limit is not None else 0.0
+        return DEFAULT_POLISH
     v = spec.options["polish"]
     try:
         x = float(v)
