@@ -108,9 +108,13 @@ def test_polish_function_reports_status():
     assert r.status == "off" and r.schedule is None and r.bound == 131 and r.makespan == 135
 
 
-def test_no_bound_and_no_polish_on_large_shapes():
+def test_default_polish_only_on_small_shapes():
+    # above 400 jobs: neither bound nor polish (the large-shape path is the greedy alone)
     s = plan("zbv", make_spec(pp=8, microbatches=16, vpp=2, mem_limit="1p"))
     assert "polished" not in s.meta and "lower_bound" not in s.meta
+    # 201-400 jobs: the bound, no CP-SAT unless asked for
+    s = plan("zbv", make_spec(pp=4, microbatches=12, vpp=2, costs=E, mem_limit="1p"))
+    assert s.meta["polished"] == "off" and s.meta["lower_bound"] == 339
 
 
 @pytest.mark.parametrize("value,msg", [(-1, "polish must be a number >= 0"), ("lots", "polish must be a number"),
