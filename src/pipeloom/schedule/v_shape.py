@@ -25,6 +25,15 @@ in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (seed 000's change to the official
 generator, which caps that count).
 
+Lower bound and polish (:mod:`pipeloom.schedule._polish`): for shapes of at most 400 jobs
+the result carries ``meta['lower_bound']``, a proven makespan lower bound under the memory
+limit (critical path, device load and two memory terms), and ``meta['polished']``. When the
+bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
+hinted with it looks for a strictly shorter valid one (option ``polish``: CP-SAT
+deterministic seconds; default 0.1 on shapes of at most 200 jobs, 0 = off; explicit values
+are accepted up to 400 jobs). A shorter schedule is kept only if it validates under the
+limit; ``meta['polished_from']`` then holds the greedy makespan.
+
 ``vhalf`` and ``vmin`` are the same ZB-V greedy planned under the activation-memory budgets
 of V-Half and V-Min in Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"
 (table of the paper's released code: V-Half ``(p+2)//2`` and V-Min ``(p+4)//3`` microbatch
