@@ -27,7 +27,8 @@ Help given to the solver, all of it sound:
     * microbatches are interchangeable (costs and memory depend on the chunk only), so the
       forwards on chunk 0 may be taken in microbatch order (symmetry breaking);
     * start windows from the longest dependency paths before and after each job (heads/tails)
-      and the device bound  head_d + work_d + tail_d <= makespan;
+      and the device bound  head_d + work_d + tail_d <= makespan; with split backward also the
+      memory terms of :func:`pipeloom.schedule._polish.lower_bound` (warm-up and last forward);
     * a hint and an upper bound from cheap feasible schedules: a memory-reserving greedy list
       scheduler, the other registered builders of the same kind, and the one-microbatch-at-a-time
       schedule (which fits any limit >= the smallest feasible one, see :func:`min_feasible_limit`);
@@ -434,6 +435,10 @@ def optimal(spec: PlanSpec) -> Schedule:
 
     t_start = time.perf_counter()
     g = job_graph(spec, placement, split)
+    if split:  # the memory-aware terms of pipeloom.schedule._polish (proofs there) raise the path bound
+        from ._polish import graph_bound
+
+        g.lb = max(g.lb, graph_bound(g)[0])
     jobs, dev, lb, tscale = g.jobs, g.dev, g.lb, g.tscale
     t_rounded = m_rounded = g.rounded
 
