@@ -512,16 +512,13 @@ def optimal(spec: PlanSpec) -> Schedule:
 
 
 def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time_limit: float | None = None,
-                det_time: float | None = None, workers: int = 1, seed: int = 0, devices=None,
-                strict: bool = False, extra_lb: int = 0, params: dict | None = None):
+                det_time: float | None = None, workers: int = 1, seed: int = 0, extra_lb: int = 0,
+                params: dict | None = None):
     """Build and solve one CP-SAT model of ``g``; (status, starts, objective, bound) or None without a solution.
 
     ``horizon`` is the makespan of ``hint_vals``, a feasible schedule: the model looks for one at
-    most that long (``strict``: strictly shorter, so the answer may be INFEASIBLE, which proves
-    ``horizon`` optimal; the bound returned is then ``horizon``), so the bound it proves holds for
-    every schedule. ``devices`` (default all) are the devices whose capacity and memory are
-    modelled; the others only delay their successors (a relaxation: its optimum, and any bound
-    it proves, is a lower bound of the full problem). ``time_limit`` is wall seconds,
+    most that long, so it always has a solution and the bound it proves holds for every
+    schedule. ``time_limit`` is wall seconds,
     ``det_time`` CP-SAT's deterministic time (the same result on any machine and load with one
     worker and a fixed seed). ``extra_lb`` is a makespan bound proved elsewhere; ``params`` more
     CP-SAT parameters by name.
@@ -531,39 +528,36 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     jobs, preds, succs, dur, delta, dev, head, tail = (g.jobs, g.preds, g.succs, g.dur, g.delta, g.dev, g.head,
                                                        g.tail)
     lb = max(g.lb, extra_lb)
-    top = horizon - 1 if strict else horizon
-    if top < lb:
-        return ("INFEASIBLE", hint_vals, horizon, horizon) if strict else None
-    devices = range(g.pp) if devices is None else devices
+    if lb > horizon:  # the caller's schedule would beat a proven bound: cannot happen; no model to solve
+        return None
     model = cp_model.CpModel()
     start, end, itv = {}, {}, {}
     for j in jobs:
         du = dur(j.kind, j.chunk)
-        s = model.new_int_var(head[j], top - tail[j], f"s_{j}")
+        s = model.new_int_var(head[j], horizon - tail[j], f"s_{j}")
         start[j] = s
         end[j] = s + du
         itv[j] = model.new_fixed_size_interval_var(s, du, f"i_{j}")
-    makespan = model.new_int_var(lb, top, "makespan")
+    makespan = model.new_int_var(lb, horizon, "makespan")
     for j in jobs:
         for p, lag in preds[j]:
             model.add(start[j] >= end[p] + lag)
         if not succs[j]:
             model.add(makespan >= end[j])
-    for d in devices:
+    for d in range(g.pp):
         on = [j for j in jobs if dev[j.chunk] == d]
         model.add_no_overlap([itv[j] for j in on])
         if g.ilimit is not None and form in ("interval", "both"):
             model.add_reservoir_constraint([start[j] for j in on], [delta(j.kind, j.chunk) for j in on],
                                            0, g.ilimit)
     if form in ("time", "both"):
-        _time_indexed(model, jobs, start, preds, dur, delta, dev, devices, g.ilimit, head, tail, top)
+        _time_indexed(model, jobs, start, preds, dur, delta, dev, g.pp, g.ilimit, head, tail, horizon)
     # symmetry: microbatches are interchangeable, take chunk 0's forwards in microbatch order
     for mb in range(g.m - 1):
         model.add(start[Job(Kind.F, mb + 1, 0)] >= end[Job(Kind.F, mb, 0)])
-    if not strict:
-        for j in jobs:
-            model.add_hint(start[j], int(round(hint_vals[j])))
-        model.add_hint(makespan, horizon)
+    for j in jobs:
+        model.add_hint(start[j], int(round(hint_vals[j])))
+    model.add_hint(makespan, horizon)
     model.minimize(makespan)
 
     solver = cp_model.CpSolver()
@@ -578,13 +572,10 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     for k, v in (params or {}).items():
         setattr(solver.parameters, k, v)
     status = solver.solve(model)
-    if status == cp_model.INFEASIBLE:
-        if strict:  # nothing shorter than horizon exists (in this model)
-            return "INFEASIBLE", hint_vals, horizon, horizon
-        raise RuntimeError("optimal: CP-SAT reports a feasible starting schedule infeasible")  # guard
+    if status == cp_model.INFEASIBLE:  # impossible: the hint is feasible; kept as a guard
+        raise RuntimeError("optimal: CP-SAT reports a feasible starting schedule infeasible")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = max(int(math.ceil(solver.best_objective_bound - 1e-9)), lb) if status == cp_model.UNKNOWN else lb
-        return ("UNKNOWN", hint_vals, horizon, min(bound, horizon)) if strict else None
+        return None
     vals = {j: solver.value(start[j]) for j in jobs}
     objective = int(round(solver.objective_value))
     bound = max(int(math.ceil(solver.best_objective_bound - 1e-9)), lb)
@@ -653,7 +644,7 @@ def _relabel_hint(starts: dict[Job, float], m: int, nc: int) -> dict[Job, float]
     return {Job(j.kind, new_of[j.mb], j.chunk): t for j, t in starts.items()}
 
 
-def _time_indexed(model, jobs, start, preds, dur, delta, dev, devices, ilimit, head, tail, horizon) -> None:
+def _time_indexed(model, jobs, start, preds, dur, delta, dev, pp, ilimit, head, tail, horizon) -> None:
     """Time-indexed 0-1 rows (strong LP relaxation): y[j,t] = 1 iff job j has started by time t.
 
     start_j = sum_t (1 - y[j,t]) over its window; precedence y[j,t] <= y[p, t - dur_p - lag];
@@ -686,7 +677,7 @@ def _time_indexed(model, jobs, start, preds, dur, delta, dev, devices, ilimit, h
         for p, lag in preds[j]:
             for t in range(lo, hi):
                 model.add(yv(j, t) <= yv(p, t - dur(p.kind, p.chunk) - lag))
-    for d in devices:
+    for d in range(pp):
         on = [j for j in jobs if dev[j.chunk] == d]
         for t in range(horizon):
             terms = []
