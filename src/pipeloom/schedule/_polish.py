@@ -31,9 +31,11 @@ holds for every valid schedule, so their maximum is a lower bound of the makespa
    nothing, B (frees ``b``, costs ``dB``) or B and W (frees ``a``, costs ``dB + dW``; W needs
    its B); ``Wfree`` = the least work that frees ``X`` (a small knapsack, exact or its LP
    relaxation, both lower bounds). If ``X > 0`` some B runs before P, so ``s_B < start(P)``;
-   those B/W and every forward but P run before P, all of the B/W after ``s_B``; so by the argument of 2, ``start(P) >= hB + Wfree + max(0, Ftot - dF(P) -
-   Fpre(hB))``. P is on d's highest local chunk (a microbatch's forwards on d go up the
-   chunks), so ``T >= start(P) + tail[F on that chunk]``.
+   those B/W and every forward but P run before P, all of the B/W after ``s_B``; so by the
+   argument of 2, ``start(P) >= hB + Wfree + max(0, Ftot - dF(P) - Fpre(hB))`` (when
+   ``X <= 0`` no B need precede P and the term is skipped). P is the last forward of its
+   microbatch on d, so it is on d's highest local chunk (a microbatch's forwards go up the
+   chunks), and ``T >= start(P) + tail[F on that chunk]``.
 
 Example (``zbv`` pp 4, m 8, F=B=W=comm=1, limit 1p = 4 units, a = 1/2, b = 1/4): on the
 last device, ``hB = 20``, ``Fpre = 8`` (8 forwards fit), ``X = 8 - 4 = 4`` units = 16 jobs of
@@ -66,7 +68,7 @@ class Bound:
 
     value: float
     term: str
-    """'critical path / device', 'warm-up (memory)', 'last forward (memory)' or 'cp-sat relaxation'"""
+    """'critical path / device', 'warm-up (memory)' or 'last forward (memory)'"""
     device: int | None = None
 
 
@@ -207,7 +209,8 @@ class PolishResult:
     det_time: float = 0.0
 
 
-def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0, params: dict | None = None) -> PolishResult:
+def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
+           params: dict | None = None) -> PolishResult:
     """Look for a strictly shorter valid schedule than ``sched`` with CP-SAT (see the module docstring).
 
     ``det_time``: CP-SAT's deterministic time limit (about seconds of one worker; 0: bound only).
