@@ -171,3 +171,16 @@ def test_benchmark_verdicts_use_the_bound():
     row = bench.run_case(cases["zbh1-pp2-m6-A-1p"], bench.load_bounds())
     assert row["lower_bound"] == 24 and row["verdict"] == "equal (optimal)"
     assert row["bound_source"].startswith("cp-sat")
+
+
+def test_zero_durations_and_fractional_costs():
+    # W = 0: the bound still holds and is reported; CP-SAT is skipped (its reservoir needs distinct starts)
+    spec = make_spec(pp=4, microbatches=5, vpp=2, costs=Costs(F=1, B=2, W=0, comm=1), mem_limit="1p")
+    s = plan("zbv", spec)
+    assert s.meta["polished"] in ("proven optimal", "skipped (zero durations)")
+    assert s.meta["lower_bound"] <= simulate(s, spec.costs).makespan + 1e-9
+    # fractional costs are scaled exactly
+    spec = make_spec(pp=2, microbatches=4, vpp=2, costs=Costs(F=1 / 3, B=0.75, W=0.5, comm=0.25), mem_limit="1p")
+    s = plan("zbv", spec)
+    assert validate(s, mem=spec.mem, mem_limit=spec.mem_limit) == []
+    assert s.meta["lower_bound"] <= simulate(s, spec.costs).makespan + 1e-9
