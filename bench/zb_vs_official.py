@@ -7,7 +7,10 @@ stage_bubble, global bubble and peak memory (normalised units, 1p = pp). Every o
 list is also re-timed with pipeloom's simulator, which must reproduce the reference makespan
 (a check of our simulator against theirs). Where pipeloom's peak memory is above the official
 one, the "ours @ off. peak" column re-plans pipeloom under the official peak as the limit, so
-the comparison is also made at equal memory.
+the comparison is also made at equal memory. The "bound" column is a proven lower bound of the
+makespan (pipeloom's analytic bound, raised by the stored CP-SAT results of bench/zb_bounds.py in
+bench/data/zb_bounds.json); a verdict says "(optimal)" when our makespan meets it, "(open)" when
+a shorter schedule might exist.
 
     python bench/zb_vs_official.py                  # rich table + summary
     python bench/zb_vs_official.py --json           # one JSON object
@@ -20,16 +23,25 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from pipeloom.api import make_spec, plan
 from pipeloom.schedule import registry
 from pipeloom.schedule._greedy_ref import BUILDER_OF, case_costs, load_reference, official_schedule
+from pipeloom.schedule._polish import lower_bound
+from pipeloom.schedule.ir import Placement
 from pipeloom.sim.simulate import simulate
 
 EPS = 1e-9
+BOUNDS = Path(__file__).resolve().parent / "data" / "zb_bounds.json"
 
 
-def run_case(case: dict) -> dict:
+def load_bounds(path: Path = BOUNDS) -> dict:
+    """Stored bounds of bench/zb_bounds.py by case id ({} when the file is absent)."""
+    return json.loads(path.read_text())["cases"] if path.is_file() else {}
+
+
+def run_case(case: dict, bounds: dict | None = None) -> dict:
     costs = case_costs(case)
     off = simulate(official_schedule(case), costs)
     lim = case["limit_units"]
@@ -55,14 +67,30 @@ def run_case(case: dict) -> dict:
         "plan_time_s": dt,
     }
     row["ours_at_official_peak"] = None
+    tight = None
     if row["ours_peak"] > off_peak + EPS and case["generator"] != "1f1b":
         tight = make_spec(pp=case["pp"], microbatches=case["microbatches"], vpp=case["vpp"], costs=costs,
                           mem_limit=off_peak)
         row["ours_at_official_peak"] = simulate(plan(name, tight), costs).makespan
     eq_mem = row["ours_makespan"] if row["ours_at_official_peak"] is None else row["ours_at_official_peak"]
     row["ours_equal_memory_makespan"] = eq_mem
-    row["verdict"] = ("better" if eq_mem < case["makespan"] - EPS else
-                      "equal" if eq_mem <= case["makespan"] + EPS else "worse")
+    row["lower_bound"] = row["bound_source"] = None
+    if case["generator"] != "1f1b":  # 1f1b: the same fixed schedule on both sides, nothing to bound
+        placement = Placement.V if case["vpp"] >= 2 else Placement.INTERLEAVED
+        # bound at the limit the equal-memory makespan was planned under (a bound at the case's own,
+        # looser limit stays valid there too)
+        lb = lower_bound(tight if row["ours_at_official_peak"] is not None else spec, placement).value
+        stored = (bounds or {}).get(case["id"])
+        src = "analytic"
+        if stored and stored["bound"] > lb + EPS:
+            lb, src = stored["bound"], stored["how"]
+        row["lower_bound"], row["bound_source"] = lb, src
+    row["proven_optimal"] = row["lower_bound"] is not None and eq_mem <= row["lower_bound"] + EPS
+    verdict = ("better" if eq_mem < case["makespan"] - EPS else
+               "equal" if eq_mem <= case["makespan"] + EPS else "worse")
+    if row["lower_bound"] is not None and verdict != "worse":
+        verdict += " (optimal)" if row["proven_optimal"] else " (open)"
+    row["verdict"] = verdict
     return row
 
 
@@ -129,13 +157,17 @@ def main(argv=None) -> int:
         it = track(cases, description="planning", transient=True, disable=args.json or not sys.stderr.isatty())
     except ImportError:  # pragma: no cover
         it = cases
+    bounds = load_bounds()
     for c in it:
-        rows.append(run_case(c))
+        rows.append(run_case(c, bounds))
     summary = {
         "cases": len(rows),
         "retime_mismatches": [r["id"] for r in rows if not r["retime_ok"]],
-        "better": sum(r["verdict"] == "better" for r in rows),
-        "equal": sum(r["verdict"] == "equal" for r in rows),
+        "better": sum(r["verdict"].startswith("better") for r in rows),
+        "equal": sum(r["verdict"].startswith("equal") for r in rows),
+        "equal_optimal": sum(r["verdict"] == "equal (optimal)" for r in rows),
+        "equal_open": [r["id"] for r in rows if r["verdict"] == "equal (open)"],
+        "proven_optimal": sum(r["proven_optimal"] for r in rows),
         "worse": [r["id"] for r in rows if r["verdict"] == "worse"],
         "over_limit": [r["id"] for r in rows if not r["within_limit"]],
         "mean_makespan_ratio": (sum(r["ours_equal_memory_makespan"] / r["official_makespan"] for r in rows)
@@ -145,12 +177,15 @@ def main(argv=None) -> int:
         print(json.dumps({"summary": summary, "rows": rows}, indent=1))
         return 0
     if args.markdown:
-        print("| case | makespan off. | ours | ours @ off. peak | stage bubble off. | ours | bubble off. | ours "
-              "| peak off. | ours | verdict |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        print(_groups_table(rows))
+        print()
+        print("| case | makespan off. | ours | ours @ off. peak | bound | stage bubble off. | ours | bubble off. "
+              "| ours | peak off. | ours | verdict |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in rows:
             at = "-" if r["ours_at_official_peak"] is None else f"{r['ours_at_official_peak']:g}"
-            print(f"| {r['id']} | {r['official_makespan']:g} | {r['ours_makespan']:g} | {at} "
+            lb = "-" if r["lower_bound"] is None else f"{r['lower_bound']:g}"
+            print(f"| {r['id']} | {r['official_makespan']:g} | {r['ours_makespan']:g} | {at} | {lb} "
                   f"| {r['official_stage_bubble']:.4f} | {r['ours_stage_bubble']:.4f} | {r['official_bubble']:.4f} "
                   f"| {r['ours_bubble']:.4f} | {r['official_peak']:g} | {r['ours_peak']:g} | {r['verdict']} |")
         print()
@@ -160,26 +195,50 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     t = Table(title="official zero-bubble generators vs pipeloom (same costs; memory in units, 1p = pp)")
-    for col in ("case", "makespan off.", "ours", "ours @ off. peak", "stage bubble off.", "ours",
+    for col in ("case", "makespan off.", "ours", "ours @ off. peak", "bound", "stage bubble off.", "ours",
                 "bubble off.", "ours", "peak off.", "ours", "verdict"):
         t.add_column(col, justify="left" if col == "case" else "right")
     colour = {"better": "green", "equal": "white", "worse": "red"}
     for r in rows:
         t.add_row(r["id"], f"{r['official_makespan']:g}", f"{r['ours_makespan']:g}",
                   "-" if r["ours_at_official_peak"] is None else f"{r['ours_at_official_peak']:g}",
+                  "-" if r["lower_bound"] is None else f"{r['lower_bound']:g}",
                   f"{r['official_stage_bubble']:.4f}", f"{r['ours_stage_bubble']:.4f}",
                   f"{r['official_bubble']:.4f}", f"{r['ours_bubble']:.4f}",
                   f"{r['official_peak']:g}", f"{r['ours_peak']:g}",
-                  f"[{colour[r['verdict']]}]{r['verdict']}[/]")
+                  f"[{colour[r['verdict'].split()[0]]}]{r['verdict']}[/]")
     con = Console(width=None if sys.stdout.isatty() else 160)
     con.print(t)
     con.print(_summary_line(summary))
     return 0
 
 
+def _groups_table(rows: list[dict]) -> str:
+    """Markdown summary per (generator, limit): table 1 of docs/bench/zb_vs_official.md."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["generator"], r["mem_limit"]), []).append(r)
+    out = ["| generator | limit | cases | better | equal (optimal) | equal (open) | worse | ours proven optimal "
+           "| mean makespan ratio ours/official (equal memory) |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for (gen, lim), rs in sorted(groups.items()):
+        n = len(rs)
+        cnt = {v: sum(r["verdict"].startswith(v) for r in rs) for v in ("better", "equal (optimal)",
+                                                                           "equal (open)", "worse")}
+        eq_plain = sum(r["verdict"] == "equal" for r in rs)  # 1f1b: no bound
+        ratio = sum(r["ours_equal_memory_makespan"] / r["official_makespan"] for r in rs) / n
+        opt = sum(r["proven_optimal"] for r in rs)
+        out.append(f"| {gen} | {lim} | {n} | {cnt['better']} | {cnt['equal (optimal)'] if not eq_plain else '-'} "
+                   f"| {cnt['equal (open)'] if not eq_plain else f'{eq_plain} (no bound)'} | {cnt['worse']} "
+                   f"| {opt if not eq_plain else '-'} | {ratio:.4f} |")
+    return "\n".join(out)
+
+
 def _summary_line(summary: dict) -> str:
-    return (f"{summary['cases']} cases: {summary['better']} better, {summary['equal']} equal, "
-            f"{len(summary['worse'])} worse {summary['worse']}; mean makespan ratio ours/official at equal "
+    return (f"{summary['cases']} cases: {summary['better']} better, {summary['equal']} equal "
+            f"({summary['equal_optimal']} proven optimal, open: {summary['equal_open'] or 'none'}), "
+            f"{len(summary['worse'])} worse {summary['worse']}; ours proven optimal on {summary['proven_optimal']}; "
+            f"mean makespan ratio ours/official at equal "
             f"memory {summary['mean_makespan_ratio']:.4f}; official re-timed by pipeloom's simulator: "
             f"{summary['cases'] - len(summary['retime_mismatches'])}/{summary['cases']} match; "
             f"over the limit: {summary['over_limit'] or 'none'}")

@@ -27,7 +27,8 @@ Help given to the solver, all of it sound:
     * microbatches are interchangeable (costs and memory depend on the chunk only), so the
       forwards on chunk 0 may be taken in microbatch order (symmetry breaking);
     * start windows from the longest dependency paths before and after each job (heads/tails)
-      and the device bound  head_d + work_d + tail_d <= makespan;
+      and the device bound  head_d + work_d + tail_d <= makespan; with split backward also the
+      memory terms of :func:`pipeloom.schedule._polish.lower_bound` (warm-up and last forward);
     * a hint and an upper bound from cheap feasible schedules: a memory-reserving greedy list
       scheduler, the other registered builders of the same kind, and the one-microbatch-at-a-time
       schedule (which fits any limit >= the smallest feasible one, see :func:`min_feasible_limit`);
@@ -44,6 +45,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
 
@@ -236,6 +238,123 @@ def _registry_hints(spec: PlanSpec, placement: Placement, split: bool) -> list[t
     return out
 
 
+# ----------------------------------------------------------------------------- the job graph (shared)
+@dataclass(slots=True)
+class JobGraph:
+    """The solver's view of a shape, scaled to integers: jobs, lags, durations, memory, bounds.
+
+    Shared by the ``optimal`` builder and the polish/lower bounds of :mod:`._polish`.
+    ``head[j]``: longest dependency path before j's start; ``tail[j]``: longest path from j's
+    start to the end (j's own duration included); ``lb``: the critical-path and device bounds.
+    Times are in units of ``1/tscale``, memory in ``1/mscale``.
+    """
+
+    pp: int
+    vpp: int
+    m: int
+    nc: int
+    placement: Placement
+    split: bool
+    tscale: int
+    mscale: int
+    rounded: bool
+    iF: list[int]
+    iB: list[int]
+    iW: list[int]
+    icomm: int
+    ia: list[int]
+    ib: list[int]
+    ilimit: int | None
+    dev: list[int]
+    jobs: list[Job]
+    preds: dict
+    succs: dict
+    head: dict
+    tail: dict
+    lb: int
+
+    def dur(self, k: Kind, c: int) -> int:
+        if k is Kind.F:
+            return self.iF[c]
+        if k is Kind.B:
+            return self.iB[c]
+        if k is Kind.W:
+            return self.iW[c]
+        return self.iB[c] + self.iW[c]
+
+    def delta(self, k: Kind, c: int) -> int:
+        if k is Kind.F:
+            return self.ia[c]
+        if k is Kind.B:
+            return -self.ib[c]
+        if k is Kind.W:
+            return -(self.ia[c] - self.ib[c])
+        return -self.ia[c]
+
+    def int_costs(self) -> Costs:
+        return Costs(F=tuple(float(x) for x in self.iF), B=tuple(float(x) for x in self.iB),
+                     W=tuple(float(x) for x in self.iW), comm=float(self.icomm))
+
+
+def job_graph(spec: PlanSpec, placement: Placement, split: bool = True) -> JobGraph:
+    """Integer job graph of ``spec`` (its costs, memory model and ``mem_limit``) for ``placement``."""
+    pp, m, vpp = spec.pp, spec.microbatches, spec.vpp
+    nc = pp * vpp
+    dF, dB, dW = spec.costs.per_chunk(nc)
+    a, b = spec.mem.per_chunk(nc, vpp)
+    limit = spec.mem_limit
+    tscale, t_rounded = _scale_of(dF + dB + dW + [spec.costs.comm], _TIME_RES, 1000)
+    mscale, m_rounded = _scale_of(a + b + ([limit] if limit is not None else []), 1000, _MEM_RES)
+    iF = [_to_int(x, tscale) for x in dF]
+    iB = [_to_int(x, tscale) for x in dB]
+    iW = [_to_int(x, tscale) for x in dW]
+    icomm = _to_int(spec.costs.comm, tscale)
+    ia = [_to_int(x, mscale) for x in a]
+    ib = [_to_int(x, mscale) for x in b]
+    ilimit = None if limit is None else int(math.floor(limit * mscale + 1e-6))
+    dev = [device_of(c, pp, placement) for c in range(nc)]
+    kinds = (Kind.F, Kind.B, Kind.W) if split else (Kind.F, Kind.BW)
+    g = JobGraph(pp, vpp, m, nc, placement, split, tscale, mscale, t_rounded or m_rounded, iF, iB, iW, icomm,
+                 ia, ib, ilimit, dev, [], {}, {}, {}, {}, 0)
+    dur = g.dur
+    G = Kind.B if split else Kind.BW  # the job that produces the input grad
+    jobs = [Job(k, mb, c) for mb in range(m) for c in range(nc) for k in kinds]
+    # predecessors: (job, lag) with lag = comm on a cross-device edge
+    preds: dict[Job, list[tuple[Job, int]]] = {}
+    for j in jobs:
+        k, mb, c = j
+        p = []
+        if k is Kind.F and c > 0:
+            p.append((Job(Kind.F, mb, c - 1), icomm if dev[c - 1] != dev[c] else 0))
+        elif k is G:
+            p.append((Job(Kind.F, mb, c), 0))
+            if c < nc - 1:
+                p.append((Job(G, mb, c + 1), icomm if dev[c + 1] != dev[c] else 0))
+        elif k is Kind.W:
+            p.append((Job(Kind.B, mb, c), 0))
+        preds[j] = p
+    # heads (earliest start) and tails (longest path from a job's start to the end)
+    order = sorted(jobs, key=lambda j: _topo_key(j, nc))
+    head = {}
+    for j in order:
+        head[j] = max((head[p] + dur(p.kind, p.chunk) + lag for p, lag in preds[j]), default=0)
+    succs: dict[Job, list[tuple[Job, int]]] = {j: [] for j in jobs}
+    for j in jobs:
+        for p, lag in preds[j]:
+            succs[p].append((j, lag))
+    tail = {}
+    for j in reversed(order):
+        tail[j] = dur(j.kind, j.chunk) + max((lag + tail[s] for s, lag in succs[j]), default=0)
+    lb = max(head[j] + tail[j] for j in jobs)
+    for d in range(pp):
+        on = [j for j in jobs if dev[j.chunk] == d]
+        if on:
+            lb = max(lb, min(head[j] for j in on) + sum(dur(j.kind, j.chunk) for j in on)
+                     + min(tail[j] - dur(j.kind, j.chunk) for j in on))
+    g.jobs, g.preds, g.succs, g.head, g.tail, g.lb = jobs, preds, succs, head, tail, lb
+    return g
+
+
 # ----------------------------------------------------------------------------- builder
 @register("optimal", description="exact minimum makespan under the memory limit (OR-Tools CP-SAT; small shapes: "
                                  f"at most {MAX_JOBS} jobs, e.g. pp<=4, m<=8, vpp<=2)",
@@ -315,64 +434,16 @@ def optimal(spec: PlanSpec) -> Schedule:
             f"placement): every schedule needs at least {need:g} units (= {need / pp:g}p) on some device")
 
     t_start = time.perf_counter()
-    # --- integer scaling
-    tscale, t_rounded = _scale_of(dF + dB + dW + [spec.costs.comm], _TIME_RES, 1000)
-    mscale, m_rounded = _scale_of(a + b + ([limit] if limit is not None else []), 1000, _MEM_RES)
-    iF = [_to_int(x, tscale) for x in dF]
-    iB = [_to_int(x, tscale) for x in dB]
-    iW = [_to_int(x, tscale) for x in dW]
-    icomm = _to_int(spec.costs.comm, tscale)
-    ia = [_to_int(x, mscale) for x in a]
-    ib = [_to_int(x, mscale) for x in b]
-    ilimit = None if limit is None else int(math.floor(limit * mscale + 1e-6))
+    g = job_graph(spec, placement, split)
+    if split:  # the memory-aware terms of pipeloom.schedule._polish (proofs there) raise the path bound
+        from ._polish import graph_bound
 
-    dev = [device_of(c, pp, placement) for c in range(nc)]
-    kinds = (Kind.F, Kind.B, Kind.W) if split else (Kind.F, Kind.BW)
-
-    def dur(k: Kind, c: int) -> int:
-        return {Kind.F: iF, Kind.B: iB, Kind.W: iW}[k][c] if k is not Kind.BW else iB[c] + iW[c]
-
-    def delta(k: Kind, c: int) -> int:
-        return {Kind.F: ia[c], Kind.B: -ib[c], Kind.W: -(ia[c] - ib[c]), Kind.BW: -ia[c]}[k]
-
-    G = Kind.B if split else Kind.BW  # the job that produces the input grad
-    jobs = [Job(k, mb, c) for mb in range(m) for c in range(nc) for k in kinds]
-    # predecessors: (job, lag) with lag = comm on a cross-device edge
-    preds: dict[Job, list[tuple[Job, int]]] = {}
-    for j in jobs:
-        k, mb, c = j
-        p = []
-        if k is Kind.F and c > 0:
-            p.append((Job(Kind.F, mb, c - 1), icomm if dev[c - 1] != dev[c] else 0))
-        elif k is G:
-            p.append((Job(Kind.F, mb, c), 0))
-            if c < nc - 1:
-                p.append((Job(G, mb, c + 1), icomm if dev[c + 1] != dev[c] else 0))
-        elif k is Kind.W:
-            p.append((Job(Kind.B, mb, c), 0))
-        preds[j] = p
-    # heads (earliest start) and tails (longest path from a job's start to the end)
-    order = sorted(jobs, key=lambda j: _topo_key(j, nc))
-    head = {}
-    for j in order:
-        head[j] = max((head[p] + dur(p.kind, p.chunk) + lag for p, lag in preds[j]), default=0)
-    succs: dict[Job, list[tuple[Job, int]]] = {j: [] for j in jobs}
-    for j in jobs:
-        for p, lag in preds[j]:
-            succs[p].append((j, lag))
-    tail = {}
-    for j in reversed(order):
-        tail[j] = dur(j.kind, j.chunk) + max((lag + tail[s] for s, lag in succs[j]), default=0)
-    lb = max(head[j] + tail[j] for j in jobs)
-    for d in range(pp):
-        on = [j for j in jobs if dev[j.chunk] == d]
-        if on:
-            lb = max(lb, min(head[j] for j in on) + sum(dur(j.kind, j.chunk) for j in on)
-                     + min(tail[j] - dur(j.kind, j.chunk) for j in on))
+        g.lb = max(g.lb, graph_bound(g)[0])
+    jobs, dev, lb, tscale = g.jobs, g.dev, g.lb, g.tscale
+    t_rounded = m_rounded = g.rounded
 
     # --- starting schedules: hint and upper bound
-    icosts = Costs(F=tuple(float(x) for x in iF), B=tuple(float(x) for x in iB), W=tuple(float(x) for x in iW),
-                   comm=float(icomm))
+    icosts = g.int_costs()
     candidates: list[tuple[str, list[list[Job]]]] = [("serial", _serial_orders(pp, m, nc, placement, split))]
     for f_first in (False, True):
         try:
@@ -414,11 +485,9 @@ def optimal(spec: PlanSpec) -> Schedule:
         # The interval model proves most cases fastest (pp4 m8 vpp1 1p: 4 s, the time-indexed one none
         # in 9 s); the time-indexed rows prove others it cannot (pp2 m6 vpp2 1p: 11 s vs none in 14 s).
         # So: interval for the first half of the time, then both, starting from the best found.
-        phases = ["interval", "both"] if ilimit is not None else ["interval"]
+        phases = ["interval", "both"] if g.ilimit is not None else ["interval"]
     else:
         phases = [formulation]
-    model_args = dict(jobs=jobs, preds=preds, succs=succs, dur=dur, delta=delta, dev=dev, pp=pp, m=m,
-                      ilimit=ilimit, head=head, tail=tail, lb=lb)
     vals, objective, bound, status_name, used = hint_start, horizon, lb, "FEASIBLE", []
     source = f"hint ({best_hint[0]}); CP-SAT found nothing better in time_limit={time_limit:g} s"
     t_solve0 = time.perf_counter()
@@ -427,7 +496,7 @@ def optimal(spec: PlanSpec) -> Schedule:
         if budget <= 0.05:
             break
         used.append(form)
-        res = _solve(form, budget, workers, seed, vals, objective, **model_args)
+        res = solve_graph(g, form, vals, objective, time_limit=budget, workers=workers, seed=seed)
         if res is None:
             continue
         r_status, r_vals, r_obj, r_bound = res
@@ -442,15 +511,25 @@ def optimal(spec: PlanSpec) -> Schedule:
                    t_rounded or m_rounded)
 
 
-def _solve(form, time_limit, workers, seed, hint_vals, horizon, *, jobs, preds, succs, dur, delta, dev, pp, m,
-           ilimit, head, tail, lb):
-    """Build and solve one CP-SAT model; (status, starts, objective, bound) or None without a solution.
+def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time_limit: float | None = None,
+                det_time: float | None = None, workers: int = 1, seed: int = 0, extra_lb: int = 0,
+                params: dict | None = None):
+    """Build and solve one CP-SAT model of ``g``; (status, starts, objective, bound) or None without a solution.
 
     ``horizon`` is the makespan of ``hint_vals``, a feasible schedule: the model looks for one at
-    most that long, so it always has a solution and the bound it proves holds for every schedule.
+    most that long, so it always has a solution and the bound it proves holds for every
+    schedule. ``time_limit`` is wall seconds,
+    ``det_time`` CP-SAT's deterministic time (the same result on any machine and load with one
+    worker and a fixed seed). ``extra_lb`` is a makespan bound proved elsewhere; ``params`` more
+    CP-SAT parameters by name.
     """
     from ortools.sat.python import cp_model  # lazy: the core must import fast
 
+    jobs, preds, succs, dur, delta, dev, head, tail = (g.jobs, g.preds, g.succs, g.dur, g.delta, g.dev, g.head,
+                                                       g.tail)
+    lb = max(g.lb, extra_lb)
+    if lb > horizon:  # the caller's schedule would beat a proven bound: cannot happen; no model to solve
+        return None
     model = cp_model.CpModel()
     start, end, itv = {}, {}, {}
     for j in jobs:
@@ -465,16 +544,16 @@ def _solve(form, time_limit, workers, seed, hint_vals, horizon, *, jobs, preds, 
             model.add(start[j] >= end[p] + lag)
         if not succs[j]:
             model.add(makespan >= end[j])
-    for d in range(pp):
+    for d in range(g.pp):
         on = [j for j in jobs if dev[j.chunk] == d]
         model.add_no_overlap([itv[j] for j in on])
-        if ilimit is not None and form in ("interval", "both"):
+        if g.ilimit is not None and form in ("interval", "both"):
             model.add_reservoir_constraint([start[j] for j in on], [delta(j.kind, j.chunk) for j in on],
-                                           0, ilimit)
+                                           0, g.ilimit)
     if form in ("time", "both"):
-        _time_indexed(model, jobs, start, preds, dur, delta, dev, pp, ilimit, head, tail, horizon)
+        _time_indexed(model, jobs, start, preds, dur, delta, dev, g.pp, g.ilimit, head, tail, horizon)
     # symmetry: microbatches are interchangeable, take chunk 0's forwards in microbatch order
-    for mb in range(m - 1):
+    for mb in range(g.m - 1):
         model.add(start[Job(Kind.F, mb + 1, 0)] >= end[Job(Kind.F, mb, 0)])
     for j in jobs:
         model.add_hint(start[j], int(round(hint_vals[j])))
@@ -482,11 +561,16 @@ def _solve(form, time_limit, workers, seed, hint_vals, horizon, *, jobs, preds, 
     model.minimize(makespan)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = time_limit
+    if det_time is not None:
+        solver.parameters.max_deterministic_time = det_time
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     # probing in presolve costs seconds on these dense precedence models and did not pay off here
     solver.parameters.cp_model_probing_level = 0
+    for k, v in (params or {}).items():
+        setattr(solver.parameters, k, v)
     status = solver.solve(model)
     if status == cp_model.INFEASIBLE:  # impossible: the hint is feasible; kept as a guard
         raise RuntimeError("optimal: CP-SAT reports a feasible starting schedule infeasible")
