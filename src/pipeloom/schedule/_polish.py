@@ -262,3 +262,110 @@ def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
         out.schedule = cand
         out.status = "optimal" if bound >= obj else "improved"
     return out
+
+
+#: tail windows of :func:`lns`: the share of the makespan, from the end, whose jobs are re-solved
+LNS_FRACS = (0.2, 0.3, 0.4, 0.5)
+#: CP-SAT deterministic seconds per window solve of :func:`lns`
+LNS_STEP = 0.1
+
+
+def _window_solve(g, vals: dict, t0: int, horizon: int, lb: int, det_time: float, seed: int):
+    """Re-solve the jobs that start at or after ``t0`` (every earlier job keeps its start); the
+    shortest makespan found in ``det_time`` (starts, objective, deterministic time used) or None."""
+    from ortools.sat.python import cp_model  # lazy: the core must import fast
+
+    jobs, preds, succs, dur, delta, dev, head, tail = (g.jobs, g.preds, g.succs, g.dur, g.delta, g.dev, g.head,
+                                                       g.tail)
+    model = cp_model.CpModel()
+    start, itv = {}, {}
+    for j in jobs:
+        v = int(vals[j])
+        lo, hi = (v, v) if v < t0 else (head[j], horizon - tail[j])
+        start[j] = model.new_int_var(lo, hi, "")
+        itv[j] = model.new_fixed_size_interval_var(start[j], dur(j.kind, j.chunk), "")
+    makespan = model.new_int_var(lb, horizon, "makespan")
+    for j in jobs:
+        for p, lag in preds[j]:
+            if vals[j] >= t0:  # both fixed: the given schedule satisfies it
+                model.add(start[j] >= start[p] + dur(p.kind, p.chunk) + lag)
+        if not succs[j]:
+            model.add(makespan >= start[j] + dur(j.kind, j.chunk))
+    for d in range(g.pp):
+        on = [j for j in jobs if dev[j.chunk] == d]
+        model.add_no_overlap([itv[j] for j in on])
+        if g.ilimit is not None:
+            model.add_reservoir_constraint([start[j] for j in on], [delta(j.kind, j.chunk) for j in on], 0, g.ilimit)
+    for j in jobs:
+        model.add_hint(start[j], int(vals[j]))
+    model.add_hint(makespan, horizon)
+    model.minimize(makespan)
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.max_deterministic_time = det_time
+    p.num_workers = 1
+    p.random_seed = seed
+    p.cp_model_probing_level = 0
+    p.symmetry_level = 0
+    status = solver.solve(model)
+    used = solver.deterministic_time
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, None, used
+    return {j: solver.value(start[j]) for j in jobs}, int(round(solver.objective_value)), used
+
+
+def lns(spec: PlanSpec, sched: Schedule, det_time: float, *, fracs: tuple[float, ...] = LNS_FRACS,
+        step: float = LNS_STEP, seed: int = 0) -> PolishResult:
+    """Tail-window large-neighbourhood search for a strictly shorter valid schedule than ``sched``.
+
+    Every job that starts before ``t0 = (1 - f) * makespan`` keeps its start; CP-SAT re-solves the
+    others (the tail, where the makespan is decided; a model of a few dozen free jobs, so a short
+    solve goes far), ``step`` deterministic seconds per window, windows ``f`` in ``fracs`` in
+    turn, a window again after each improvement, until ``det_time`` deterministic seconds are
+    spent or the analytic bound is met. Deterministic (one worker, fixed ``seed``, CP-SAT's
+    deterministic time); every answer is re-timed and validated under ``spec.mem_limit`` like
+    :func:`polish`. Example: ``zbv`` pp 4, m 12, F/B/W/comm 4/6/3/1 at 1p: 344 -> 341 in about
+    0.05 deterministic seconds (a full-model polish needs 8 for 341).
+    """
+    from ..sim.simulate import simulate
+    from .optimal import _hint_starts, _topo_key
+    from .validate import validate
+
+    g = _graph(spec, sched.placement)
+    before = simulate(sched, spec.costs).makespan
+    if g.rounded:
+        return PolishResult(None, before, lower_bound(spec, sched.placement).value, "skipped (costs rounded)")
+    lb, _, _ = graph_bound(g)
+    ires = simulate(sched, g.int_costs())
+    horizon = int(round(ires.makespan))
+    if lb >= horizon:
+        return PolishResult(None, before, lb / g.tscale, "proven optimal")
+    if det_time <= 0:
+        return PolishResult(None, before, lb / g.tscale, "off")
+    if min(g.iF + g.iB + g.iW) <= 0:
+        return PolishResult(None, before, lb / g.tscale, "skipped (zero durations)")
+    vals = _hint_starts(ires)
+    best, best_ms, used, i = None, before, 0.0, 0
+    while i < len(fracs) and used < det_time - 1e-9 and horizon > lb:
+        t0 = int(horizon * (1 - fracs[i]))
+        nv, obj, dt = _window_solve(g, vals, t0, horizon, lb, min(step, det_time - used), seed)
+        used += dt
+        ok = False
+        if nv is not None and obj < horizon:
+            devices = []
+            for d in range(g.pp):
+                on = [j for j in g.jobs if g.dev[j.chunk] == d]
+                on.sort(key=lambda j: (nv[j], _topo_key(j, g.nc)))
+                devices.append(tuple(on))
+            cand = Schedule(sched.name, sched.pp, sched.vpp, sched.microbatches, sched.placement, tuple(devices),
+                            meta=dict(sched.meta))
+            if not validate(cand, mem=spec.mem, mem_limit=spec.mem_limit):
+                after = simulate(cand, spec.costs, spec.mem).makespan
+                ir = simulate(cand, g.int_costs())
+                if after < best_ms - 1e-9:
+                    best, best_ms, ok = cand, after, True
+                    horizon, vals = int(round(ir.makespan)), _hint_starts(ir)
+        if not ok:
+            i += 1
+    status = "no improvement" if best is None else ("optimal" if horizon <= lb else "improved")
+    return PolishResult(best, before, lb / g.tscale, status, used)

@@ -110,6 +110,14 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         elif r is not None and r.makespan < res.makespan - 1e-9:  # meets the bound: optimal
             sched = make_schedule(name, pp, vpp, m, placement, r.seqs)
             res = _polish.PolishResult(sched, first, res.bound, "optimal")
+    elif (res.status == "off" and "polish" not in spec.options and "insert_budget" not in spec.options
+            and njobs <= DEFAULT_LNS_MAX_JOBS):
+        # above the default polish's size, not proven optimal: the tail-window search (pp 4, m 12,
+        # F/B/W/comm 4/6/3/1 at 1p: 344 -> 341 in about 1.5 s; the full-model polish needs 17 s for 341)
+        again = _polish.lns(pspec, sched, DEFAULT_LNS)
+        if again.schedule is not None:
+            sched = again.schedule
+        res = _polish.PolishResult(again.schedule, first, again.bound, again.status, again.det_time)
     meta["lower_bound"] = res.bound
     meta["polished"] = res.status
     if res.schedule is not None:
@@ -125,6 +133,10 @@ DEFAULT_POLISH = 0.1
 #: job re-timings of the insertion search run before a default polish on shapes the bound does not settle
 DEFAULT_INSERT_BUDGET = 2_000_000
 DEFAULT_POLISH_MAX_JOBS = 200
+#: budget (CP-SAT deterministic seconds) of the default tail-window search (``_polish.lns``) on the unproven
+#: shapes above DEFAULT_POLISH_MAX_JOBS jobs and up to DEFAULT_LNS_MAX_JOBS (pp 4, m 16, vpp 2 = 384 jobs)
+DEFAULT_LNS = 0.6
+DEFAULT_LNS_MAX_JOBS = 400
 #: the largest shape (jobs) that gets a lower bound (always) and accepts an explicit ``polish`` option
 POLISH_MAX_JOBS = 400
 
