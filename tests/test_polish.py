@@ -112,9 +112,36 @@ def test_default_polish_only_on_small_shapes():
     # above 400 jobs: neither bound nor polish (the large-shape path is the greedy alone)
     s = plan("zbv", make_spec(pp=8, microbatches=16, vpp=2, mem_limit="1p"))
     assert "polished" not in s.meta and "lower_bound" not in s.meta
-    # 201-400 jobs: the bound, no CP-SAT unless asked for
-    s = plan("zbv", make_spec(pp=4, microbatches=12, vpp=2, costs=E, mem_limit="1p"))
+    # 201-400 jobs: the bound and the tail-window search by default; polish=0 turns both searches off
+    s = plan("zbv", make_spec(pp=4, microbatches=12, vpp=2, costs=E, mem_limit="1p", options={"polish": 0}))
     assert s.meta["polished"] == "off" and s.meta["lower_bound"] == 339
+
+
+def test_default_lns_beats_official_on_288_jobs():
+    # zbv pp 4, m 12, F/B/W/comm 4/6/3/1 at 1p (288 jobs, above the default polish's 200): greedy and
+    # official 344, bound 339; the default tail-window search reaches 341 (about 2 s), deterministically
+    spec = make_spec(pp=4, microbatches=12, vpp=2, costs=E, mem_limit="1p")
+    a, b = plan("zbv", spec), plan("zbv", spec)
+    assert a.devices == b.devices
+    assert validate(a, mem=spec.mem, mem_limit=spec.mem_limit) == []
+    r = simulate(a, E)
+    assert r.makespan == 341 and max(r.peak_memory) <= 4
+    assert a.meta["polished_from"] == 344 and a.meta["lower_bound"] == 339 and a.meta["polished"] == "improved"
+
+
+def test_lns_function_reports_status():
+    from pipeloom.schedule._polish import lns
+
+    spec = make_spec(pp=4, microbatches=8, vpp=2, costs=A, mem_limit="1p", options={"polish": 0})
+    r = lns(spec, plan("zbv", spec), 1.0)
+    assert r.status == "proven optimal" and r.schedule is None and r.bound == r.makespan == 65
+    spec = make_spec(pp=4, microbatches=8, vpp=2, costs=E, mem_limit="1p", options={"polish": 0})
+    s0 = plan("zbv", spec)
+    assert lns(spec, s0, 0.0).status == "off"
+    r = lns(spec, s0, 0.5)  # 240 -> 237 (the default's polish + insertion + polish sequence also gives 237)
+    assert r.status == "improved" and r.makespan == 240 and r.det_time <= 0.5 + 0.2
+    assert validate(r.schedule, mem=spec.mem, mem_limit=spec.mem_limit) == []
+    assert simulate(r.schedule, E).makespan == 237
 
 
 @pytest.mark.parametrize("value,msg", [(-1, "polish must be a number >= 0"), ("lots", "polish must be a number"),
