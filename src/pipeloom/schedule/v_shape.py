@@ -31,8 +31,9 @@ limit (critical path, device load and two memory terms), and ``meta['polished']`
 bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
 hinted with it looks for a strictly shorter valid one (option ``polish``: CP-SAT
 deterministic seconds; default 0.1 on shapes of at most 200 jobs, 0 = off; explicit values
-are accepted up to 400 jobs). A shorter schedule is kept only if it validates under the
-limit; ``meta['polished_from']`` then holds the greedy makespan.
+are accepted up to 400 jobs); by default shapes of 201 to 400 jobs get the tail-window
+search ``_polish.lns`` instead (0.6 deterministic seconds; off when ``polish`` is given).
+A shorter schedule is kept only if it validates under the limit; ``meta['polished_from']`` then holds the greedy makespan.
 
 ``vhalf`` and ``vmin`` are the same ZB-V greedy planned under the activation-memory budgets
 of V-Half and V-Min in Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"
