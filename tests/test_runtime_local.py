@@ -78,6 +78,7 @@ def test_w_really_is_deferred():
     ex._inp, ex._out, ex._local, ex._stash, ex._outbox = {}, {}, {}, {}, []
     ex._losses = torch.zeros(1)
     ex._flat.zero_()
+    ex._lend_grads()  # as step() does: autograd accumulates fp32 grads into the step buffer
     ex._run_f(Job(Kind.F, 0, 0))
     ex._run_b(Job(Kind.B, 0, 0))
     wq = mods[0].layers["0"].attn.wq.weight
