@@ -182,6 +182,9 @@ class PipelineExecutor:
         self.log = log
         self.jobs = schedule.devices[pp_rank]
         split = {(j.mb, j.chunk) for j in self.jobs if j.kind is Kind.W}
+        # per job, once: the message it receives and the one it produces, with the other device
+        self._needs = {j: needed(j, schedule) for j in self.jobs}
+        self._makes = {j: produced(j, schedule) for j in self.jobs}
         self._split = split
         self._handlers: dict[Kind, Callable[[Job], None]] = {
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
@@ -465,12 +468,12 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------------ messages
     def _receive(self, job: Job) -> None:
-        n = needed(job, self.sched)
+        n = self._needs[job]
         if n is not None and n[1] != self.me:
             self._local[n[0]] = self.p2p.recv(n[0], str(job))
 
     def _give(self, msg: Msg, t: torch.Tensor, job: Job) -> None:
-        dst = produced(job, self.sched)[1]
+        dst = self._makes[job][1]
         if dst == self.me:
             self._local[msg] = t
         else:
