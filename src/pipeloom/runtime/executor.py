@@ -18,7 +18,9 @@ Gradients accumulate in one flat fp32 buffer per rank (so bf16 parameters get fp
 grads: products are computed from upcast operands and summed in fp32, never rounded to bf16 in
 between), are all-reduced ONCE over the data-parallel group after the last microbatch (reduce
 after accumulation, MISSION seed 001), and are then installed as ``.grad`` of the parameters (fp32)
-or of the fp32 master copies (bf16), ready for any torch optimizer.
+or of the fp32 master copies (bf16), ready for any torch optimizer. With fp32 parameters the
+``.grad`` of every parameter IS its view of the buffer during the step, so autograd's AccumulateGrad
+adds each gradient as soon as the backward computes it (no second pass over cold gradients).
 
 The loss of the step is the mean of the microbatch losses (each backward is scaled by 1/M), so
 the gradients equal those of one full-batch step of the same model.
