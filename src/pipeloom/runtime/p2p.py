@@ -5,8 +5,9 @@ NCCL (strict mode): on each link a cursor walks that order: receives are posted 
 (with a buffer of the negotiated shape, so data lands while this rank computes), a send is
 posted as soon as its tensor exists and the cursor reaches it. All ops that become ready
 together go out in one ``dist.batch_isend_irecv`` call (one NCCL group on GPU). gloo (relaxed
-mode; ops issued one by one straight on the process group, in the same order): the two directions of a link are independent, so each keeps its own order (the sender's
-job order) and receives are posted up to ``recv_lookahead`` ahead per peer, regardless of this
+mode; the ops go one by one straight to the process group, in the same order): the two
+directions of a link are independent, so each keeps its own order (the sender's job order) and
+receives are posted up to ``recv_lookahead`` ahead per peer, regardless of this
 rank's pending sends; a receive that a job needs is always posted at once. A rank only
 blocks in :meth:`P2P.recv`, with a timeout, and the error names the job that waited, the
 message and the peer rank.
