@@ -19,7 +19,11 @@ over the cross-device edges where the consumer really waited). The compute-only 
 as ``[start, end]``) is printed too.
 
     python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--log-steps 10]
-                                     [--builder-orders] [--only NAME ...] [--json]
+                                     [--builder-orders [--calibrate]] [--only NAME ...] [--json]
+
+``--calibrate``: before timing, run pipeloom on torch's order for a few logged steps, measure every
+chunk's F, B, W and the comm latency, and plan pipeloom's cost-aware builders (zbv) with them at a
+memory limit equal to the simulated peak of torch's order.
 """
 from __future__ import annotations
 
@@ -326,6 +330,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-steps", type=int, default=6, help="logged pipeloom steps for --calibrate")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.calibrate and not a.builder_orders:
+        ap.error("--calibrate plans pipeloom's own builders: use it with --builder-orders")
     from pipeloom.runtime.launch import spawn
 
     with tempfile.TemporaryDirectory() as tmp:
