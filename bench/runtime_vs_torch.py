@@ -19,7 +19,11 @@ over the cross-device edges where the consumer really waited). The compute-only 
 as ``[start, end]``) is printed too.
 
     python bench/runtime_vs_torch.py [--pp 2] [--microbatches 8] [--steps 6] [--log-steps 10]
-                                     [--builder-orders] [--only NAME ...] [--json]
+                                     [--builder-orders [--calibrate]] [--only NAME ...] [--json]
+
+``--calibrate``: before timing, run pipeloom on torch's order for a few logged steps, measure every
+chunk's F, B, W and the comm latency, and plan pipeloom's cost-aware builders (zbv) with them at a
+memory limit equal to the simulated peak of torch's order.
 """
 from __future__ import annotations
 
@@ -70,7 +74,14 @@ def _worker(opts: dict) -> list[dict] | None:
         tsched = cls(stages[0] if vpp == 1 else stages, n_microbatches=m, loss_fn=loss_fn)
         has_first, has_last = 0 in mine, nc - 1 in mine
         order = "pipeloom builder"
-        if vpp > 1 and not opts["builder_orders"]:
+        calib = None
+        if opts["calibrate"] and opts["builder_orders"] and pname in COST_AWARE:
+            # measure per-chunk F, B, W and the comm latency on torch's own order, then plan
+            # pipeloom's builder with them at a memory limit no higher than torch's order's peak
+            sched, calib = _calibrated_plan(pname, tsched.pipeline_order, sched, tname, cfg, split, mine, xs, ys,
+                                            os.path.join(opts["log_root"], pname + "-calibrate"), opts)
+            order = "pipeloom builder, planned with measured costs"
+        elif vpp > 1 and not opts["builder_orders"]:
             # multi-stage torch schedules execute their own pipeline_order, which need not equal
             # pipeloom's builder of the same name (ZBV does not): run exactly torch's order here
             sched = _torch_order(tsched.pipeline_order, sched, tname)
@@ -122,9 +133,85 @@ def _worker(opts: dict) -> list[dict] | None:
                          "ratio": statistics.median(tp) / statistics.median(tt),
                          "bubble_measured": meas, "bubble_measured_compute_only": meas_c, "bubble_replayed": rep,
                          "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
-                         "comm_fitted_s": comm})
+                         "comm_fitted_s": comm} | ({"calibration": calib} if calib else {}))
         del ex, tsched, stages
     return rows if rank == 0 else None
+
+
+COST_AWARE = ("zbv",)  # pipeloom builders whose order depends on the costs (interleaved's does not)
+
+
+def _calibrated_plan(pname: str, pipeline_order: dict, like, tname: str, cfg, split, mine, xs, ys, log_dir: str,
+                     opts: dict):
+    """Run pipeloom on torch's order (its F, B, W jobs) for a few logged steps, take every chunk's
+    mean F, B, W (job spans ``[ready, done]``, as the bubble check) and the fitted comm latency,
+    and plan pipeloom's ``pname`` with them at a memory limit equal to the simulated peak of torch's
+    order (pipeloom's memory model, same units). Rank 0 plans; every rank gets the schedule."""
+    import torch.distributed as dist
+
+    from pipeloom import api
+    from pipeloom.models.llama import build_chunk_modules, loss_fn
+    from pipeloom.runtime.executor import PipelineExecutor
+    from pipeloom.runtime.joblog import JobLog
+    from pipeloom.schedule.ir import Schedule
+    from pipeloom.sim.costs import Costs
+    from pipeloom.sim.simulate import simulate
+
+    rank, pp = dist.get_rank(), dist.get_world_size()
+    torder = _torch_order(pipeline_order, like, tname)
+    warm, steps = 2, opts["calibrate_steps"]
+    log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
+                 schedule=torder.to_dict(), costs=None, profile_steps=(warm, warm + steps))
+    ex = PipelineExecutor(torder, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
+                          pp_rank=rank, pp_ranks=list(range(pp)), log=log)
+    nc = torder.num_chunks
+    for _ in range(warm + steps):
+        ex.step(xs if 0 in mine else None, ys if nc - 1 in mine else None)
+        for mod in ex.modules.values():
+            mod.zero_grad(set_to_none=True)
+    log.close(warm + steps - 1)
+    dist.barrier()
+    box = [None]
+    if rank == 0:
+        F, B, W, comm = _chunk_costs(log_dir, pp, torder, warm, steps)
+        costs = Costs(F=F, B=B, W=W, comm=comm)
+        unit = 1e-3  # plan in ms
+        costs_ms = Costs(F=[f / unit for f in F], B=[b / unit for b in B], W=[w / unit for w in W], comm=comm / unit)
+        tres = simulate(torder, costs)
+        limit = max(tres.peak_memory)
+        planned = api.plan(pname, api.make_spec(pp=like.pp, microbatches=like.microbatches, vpp=like.vpp,
+                                                costs=costs_ms, mem_limit=float(limit)))
+        pres = simulate(planned, costs)
+        default = simulate(like, costs)  # the builder's order with its default (unit) costs
+        box[0] = {"schedule": planned.to_dict(),
+                  "info": {"F_ms": [round(f / unit, 3) for f in F], "B_ms": [round(b / unit, 3) for b in B],
+                           "W_ms": [round(w / unit, 3) for w in W], "comm_ms": round(comm / unit, 3),
+                           "mem_limit_units": limit, "peak_planned": max(pres.peak_memory),
+                           "sim_torch_order_s": tres.makespan, "sim_planned_s": pres.makespan,
+                           "sim_default_costs_order_s": default.makespan}}
+    dist.broadcast_object_list(box, src=0)
+    del ex
+    return Schedule.from_dict(box[0]["schedule"]), box[0]["info"]
+
+
+def _chunk_costs(log_dir: str, pp: int, sched, warm: int, steps: int):
+    """Per-chunk mean F, B, W (seconds, jobs as [ready, done]; a BW split half/half) and the
+    fitted comm latency from pipeloom's job logs of steps warm..warm+steps-1."""
+    jobs = []
+    for r in range(pp):
+        with open(os.path.join(log_dir, f"workerlog.{r}")) as f:
+            jobs += [j for j in map(json.loads, f) if j["event"] == "job"]
+    jobs = [j for j in jobs if warm <= j["step"] < warm + steps]
+    dur: dict[tuple[str, int], list[float]] = {}
+    for j in jobs:
+        a, b = _span(j)
+        dur.setdefault((j["kind"], j["chunk"]), []).append(b - a)
+    mean = {k: statistics.fmean(v) for k, v in dur.items()}
+    nc = sched.num_chunks
+    F = tuple(mean[("F", k)] for k in range(nc))
+    B = tuple(mean.get(("B", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
+    W = tuple(mean.get(("W", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
+    return F, B, W, _fit_comm(jobs, sched, warm, steps)
 
 
 def _torch_order(pipeline_order: dict, like, tname: str):
@@ -167,8 +254,6 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
     for r in range(pp):
         with open(os.path.join(log_dir, f"workerlog.{r}")) as f:
             jobs += [j for j in map(json.loads, f) if j["event"] == "job"]
-    nc = sched.num_chunks
-    dur: dict[tuple[str, int], list[float]] = {}
     per_step, per_step_compute = [], []
     for s in range(warm, warm + steps):
         js = [j for j in jobs if j["step"] == s]
@@ -177,10 +262,7 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
         per_step.append(1 - busy / (pp * span))
         span_c = max(j["end"] for j in js) - min(j["start"] for j in js)
         per_step_compute.append(1 - sum(j["end"] - j["start"] for j in js) / (pp * span_c))
-        for j in js:
-            a, b = _span(j)
-            dur.setdefault((j["kind"], j["chunk"]), []).append(b - a)
-    comm = _fit_comm(jobs, sched, warm, steps)
+    F, B, W, comm = _chunk_costs(log_dir, pp, sched, warm, steps)  # per chunk (so per rank), and the latency
     # diagnostic: the same steps replayed with each job's OWN measured duration (not the per-chunk
     # mean); the difference to the mean-cost simulation is what job-to-job variation costs
     from pipeloom.viz.replay import replay
@@ -192,10 +274,6 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
                  for jb in seq] for seq in sched.devices]
         rp = replay(sched, durs, comm=comm)
         replayed.append(1 - sum(map(sum, durs)) / (pp * rp.makespan))
-    mean = {k: statistics.fmean(v) for k, v in dur.items()}
-    F = tuple(mean[("F", k)] for k in range(nc))
-    B = tuple(mean.get(("B", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
-    W = tuple(mean.get(("W", k), mean.get(("BW", k), 0.0) / 2) for k in range(nc))
     res0 = simulate(sched, Costs(F=F, B=B, W=W))
     res = simulate(sched, Costs(F=F, B=B, W=W, comm=comm))
     return (statistics.median(per_step), res0.bubble, res.bubble, comm, statistics.median(per_step_compute),
@@ -246,8 +324,14 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="pipeloom schedule names to run (default: all)")
     ap.add_argument("--builder-orders", action="store_true",
                     help="run pipeloom's own builders (interleaved, zbv) instead of torch's exact order")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="with --builder-orders: plan pipeloom's cost-aware builders (zbv) with per-chunk costs "
+                         "measured on torch's order, at a memory limit no higher than that order's peak")
+    ap.add_argument("--calibrate-steps", type=int, default=6, help="logged pipeloom steps for --calibrate")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.calibrate and not a.builder_orders:
+        ap.error("--calibrate plans pipeloom's own builders: use it with --builder-orders")
     from pipeloom.runtime.launch import spawn
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,11 +343,19 @@ def main(argv=None) -> int:
         return 0
     print(f"pp={a.pp} microbatches={a.microbatches} dim={a.dim} layers={a.layers} seq={a.seq} "
           f"mbs={a.mbs} steps={a.steps} log-steps={a.log_steps} (CPU, gloo, 1 thread per rank); pipeloom runs "
-          + ("its own builders' orders" if a.builder_orders else "torch's exact order (vpp > 1: its pipeline_order)"))
+          + (("its own builders' orders" + (" (cost-aware ones planned with measured costs)" if a.calibrate else ""))
+             if a.builder_orders else "torch's exact order (vpp > 1: its pipeline_order)"))
     print("| pipeloom | torch.distributed.pipelining | pipeloom s | torch s | ratio | bubble measured | "
           "bubble simulated (comm 0) | fitted comm ms | bubble simulated (fitted comm) | |meas - sim| / meas | "
           "bubble replayed (per-job durations) | bubble measured (compute only) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "calibration" in r:
+            c = r["calibration"]
+            print(f"<!-- {r['schedule']}: planned with per-chunk F {c['F_ms']} B {c['B_ms']} W {c['W_ms']} ms, comm "
+                  f"{c['comm_ms']} ms, memory limit {c['mem_limit_units']:g} units (torch order's peak), planned peak "
+                  f"{c['peak_planned']:g}; simulated step: torch's order {1000 * c['sim_torch_order_s']:.1f} ms, planned "
+                  f"{1000 * c['sim_planned_s']:.1f} ms, default-cost build {1000 * c['sim_default_costs_order_s']:.1f} ms -->")
     for r in rows:
         rel = abs(r["bubble_measured"] - r["bubble_simulated"]) / r["bubble_measured"] if r["bubble_measured"] else 0.0
         print(f"| {r['schedule']} (vpp {r['vpp']}) | {r['torch_schedule']} | {r['pipeloom_s']:.4f} | "

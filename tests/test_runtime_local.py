@@ -78,6 +78,7 @@ def test_w_really_is_deferred():
     ex._inp, ex._out, ex._local, ex._stash, ex._outbox = {}, {}, {}, {}, []
     ex._losses = torch.zeros(1)
     ex._flat.zero_()
+    ex._lend_grads()  # as step() does: autograd accumulates fp32 grads into the step buffer
     ex._run_f(Job(Kind.F, 0, 0))
     ex._run_b(Job(Kind.B, 0, 0))
     wq = mods[0].layers["0"].attn.wq.weight
@@ -143,6 +144,21 @@ def test_grads_handed_out_are_never_overwritten_by_later_steps():
         assert torch.equal(kept[n], snap[n])  # the old grads were not zeroed or added to
         torch.testing.assert_close(p.grad, snap[n])
         assert p.grad.data_ptr() != kept[n].data_ptr()
+
+
+def test_failed_step_gives_back_the_grads_unchanged():
+    """During a step the fp32 parameters' .grad are views of the step buffer (autograd accumulates
+    into them); a step that fails puts every parameter's old .grad back, untouched."""
+    sched = random_plan(1, 2, 3, seed=2)
+    ex, _, xs, ys = _run(sched)
+    before = {n: p.grad for n, p in ex.named_parameters()}
+    snap = {n: g.clone() for n, g in before.items()}
+    good = ex.loss_fn
+    ex.loss_fn = lambda out, t: good(out, t) * (float("nan") if ex.current_job.mb == 2 else 1.0)
+    with pytest.raises(NonFiniteLossError):
+        ex.step(xs, ys)
+    for n, p in ex.named_parameters():
+        assert p.grad is before[n] and torch.equal(p.grad, snap[n]), n
 
 
 def test_nan_loss_is_reported_with_microbatch():

@@ -18,7 +18,9 @@ Gradients accumulate in one flat fp32 buffer per rank (so bf16 parameters get fp
 grads: products are computed from upcast operands and summed in fp32, never rounded to bf16 in
 between), are all-reduced ONCE over the data-parallel group after the last microbatch (reduce
 after accumulation, MISSION seed 001), and are then installed as ``.grad`` of the parameters (fp32)
-or of the fp32 master copies (bf16), ready for any torch optimizer.
+or of the fp32 master copies (bf16), ready for any torch optimizer. With fp32 parameters the
+``.grad`` of every parameter IS its view of the buffer during the step, so autograd's AccumulateGrad
+adds each gradient as soon as the backward computes it (no second pass over cold gradients).
 
 The loss of the step is the mean of the microbatch losses (each backward is scaled by 1/M), so
 the gradients equal those of one full-batch step of the same model.
@@ -182,6 +184,9 @@ class PipelineExecutor:
         self.log = log
         self.jobs = schedule.devices[pp_rank]
         split = {(j.mb, j.chunk) for j in self.jobs if j.kind is Kind.W}
+        # per job, once: the message it receives and the one it produces, with the other device
+        self._needs = {j: needed(j, schedule) for j in self.jobs}
+        self._makes = {j: produced(j, schedule) for j in self.jobs}
         self._split = split
         self._handlers: dict[Kind, Callable[[Job], None]] = {
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
@@ -215,6 +220,10 @@ class PipelineExecutor:
                     m.to(dtype=param_dtype)
             # nn.Module.to keeps Parameter identity, so self.params stays valid
         self._allp = allp
+        # fp32 parameters: autograd's own AccumulateGrad adds each gradient into the step's flat
+        # buffer (the parameters' .grad are views of it during a step) while the gradient is
+        # still hot in cache, as torch does; bf16 parameters get fp32 master grads added by hand
+        self._direct = not self.master and all(p.dtype == torch.float32 for p in allp)
         self._new_grad_buffer()
         # communication
         plan = build_comm_plan(schedule)
@@ -283,10 +292,52 @@ class PipelineExecutor:
         else:
             self._flat.zero_()
         self.p2p.reset()
+        user_grads = self._lend_grads() if self._direct else None
         records: list[tuple[Job, float, float, float, float]] = []
         t0 = time.perf_counter()
-        compute = 0.0
         cpu_log = profiled and not self._timer.cuda  # ready/done are host times: CPU devices only
+        ok = False
+        try:
+            compute = self._run_jobs(profiled, cpu_log, records)
+            self.p2p.finish(step)
+            self._timer.resolve()
+            if self._inp or self._out or self._stash or self._local:
+                left = list(self._inp) + list(self._out) + list(self._stash)
+                raise ScheduleRuntimeError(f"rank {dist.get_rank()}: step {step} left unfinished work for (mb, chunk) "
+                                           f"{left[:4]}")
+            # losses: every rank learns them (sum over the world of the last stages' values / dp)
+            if self._loss_work is not None:
+                self.p2p._wait(self._loss_work, f"step {step}: all-reduce of the microbatch losses")
+            else:
+                dist.all_reduce(self._losses)
+            losses = (self._losses / self.dp).tolist()
+            bad = [m for m, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
+            if bad:
+                raise NonFiniteLossError(f"step {step}: loss is {losses[bad[0]]} at microbatch {bad[0]}"
+                                         + (f" (and {len(bad) - 1} more microbatches)" if len(bad) > 1 else ""))
+            # gradients: reduce once after accumulation, then install
+            if self.dp_group is not None and self.dp > 1:
+                dist.all_reduce(self._flat, group=self.dp_group)
+                self._flat.div_(self.dp)
+            ok = True
+        finally:
+            if user_grads is not None:
+                self._return_grads(user_grads, ok)
+        if user_grads is None:
+            self._install_grads()
+        loss = sum(losses) / M
+        if self.log is not None:
+            for j, s, e, *rd in records:
+                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e,
+                             ready=rd[0] if len(rd) == 2 else None, done=rd[1] if len(rd) == 2 else None)
+            self.log.end_step(step, loss)
+        self.last_stats = StepStats(step, loss, losses, time.perf_counter() - t0, self.p2p.wait_s, compute)
+        self.step_count += 1
+        return loss
+
+    def _run_jobs(self, profiled: bool, cpu_log: bool, records: list) -> float:
+        """Run this rank's job list in order; return the time spent in the handlers."""
+        compute = 0.0
         self._loss_work = None
         if self._early_loss and self._loss_after < 0:
             self._loss_work = dist.all_reduce(self._losses, async_op=True)
@@ -321,35 +372,7 @@ class PipelineExecutor:
                 self._loss_work = dist.all_reduce(self._losses, async_op=True)
             if cpu_log:
                 records[-1] = records[-1] + (time.time(),)
-        self.p2p.finish(step)
-        self._timer.resolve()
-        if self._inp or self._out or self._stash or self._local:
-            left = list(self._inp) + list(self._out) + list(self._stash)
-            raise ScheduleRuntimeError(f"rank {dist.get_rank()}: step {step} left unfinished work for (mb, chunk) {left[:4]}")
-        # losses: every rank learns them (sum over the world of the last stages' values / dp)
-        if self._loss_work is not None:
-            self.p2p._wait(self._loss_work, f"step {step}: all-reduce of the microbatch losses")
-        else:
-            dist.all_reduce(self._losses)
-        losses = (self._losses / self.dp).tolist()
-        bad = [m for m, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
-        if bad:
-            raise NonFiniteLossError(f"step {step}: loss is {losses[bad[0]]} at microbatch {bad[0]}"
-                                     + (f" (and {len(bad) - 1} more microbatches)" if len(bad) > 1 else ""))
-        # gradients: reduce once after accumulation, then install
-        if self.dp_group is not None and self.dp > 1:
-            dist.all_reduce(self._flat, group=self.dp_group)
-            self._flat.div_(self.dp)
-        self._install_grads()
-        loss = sum(losses) / M
-        if self.log is not None:
-            for j, s, e, *rd in records:
-                self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e,
-                             ready=rd[0] if len(rd) == 2 else None, done=rd[1] if len(rd) == 2 else None)
-            self.log.end_step(step, loss)
-        self.last_stats = StepStats(step, loss, losses, time.perf_counter() - t0, self.p2p.wait_s, compute)
-        self.step_count += 1
-        return loss
+        return compute
 
     # ------------------------------------------------------------------ handlers
     def _run_f(self, job: Job) -> None:
@@ -404,15 +427,25 @@ class PipelineExecutor:
             if deferred:
                 torch.autograd.grad(y, deferred, grad_outputs=dy, allow_unused=True)
             grads = []
+        elif wrt and y.requires_grad and self._direct:
+            # parameter grads accumulate into their .grad (views of the step buffer) by autograd.
+            # BW: every leaf of the chunk's graph wants its grad, so no ``inputs=`` (naming them
+            # costs the engine a graph walk, ~0.3 ms a call at the benchmark's size); B names the
+            # chunk input and the non-deferred parameters, so the linears' weight products are pruned
+            if split:
+                torch.autograd.backward(y, grad_tensors=dy, inputs=wrt)
+            else:
+                torch.autograd.backward(y, grad_tensors=dy)
+            grads = [x.grad] if want_dx else []
+            x.grad = None
         elif wrt and y.requires_grad:
             grads = torch.autograd.grad(y, wrt, grad_outputs=dy, allow_unused=True)
+            for p, g in zip(params, grads[1 if want_dx else 0:]):
+                if g is not None:
+                    self._gbuf[p].add_(g)
         else:
             grads = [None] * len(wrt)
         del y, dy
-        off = 1 if want_dx else 0
-        for p, g in zip(params, grads[off:]):
-            if g is not None:
-                self._gbuf[p].add_(g)
         if k > 0:
             dx = grads[0] if want_dx and grads[0] is not None else torch.zeros_like(x)
             self._give(Msg("grad", m, k), dx, job)
@@ -437,12 +470,12 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------------ messages
     def _receive(self, job: Job) -> None:
-        n = needed(job, self.sched)
+        n = self._needs[job]
         if n is not None and n[1] != self.me:
             self._local[n[0]] = self.p2p.recv(n[0], str(job))
 
     def _give(self, msg: Msg, t: torch.Tensor, job: Job) -> None:
-        dst = produced(job, self.sched)[1]
+        dst = self._makes[job][1]
         if dst == self.me:
             self._local[msg] = t
         else:
@@ -496,6 +529,28 @@ class PipelineExecutor:
         for p in self._allp:
             self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
             off += p.numel()
+
+    def _lend_grads(self) -> list:
+        """For a step: point every parameter's ``.grad`` at its view of the step's fp32 buffer, so
+        that autograd accumulates into it; return the grads the parameters had before."""
+        before = [p.grad for p in self._allp]
+        for p in self._allp:
+            p.grad = self._gbuf[p]
+        return before
+
+    @torch.no_grad()
+    def _return_grads(self, before: list, ok: bool) -> None:
+        """After a step: a parameter that had no grad keeps the view of the step's buffer (the
+        next step then accumulates into a new buffer); an existing grad gets the step's added to
+        it and is put back. After a failed step every parameter gets its old grad back unchanged."""
+        for p, g in zip(self._allp, before):
+            if not ok:
+                p.grad = g
+            elif g is None:
+                self._flat_given = True
+            else:
+                p.grad = g
+                g.add_(self._gbuf[p].to(g.dtype))
 
     @torch.no_grad()
     def _install_grads(self) -> None:

@@ -1,12 +1,13 @@
-"""Point-to-point transport for one pipeline rank: batched isend/irecv posted early, in link order.
+"""Point-to-point transport for one pipeline rank: isend/irecv posted early, in link order.
 
 The order of ops on every link comes from :func:`pipeloom.runtime.commplan.build_comm_plan`.
 NCCL (strict mode): on each link a cursor walks that order: receives are posted as soon as the cursor reaches them
 (with a buffer of the negotiated shape, so data lands while this rank computes), a send is
 posted as soon as its tensor exists and the cursor reaches it. All ops that become ready
 together go out in one ``dist.batch_isend_irecv`` call (one NCCL group on GPU). gloo (relaxed
-mode): the two directions of a link are independent, so each keeps its own order (the sender's
-job order) and receives are posted up to ``recv_lookahead`` ahead per peer, regardless of this
+mode; the ops go one by one straight to the process group, in the same order): the two
+directions of a link are independent, so each keeps its own order (the sender's job order) and
+receives are posted up to ``recv_lookahead`` ahead per peer, regardless of this
 rank's pending sends; a receive that a job needs is always posted at once. A rank only
 blocks in :meth:`P2P.recv`, with a timeout, and the error names the job that waited, the
 message and the peer rank.
@@ -62,6 +63,11 @@ class P2P:
         # the one-time shape negotiation runs every chunk once (first calls are slow): be generous
         self.setup_timeout_s = max(self.timeout_s, 120.0)
         self.group = group
+        # relaxed mode issues each op straight on the process group (one C++ call per op): the
+        # Python layers of batch_isend_irecv/isend/irecv (P2POp objects, argument checks, group
+        # look-ups) cost about as much as a small gloo call itself, on every job
+        self._pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        self._peer_rank = [dist.get_group_rank(self._pg, g) for g in global_rank]
         self.shape_of = None
         self.reset()
 
@@ -85,7 +91,7 @@ class P2P:
     def _recv_op(self, op: Op, ops: list, meta: list) -> None:
         shape, dtype = self.shape_of(op.msg)
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        ops.append(dist.P2POp(dist.irecv, buf, self.global_rank[op.peer], self.group))
+        ops.append((False, buf, op.peer))
         meta.append((op, buf))
 
     def _advance_relaxed(self, ops: list, meta: list, force: Msg | None) -> None:
@@ -93,7 +99,7 @@ class P2P:
             sends, c = self._sends_of[peer], self.scur[peer]
             while c < len(sends) and sends[c].msg in self.ready:
                 t = self.ready.pop(sends[c].msg)
-                ops.append(dist.P2POp(dist.isend, t, self.global_rank[peer], self.group))
+                ops.append((True, t, peer))
                 meta.append((sends[c], t))
                 c += 1
             self.scur[peer] = c
@@ -111,7 +117,7 @@ class P2P:
     def advance(self, force: Msg | None = None) -> None:
         """Post every op the cursors can reach now, in one batched call (``force``: post receives
         up to this message even beyond the lookahead)."""
-        ops: list[dist.P2POp] = []
+        ops: list[tuple[bool, torch.Tensor, int]] = []  # (send?, tensor, peer pp rank)
         meta: list[tuple[Op, torch.Tensor]] = []
         if not self.strict:
             self._advance_relaxed(ops, meta, force)
@@ -125,7 +131,7 @@ class P2P:
                     t = self.ready.pop(op.msg, None)
                     if t is None:
                         break  # its data does not exist yet; later ops on this link wait
-                    ops.append(dist.P2POp(dist.isend, t, self.global_rank[peer], self.group))
+                    ops.append((True, t, peer))
                     meta.append((op, t))
                 else:
                     self._recv_op(op, ops, meta)
@@ -136,7 +142,12 @@ class P2P:
     def _post(self, ops: list, meta: list) -> None:
         if not ops:
             return
-        works = dist.batch_isend_irecv(ops)
+        if self.strict:  # NCCL: one coalesced group, in link order
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, t,
+                                                       self.global_rank[peer], self.group) for send, t, peer in ops])
+        else:  # gloo: every op on its own, in the same order (tag 0, as isend/irecv use)
+            pg, rk = self._pg, self._peer_rank
+            works = [pg.send([t], rk[peer], 0) if send else pg.recv([t], rk[peer], 0) for send, t, peer in ops]
         for i, (op, t) in enumerate(meta):
             w = works[i] if len(works) == len(ops) else works[-1]  # NCCL coalesces into one work
             if op.send:
