@@ -209,6 +209,19 @@ class PolishResult:
     det_time: float = 0.0
 
 
+def _from_starts(sched: Schedule, g, starts: dict) -> Schedule:
+    """``sched``'s shape and meta with each device's jobs in order of the solver's ``starts`` (ties: topological)."""
+    from .optimal import _topo_key
+
+    devices = []
+    for d in range(g.pp):
+        on = [j for j in g.jobs if g.dev[j.chunk] == d]
+        on.sort(key=lambda j: (starts[j], _topo_key(j, g.nc)))
+        devices.append(tuple(on))
+    return Schedule(sched.name, sched.pp, sched.vpp, sched.microbatches, sched.placement, tuple(devices),
+                    meta=dict(sched.meta))
+
+
 def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
            params: dict | None = None) -> PolishResult:
     """Look for a strictly shorter valid schedule than ``sched`` with CP-SAT (see the module docstring).
@@ -219,7 +232,7 @@ def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
     and is strictly shorter than ``sched``.
     """
     from ..sim.simulate import simulate
-    from .optimal import _hint_starts, _relabel_hint, _topo_key, solve_graph
+    from .optimal import _hint_starts, _relabel_hint, solve_graph
     from .validate import validate
 
     g = _graph(spec, sched.placement)
@@ -248,13 +261,7 @@ def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
     out = PolishResult(None, before, bound / g.tscale, "optimal" if bound >= obj else "no improvement", det_time)
     if obj >= horizon:
         return out
-    devices = []
-    for d in range(g.pp):
-        on = [j for j in g.jobs if g.dev[j.chunk] == d]
-        on.sort(key=lambda j: (vals[j], _topo_key(j, g.nc)))
-        devices.append(tuple(on))
-    cand = Schedule(sched.name, sched.pp, sched.vpp, sched.microbatches, sched.placement, tuple(devices),
-                    meta=dict(sched.meta))
+    cand = _from_starts(sched, g, vals)
     if validate(cand, mem=spec.mem, mem_limit=spec.mem_limit):
         return out
     after = simulate(cand, spec.costs, spec.mem).makespan
@@ -328,7 +335,7 @@ def lns(spec: PlanSpec, sched: Schedule, det_time: float, *, fracs: tuple[float,
     0.05 deterministic seconds (a full-model polish needs 8 for 341).
     """
     from ..sim.simulate import simulate
-    from .optimal import _hint_starts, _topo_key
+    from .optimal import _hint_starts
     from .validate import validate
 
     g = _graph(spec, sched.placement)
@@ -352,13 +359,7 @@ def lns(spec: PlanSpec, sched: Schedule, det_time: float, *, fracs: tuple[float,
         used += dt
         ok = False
         if nv is not None and obj < horizon:
-            devices = []
-            for d in range(g.pp):
-                on = [j for j in g.jobs if g.dev[j.chunk] == d]
-                on.sort(key=lambda j: (nv[j], _topo_key(j, g.nc)))
-                devices.append(tuple(on))
-            cand = Schedule(sched.name, sched.pp, sched.vpp, sched.microbatches, sched.placement, tuple(devices),
-                            meta=dict(sched.meta))
+            cand = _from_starts(sched, g, nv)
             if not validate(cand, mem=spec.mem, mem_limit=spec.mem_limit):
                 after = simulate(cand, spec.costs, spec.mem).makespan
                 ir = simulate(cand, g.int_costs())
