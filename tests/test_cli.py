@@ -115,3 +115,14 @@ def test_core_and_cli_import_without_torch():
             "print(sorted(m for m in ('torch', 'ortools', 'matplotlib') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
+
+
+def test_compare_names_the_vpp_of_each_schedule_that_does_not_apply(capsys):
+    """interleaved runs at vpp 1 within 1p but not at vpp 2: the skipped row must say which vpp failed."""
+    rc, out, _ = run(capsys, "compare", "--pp", "4", "-m", "8", "--mem-limit", "1p", "--json")
+    rows = json.loads(out)["rows"]
+    skipped = {(r["schedule"], r["vpp"]) for r in rows if "error" in r}
+    ran = {(r["schedule"], r["vpp"]) for r in rows if "error" not in r}
+    assert ("interleaved", 2) in skipped and ("interleaved", 1) in ran
+    rc, out, _ = run(capsys, "compare", "--pp", "4", "-m", "8", "--mem-limit", "1p")
+    assert "interleaved (vpp 2):" in out

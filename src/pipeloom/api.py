@@ -81,12 +81,12 @@ def compare(spec: PlanSpec, names: list[str] | None = None) -> list[dict]:
         try:
             registry.check_vpp(info, spec.vpp)
         except ScheduleError as e:
-            rows.append({"schedule": name, "error": str(e)})
+            rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
             continue
         try:
             sched = plan(name, spec)
         except (ScheduleError, ValueError) as e:
-            rows.append({"schedule": name, "error": str(e)})
+            rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
             continue
         rows.append(evaluate(sched, spec))
     ok = sorted((r for r in rows if "error" not in r), key=lambda r: (r["makespan"], max(r["peak_memory"])))

@@ -78,7 +78,7 @@ def run(args) -> int:
     if skipped:
         con.print("[bold]not applicable here:[/bold]")
         for r in skipped:
-            con.print(f"  {r['schedule']}: {r['error']}", overflow="ellipsis", no_wrap=True, soft_wrap=False,
+            con.print(f"  {r['schedule']} (vpp {r['vpp']}): {r['error']}", overflow="ellipsis", no_wrap=True, soft_wrap=False,
                       width=max(60, con.width))
     con.print("[dim]peak mem in full-stage microbatch activations (1p = pp); bubble = idle / (pp x makespan)[/dim]")
     return 0
