@@ -222,6 +222,35 @@ def _from_starts(sched: Schedule, g, starts: dict) -> Schedule:
                     meta=dict(sched.meta))
 
 
+#: CP-SAT parameters of every polish and window solve: symmetry detection on the expanded reservoir
+#: (pairwise order literals) took half the wall time of a short polish (pp 4, m 12: 0.8 of 1.6 s) and
+#: did not change the results we measured
+_PARAMS = {"symmetry_level": 0}
+
+
+def _prepare(spec: PlanSpec, sched: Schedule, det_time: float):
+    """What :func:`polish` and :func:`lns` share before searching: (early result or None, job graph,
+    integer bound, simulation in integer costs, makespan of ``sched``). The early result says why no
+    search runs: costs rounded, the bound met ('proven optimal'), no budget ('off'), zero durations."""
+    from ..sim.simulate import simulate
+
+    g = _graph(spec, sched.placement)
+    before = simulate(sched, spec.costs).makespan
+    if g.rounded:  # costs that are no small fraction: the integer model is not exact, leave the schedule
+        return (PolishResult(None, before, lower_bound(spec, sched.placement).value, "skipped (costs rounded)"),
+                g, None, None, before)
+    lb, _, _ = graph_bound(g)
+    ires = simulate(sched, g.int_costs())
+    early = None
+    if lb >= int(round(ires.makespan)):
+        early = PolishResult(None, before, lb / g.tscale, "proven optimal")
+    elif det_time <= 0:
+        early = PolishResult(None, before, lb / g.tscale, "off")
+    elif min(g.iF + g.iB + g.iW) <= 0:  # the reservoir needs distinct start times on a device
+        early = PolishResult(None, before, lb / g.tscale, "skipped (zero durations)")
+    return early, g, lb, ires, before
+
+
 def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
            params: dict | None = None) -> PolishResult:
     """Look for a strictly shorter valid schedule than ``sched`` with CP-SAT (see the module docstring).
@@ -235,25 +264,13 @@ def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
     from .optimal import _hint_starts, _relabel_hint, solve_graph
     from .validate import validate
 
-    g = _graph(spec, sched.placement)
-    if g.rounded:  # costs that are no small fraction: the integer model is not exact, leave the schedule
-        return PolishResult(None, simulate(sched, spec.costs).makespan, lower_bound(spec, sched.placement).value,
-                            "skipped (costs rounded)")
-    lb, _, _ = graph_bound(g)
-    ires = simulate(sched, g.int_costs())
+    early, g, lb, ires, before = _prepare(spec, sched, det_time)
+    if early is not None:
+        return early
     horizon = int(round(ires.makespan))
-    before = simulate(sched, spec.costs).makespan
-    if lb >= horizon:
-        return PolishResult(None, before, lb / g.tscale, "proven optimal")
-    if det_time <= 0:
-        return PolishResult(None, before, lb / g.tscale, "off")
-    if min(g.iF + g.iB + g.iW) <= 0:  # the reservoir needs distinct start times on a device
-        return PolishResult(None, before, lb / g.tscale, "skipped (zero durations)")
     hint = _relabel_hint(_hint_starts(ires), g.m, g.nc)
-    # symmetry detection on the expanded reservoir (pairwise order literals) took half the wall time of a
-    # short polish (pp 4, m 12: 0.8 of 1.6 s) and did not change the results we measured
     res = solve_graph(g, "interval", hint, horizon, det_time=det_time, workers=1, seed=seed, extra_lb=lb,
-                      params={"symmetry_level": 0, **(params or {})})
+                      params={**_PARAMS, **(params or {})})
     if res is None:
         return PolishResult(None, before, lb / g.tscale, "no improvement", det_time)
     status, vals, obj, bound = res
@@ -277,50 +294,6 @@ LNS_FRACS = (0.2, 0.3, 0.4, 0.5)
 LNS_STEP = 0.1
 
 
-def _window_solve(g, vals: dict, t0: int, horizon: int, lb: int, det_time: float, seed: int):
-    """Re-solve the jobs that start at or after ``t0`` (every earlier job keeps its start); the
-    shortest makespan found in ``det_time`` (starts, objective, deterministic time used) or None."""
-    from ortools.sat.python import cp_model  # lazy: the core must import fast
-
-    jobs, preds, succs, dur, delta, dev, head, tail = (g.jobs, g.preds, g.succs, g.dur, g.delta, g.dev, g.head,
-                                                       g.tail)
-    model = cp_model.CpModel()
-    start, itv = {}, {}
-    for j in jobs:
-        v = int(vals[j])
-        lo, hi = (v, v) if v < t0 else (head[j], horizon - tail[j])
-        start[j] = model.new_int_var(lo, hi, "")
-        itv[j] = model.new_fixed_size_interval_var(start[j], dur(j.kind, j.chunk), "")
-    makespan = model.new_int_var(lb, horizon, "makespan")
-    for j in jobs:
-        for p, lag in preds[j]:
-            if vals[j] >= t0:  # both fixed: the given schedule satisfies it
-                model.add(start[j] >= start[p] + dur(p.kind, p.chunk) + lag)
-        if not succs[j]:
-            model.add(makespan >= start[j] + dur(j.kind, j.chunk))
-    for d in range(g.pp):
-        on = [j for j in jobs if dev[j.chunk] == d]
-        model.add_no_overlap([itv[j] for j in on])
-        if g.ilimit is not None:
-            model.add_reservoir_constraint([start[j] for j in on], [delta(j.kind, j.chunk) for j in on], 0, g.ilimit)
-    for j in jobs:
-        model.add_hint(start[j], int(vals[j]))
-    model.add_hint(makespan, horizon)
-    model.minimize(makespan)
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    p.max_deterministic_time = det_time
-    p.num_workers = 1
-    p.random_seed = seed
-    p.cp_model_probing_level = 0
-    p.symmetry_level = 0
-    status = solver.solve(model)
-    used = solver.deterministic_time
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, None, used
-    return {j: solver.value(start[j]) for j in jobs}, int(round(solver.objective_value)), used
-
-
 def lns(spec: PlanSpec, sched: Schedule, det_time: float, *, fracs: tuple[float, ...] = LNS_FRACS,
         step: float = LNS_STEP, seed: int = 0) -> PolishResult:
     """Tail-window large-neighbourhood search for a strictly shorter valid schedule than ``sched``.
@@ -335,31 +308,24 @@ def lns(spec: PlanSpec, sched: Schedule, det_time: float, *, fracs: tuple[float,
     0.05 deterministic seconds (a full-model polish needs 8 for 341).
     """
     from ..sim.simulate import simulate
-    from .optimal import _hint_starts
+    from .optimal import _hint_starts, solve_graph
     from .validate import validate
 
-    g = _graph(spec, sched.placement)
-    before = simulate(sched, spec.costs).makespan
-    if g.rounded:
-        return PolishResult(None, before, lower_bound(spec, sched.placement).value, "skipped (costs rounded)")
-    lb, _, _ = graph_bound(g)
-    ires = simulate(sched, g.int_costs())
+    early, g, lb, ires, before = _prepare(spec, sched, det_time)
+    if early is not None:
+        return early
     horizon = int(round(ires.makespan))
-    if lb >= horizon:
-        return PolishResult(None, before, lb / g.tscale, "proven optimal")
-    if det_time <= 0:
-        return PolishResult(None, before, lb / g.tscale, "off")
-    if min(g.iF + g.iB + g.iW) <= 0:
-        return PolishResult(None, before, lb / g.tscale, "skipped (zero durations)")
     vals = _hint_starts(ires)
     best, best_ms, used, i = None, before, 0.0, 0
     while i < len(fracs) and used < det_time - 1e-9 and horizon > lb:
         t0 = int(horizon * (1 - fracs[i]))
-        nv, obj, dt = _window_solve(g, vals, t0, horizon, lb, min(step, det_time - used), seed)
-        used += dt
+        stats: dict = {}
+        res = solve_graph(g, "interval", vals, horizon, det_time=min(step, det_time - used), workers=1, seed=seed,
+                          extra_lb=lb, params=_PARAMS, fixed_before=t0, stats=stats)
+        used += stats.get("det_time", 0.0)
         ok = False
-        if nv is not None and obj < horizon:
-            cand = _from_starts(sched, g, nv)
+        if res is not None and res[2] < horizon:
+            cand = _from_starts(sched, g, res[1])
             if not validate(cand, mem=spec.mem, mem_limit=spec.mem_limit):
                 after = simulate(cand, spec.costs, spec.mem).makespan
                 ir = simulate(cand, g.int_costs())

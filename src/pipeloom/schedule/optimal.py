@@ -513,7 +513,7 @@ def optimal(spec: PlanSpec) -> Schedule:
 
 def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time_limit: float | None = None,
                 det_time: float | None = None, workers: int = 1, seed: int = 0, extra_lb: int = 0,
-                params: dict | None = None):
+                params: dict | None = None, fixed_before: int | None = None, stats: dict | None = None):
     """Build and solve one CP-SAT model of ``g``; (status, starts, objective, bound) or None without a solution.
 
     ``horizon`` is the makespan of ``hint_vals``, a feasible schedule: the model looks for one at
@@ -521,7 +521,9 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     schedule. ``time_limit`` is wall seconds,
     ``det_time`` CP-SAT's deterministic time (the same result on any machine and load with one
     worker and a fixed seed). ``extra_lb`` is a makespan bound proved elsewhere; ``params`` more
-    CP-SAT parameters by name.
+    CP-SAT parameters by name. ``fixed_before``: every job whose hint starts before this time keeps
+    that start (a window re-solve; the microbatch-order symmetry cut is then left out, as the fixed
+    part need not follow it). ``stats``, if given, receives ``det_time``, the deterministic time used.
     """
     from ortools.sat.python import cp_model  # lazy: the core must import fast
 
@@ -534,7 +536,9 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     start, end, itv = {}, {}, {}
     for j in jobs:
         du = dur(j.kind, j.chunk)
-        s = model.new_int_var(head[j], horizon - tail[j], f"s_{j}")
+        v = int(round(hint_vals[j]))
+        lo, hi = (v, v) if fixed_before is not None and v < fixed_before else (head[j], horizon - tail[j])
+        s = model.new_int_var(lo, hi, f"s_{j}")
         start[j] = s
         end[j] = s + du
         itv[j] = model.new_fixed_size_interval_var(s, du, f"i_{j}")
@@ -553,7 +557,7 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     if form in ("time", "both"):
         _time_indexed(model, jobs, start, preds, dur, delta, dev, g.pp, g.ilimit, head, tail, horizon)
     # symmetry: microbatches are interchangeable, take chunk 0's forwards in microbatch order
-    for mb in range(g.m - 1):
+    for mb in range(g.m - 1 if fixed_before is None else 0):
         model.add(start[Job(Kind.F, mb + 1, 0)] >= end[Job(Kind.F, mb, 0)])
     for j in jobs:
         model.add_hint(start[j], int(round(hint_vals[j])))
@@ -572,6 +576,8 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     for k, v in (params or {}).items():
         setattr(solver.parameters, k, v)
     status = solver.solve(model)
+    if stats is not None:
+        stats["det_time"] = solver.deterministic_time
     if status == cp_model.INFEASIBLE:  # impossible: the hint is feasible; kept as a guard
         raise RuntimeError("optimal: CP-SAT reports a feasible starting schedule infeasible")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
