@@ -296,7 +296,6 @@ class PipelineExecutor:
         records: list[tuple[Job, float, float, float, float]] = []
         t0 = time.perf_counter()
         cpu_log = profiled and not self._timer.cuda  # ready/done are host times: CPU devices only
-        ok = False
         try:
             compute = self._run_jobs(profiled, cpu_log, records)
             self.p2p.finish(step)
@@ -319,12 +318,11 @@ class PipelineExecutor:
             if self.dp_group is not None and self.dp > 1:
                 dist.all_reduce(self._flat, group=self.dp_group)
                 self._flat.div_(self.dp)
-            ok = True
         finally:
-            if user_grads is not None:
-                self._return_grads(user_grads, ok)
-        if user_grads is None:
-            self._install_grads()
+            if user_grads is not None:  # the step's grads are in the buffer: the user's come back as they were
+                for p, g in zip(self._allp, user_grads):
+                    p.grad = g
+        self._install_grads()
         loss = sum(losses) / M
         if self.log is not None:
             for j, s, e, *rd in records:
@@ -537,20 +535,6 @@ class PipelineExecutor:
         for p in self._allp:
             p.grad = self._gbuf[p]
         return before
-
-    @torch.no_grad()
-    def _return_grads(self, before: list, ok: bool) -> None:
-        """After a step: a parameter that had no grad keeps the view of the step's buffer (the
-        next step then accumulates into a new buffer); an existing grad gets the step's added to
-        it and is put back. After a failed step every parameter gets its old grad back unchanged."""
-        for p, g in zip(self._allp, before):
-            if not ok:
-                p.grad = g
-            elif g is None:
-                self._flat_given = True
-            else:
-                p.grad = g
-                g.add_(self._gbuf[p].to(g.dtype))
 
     @torch.no_grad()
     def _install_grads(self) -> None:
