@@ -44,14 +44,14 @@ def bound_case(case: dict, det_time: float) -> dict:
     known = []
     for s in (ours, off):
         r = simulate(s, g.int_costs())
-        known.append((int(round(r.makespan)), s))
-    best_ms, best_s = min(known, key=lambda x: x[0])
+        known.append((int(round(r.makespan)), s, r))
+    best_ms, best_s, best_r = min(known, key=lambda x: x[0])
     row = {"id": case["id"], "analytic": lb / g.tscale, "analytic_term": term, "bound": lb / g.tscale,
            "how": "analytic", "best_known": best_ms / g.tscale, "best_known_from": "pipeloom"
            if best_s is ours else "official"}
     if lb >= best_ms or det_time <= 0:
         return row
-    hint = _relabel_hint(_hint_starts(simulate(best_s, g.int_costs())), m, g.nc)
+    hint = _relabel_hint(_hint_starts(best_r), m, g.nc)
     t0 = time.perf_counter()
     res = solve_graph(g, "interval", hint, best_ms, det_time=det_time, workers=1, seed=0, extra_lb=lb)
     row["cp_sat_wall_s"] = round(time.perf_counter() - t0, 1)
