@@ -126,3 +126,16 @@ def test_compare_names_the_vpp_of_each_schedule_that_does_not_apply(capsys):
     assert ("interleaved", 2) in skipped and ("interleaved", 1) in ran
     rc, out, _ = run(capsys, "compare", "--pp", "4", "-m", "8", "--mem-limit", "1p")
     assert "interleaved (vpp 2):" in out
+
+
+@pytest.mark.parametrize("schedule,vpp", [("interleaved", 2), ("1f1b", 1), ("zbv", 2), ("optimal", 1)])
+def test_default_vpp_per_schedule(capsys, schedule, vpp):
+    """Without --vpp each schedule gets its own default: interleaved 2 (at vpp 1 it would be plain 1F1B),
+    V-shapes 2, the rest 1; an explicit --vpp wins."""
+    rc, out, _ = run(capsys, "simulate", "-s", schedule, "--pp", "2", "-m", "4", "--json")
+    assert rc == 0 and json.loads(out)["vpp"] == vpp
+    if schedule == "interleaved":
+        rc, out, _ = run(capsys, "simulate", "-s", schedule, "--pp", "2", "-m", "4", "--vpp", "3", "--json")
+        assert rc == 0 and json.loads(out)["vpp"] == 3
+        one_f_one_b = json.loads(run(capsys, "simulate", "-s", "1f1b", "--pp", "2", "-m", "4", "--json")[1])
+        assert json.loads(out)["bubble"] < one_f_one_b["bubble"]

@@ -51,7 +51,7 @@ def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> No
     p.add_argument("--microbatches", "-m", type=positive_int, required=True,
                    help="microbatches per step (gradient accumulation steps)")
     p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per device (default: 1, or 2 for V-shape schedules)")
+                   help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)")
     p.add_argument("--mem-limit", default="none", metavar="LIMIT",
                    help="peak activation memory per device: none, 1p (1F1B's peak = pp units), 1.5p, 2p, Xp, "
                         "or a number of units (one unit = one full-stage microbatch activation)")

@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                         + ", ".join(registry.names()) + " (default: %(default)s)")
     p.add_argument("--pp", type=positive_int, required=True, help="pipeline degree (devices)")
     p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per device (default: 1, or 2 for V-shape schedules)")
+                   help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)")
     p.add_argument("--microbatches", "-m", type=positive_int, required=True, help="microbatches per step")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per microbatch (default: 1)")
     p.add_argument("--seq", type=positive_int, default=None,

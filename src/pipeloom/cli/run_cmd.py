@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
     p.add_argument("--microbatches", "-m", type=positive_int, default=4,
                    help="microbatches per step (default: %(default)s)")
     p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per stage (default: the schedule's, 2 for V-shape schedules)")
+                   help="chunks per stage (default: the schedule's: 2 for interleaved and V-shape schedules, else 1)")
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")

@@ -47,14 +47,20 @@ class BuilderInfo:
     """'1' (one chunk per device), '2' (exactly two), '>=2', 'any'"""
     memory_aware: bool
     """True if the builder honours PlanSpec.mem_limit itself"""
+    default_vpp: int | None = None
+    """vpp used when the user gives none (None: 1 for '1'/'any' builders, 2 for the others)"""
 
 
 BUILDERS: dict[str, BuilderInfo] = {}
 
 
-def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False):
+def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False,
+             default_vpp: int | None = None):
     def deco(fn: Callable[[PlanSpec], Schedule]):
-        BUILDERS[name] = BuilderInfo(name, fn, description, vpp, memory_aware)
+        info = BuilderInfo(name, fn, description, vpp, memory_aware, default_vpp)
+        if default_vpp is not None:
+            check_vpp(info, default_vpp)
+        BUILDERS[name] = info
         return fn
     return deco
 
@@ -83,8 +89,12 @@ def get(name: str) -> BuilderInfo:
 
 
 def default_vpp(name: str) -> int:
-    v = get(name).vpp
-    return 1 if v in ("1", "any") else 2
+    """The vpp a schedule is built with when the user gives none: the builder's own default
+    (interleaved: 2, else it would be plain 1F1B), else 1 for single-chunk builders, 2 for V-shapes."""
+    info = get(name)
+    if info.default_vpp is not None:
+        return info.default_vpp
+    return 1 if info.vpp in ("1", "any") else 2
 
 
 def check_vpp(info: BuilderInfo, vpp: int) -> None:
