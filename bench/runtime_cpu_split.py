@@ -44,6 +44,8 @@ def _worker(opts: dict):
     from pipeloom.schedule.ir import Kind
 
     rank, pp = dist.get_rank(), dist.get_world_size()
+    if opts.get("pin"):
+        bench._pin(rank)
     pname = opts["schedule"]
     tname, vpp = PAIRS[pname]
     m = opts["microbatches"]
@@ -153,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--mbs", type=int, default=4)
+    ap.add_argument("--pin", action="store_true", help="pin each rank (all its threads) to its own core")
     ap.add_argument("--old", default=None, help="an older pipeloom/runtime/executor.py to run as a third runtime")
     ap.add_argument("--old-p2p", default=None, help="with --old: the p2p.py that executor used")
     a = ap.parse_args(argv)

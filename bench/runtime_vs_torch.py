@@ -54,6 +54,8 @@ def _worker(opts: dict) -> list[dict] | None:
     from pipeloom.runtime.joblog import JobLog
 
     rank, pp = dist.get_rank(), dist.get_world_size()
+    if opts.get("pin"):
+        _pin(rank)
     m, steps, warm, logged = opts["microbatches"], opts["steps"], 2, opts["log_steps"]
     rows = []
     for tname, pname, vpp in PAIRS:
@@ -136,6 +138,18 @@ def _worker(opts: dict) -> list[dict] | None:
                          "comm_fitted_s": comm} | ({"calibration": calib} if calib else {}))
         del ex, tsched, stages
     return rows if rank == 0 else None
+
+
+def _pin(rank: int) -> None:
+    """Pin every thread of this rank's process (the compute thread and gloo's I/O threads, which
+    exist already) to one core, rank r on core r mod ncpu; threads started later inherit it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    core = {cpus[rank % len(cpus)]}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), core)
+        except OSError:
+            pass
 
 
 COST_AWARE = ("zbv",)  # pipeloom builders whose order depends on the costs (interleaved's does not)
@@ -328,6 +342,11 @@ def main(argv=None) -> int:
                     help="with --builder-orders: plan pipeloom's cost-aware builders (zbv) with per-chunk costs "
                          "measured on torch's order, at a memory limit no higher than that order's peak")
     ap.add_argument("--calibrate-steps", type=int, default=6, help="logged pipeloom steps for --calibrate")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin each rank (all its threads) to its own core: rank r on core r mod ncpu")
+    ap.add_argument("--keep-logs", metavar="DIR", default=None,
+                    help="write pipeloom's per-rank job logs under DIR/<schedule>/ and keep them (default: a "
+                         "temporary directory); `pipeloom show`/`pipeloom check` read them")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.calibrate and not a.builder_orders:
@@ -335,7 +354,9 @@ def main(argv=None) -> int:
     from pipeloom.runtime.launch import spawn
 
     with tempfile.TemporaryDirectory() as tmp:
-        opts = dict(vars(a), log_root=tmp)
+        root = a.keep_logs or tmp
+        os.makedirs(root, exist_ok=True)
+        opts = dict(vars(a), log_root=os.path.abspath(root))
         rows = spawn(_worker, a.pp, (opts,), timeout_s=300)
     if a.json:
         print(json.dumps([{k: r[k] for k in ("schedule", "pp", "microbatches", "pipeloom_s", "torch_s")} | r
