@@ -1,6 +1,8 @@
 """Library entry points behind the CLI: plan, evaluate, compare (no torch)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .schedule import registry
 from .schedule.ir import Schedule
 from .schedule.registry import PlanSpec, ScheduleError
@@ -73,18 +75,29 @@ def _structural(violations: list[str]) -> bool:
 def compare(spec: PlanSpec, names: list[str] | None = None) -> list[dict]:
     """Plan and simulate every schedule that accepts ``spec``'s vpp, sorted by makespan.
 
-    Rows for schedules that do not apply carry ``error`` instead of metrics.
+    Rows for schedules that do not apply carry ``error`` instead of metrics. Each builder gets the
+    options of ``spec.options`` it reads (e.g. ``time_limit`` only ``optimal``); an option that
+    none of them reads is an error.
     """
     rows = []
-    for name in names or registry.names():
-        info = registry.get(name)
+    infos = [registry.get(name) for name in names or registry.names()]
+    unread = set(spec.options) - {k for info in infos for k in info.options}
+    if unread:
+        elsewhere = sorted(n for n in registry.names() if set(registry.get(n).options) & unread)
+        readers = ", ".join(f"{i.name} ({', '.join(i.options)})" for i in infos if i.options) or "none"
+        raise ScheduleError(f"option(s) {', '.join(sorted(unread))} are read by none of the compared schedules"
+                            + (f" (only by {', '.join(elsewhere)}, not compared here)" if elsewhere else "")
+                            + f"; their options: {readers}")
+    for info in infos:
+        name = info.name
         try:
             registry.check_vpp(info, spec.vpp)
         except ScheduleError as e:
             rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
             continue
+        own = {k: v for k, v in spec.options.items() if k in info.options}
         try:
-            sched = plan(name, spec)
+            sched = plan(name, spec if own == spec.options else replace(spec, options=own))
         except (ScheduleError, ValueError) as e:
             rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
             continue

@@ -72,7 +72,7 @@ def microbatch_groups(m: int, pp: int, remainder: str = "spread") -> list[list[i
 
 
 @register("interleaved", description="interleaved 1F1B (Megatron VPP), any vpp (default 2), any m (remainder spread)",
-          vpp="any", default_vpp=2)
+          vpp="any", default_vpp=2, options=("remainder",))
 def interleaved(spec: PlanSpec):
     pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
     remainder = spec.options.get("remainder", "spread")

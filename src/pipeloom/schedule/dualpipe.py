@@ -106,7 +106,8 @@ def dualpipev_program(pp: int, m: int, d: int) -> tuple[list[Job], set[int]]:
 
 
 @register("dualpipev", description="DualPipeV (DeepSeek): V placement, F and B of different microbatches "
-                                   "overlapped in pairs (cost option overlap), any m (best m >= 2pp)", vpp="2")
+                                   "overlapped in pairs (cost option overlap), any m (best m >= 2pp)", vpp="2",
+          options=("overlap_pairs",))
 def dualpipev(spec: PlanSpec) -> Schedule:
     """DualPipeV schedule; ``spec.costs.overlap`` sets how much of each pair is hidden.
 
@@ -116,6 +117,9 @@ def dualpipev(spec: PlanSpec) -> Schedule:
     unknown = set(spec.options) - {"overlap_pairs"}
     if unknown:
         raise ScheduleError(f"dualpipev: unknown option(s) {', '.join(sorted(unknown))}; allowed: overlap_pairs")
+    overlap_pairs = spec.options.get("overlap_pairs", True)
+    if not isinstance(overlap_pairs, bool):
+        raise ScheduleError(f"dualpipev: option overlap_pairs must be true or false, got {overlap_pairs!r}")
     mm = max(m, 2 * pp)
     devices, overlapped = [], set()
     for d in range(pp):
@@ -126,7 +130,7 @@ def dualpipev(spec: PlanSpec) -> Schedule:
             pairs = {new_index[i] for i in pairs if i in new_index and i + 1 in new_index}
             seq = [seq[i] for i in keep]
         devices.append(tuple(seq))
-        if spec.options.get("overlap_pairs", True):
+        if overlap_pairs:
             overlapped |= {(d, i) for i in pairs}
     sched = Schedule("dualpipev", pp, 2, m, Placement.V, tuple(devices), frozenset(overlapped),
                      meta={"overlap": spec.costs.overlap, "padded_from": mm if mm > m else None})

@@ -356,9 +356,14 @@ def job_graph(spec: PlanSpec, placement: Placement, split: bool = True) -> JobGr
 
 
 # ----------------------------------------------------------------------------- builder
+#: the options of the ``optimal`` builder (see its docstring)
+OPTIONS = ("time_limit", "placement", "backward", "workers", "seed", "allow_large", "hints", "formulation",
+           "start_from")
+
+
 @register("optimal", description="exact minimum makespan under the memory limit (OR-Tools CP-SAT; small shapes: "
                                  f"at most {MAX_JOBS} jobs, e.g. pp<=4, m<=8, vpp<=2)",
-          vpp="any", memory_aware=True)
+          vpp="any", memory_aware=True, options=OPTIONS)
 def optimal(spec: PlanSpec) -> Schedule:
     """Minimum-makespan schedule by CP-SAT.
 
@@ -381,8 +386,7 @@ def optimal(spec: PlanSpec) -> Schedule:
     (re-simulated), hint (the best starting schedule and its makespan).
     """
     opts = dict(spec.options)
-    known = {"time_limit", "placement", "backward", "workers", "seed", "allow_large", "hints", "formulation",
-             "start_from"}
+    known = set(OPTIONS)
     unknown = set(opts) - known
     if unknown:
         raise ScheduleError(f"optimal: unknown option(s) {', '.join(sorted(unknown))}; "
@@ -413,6 +417,9 @@ def optimal(spec: PlanSpec) -> Schedule:
         raise ScheduleError("optimal: workers and seed must be integers") from None
     if workers < 1:
         raise ScheduleError(f"optimal: workers must be >= 1, got {workers}")
+    for key in ("allow_large", "hints"):
+        if not isinstance(opts.get(key, False), bool):
+            raise ScheduleError(f"optimal: {key} must be true or false, got {opts[key]!r}")
     n_jobs = m * nc * (3 if split else 2)
     if n_jobs > MAX_JOBS and not opts.get("allow_large", False):
         raise ScheduleError(
@@ -454,7 +461,10 @@ def optimal(spec: PlanSpec) -> Schedule:
             pass
     if opts.get("hints", True):
         candidates += _registry_hints(spec, placement, split)
-    for given in opts.get("start_from", ()) or ():
+    start_from = opts.get("start_from", ()) or ()
+    if not isinstance(start_from, (list, tuple)):
+        raise ScheduleError("optimal: start_from must hold Schedules of the same pp, vpp and microbatches")
+    for given in start_from:
         if not isinstance(given, Schedule) or (given.pp, given.vpp, given.microbatches) != (pp, vpp, m):
             raise ScheduleError("optimal: start_from must hold Schedules of the same pp, vpp and microbatches")
         orders = _as_hint(given, placement, split)

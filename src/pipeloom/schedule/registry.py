@@ -49,15 +49,17 @@ class BuilderInfo:
     """True if the builder honours PlanSpec.mem_limit itself"""
     default_vpp: int | None = None
     """vpp used when the user gives none (None: 1 for '1'/'any' builders, 2 for the others)"""
+    options: tuple[str, ...] = ()
+    """the keys of PlanSpec.options the builder reads; :func:`build` rejects any other"""
 
 
 BUILDERS: dict[str, BuilderInfo] = {}
 
 
 def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False,
-             default_vpp: int | None = None):
+             default_vpp: int | None = None, options: tuple[str, ...] = ()):
     def deco(fn: Callable[[PlanSpec], Schedule]):
-        info = BuilderInfo(name, fn, description, vpp, memory_aware, default_vpp)
+        info = BuilderInfo(name, fn, description, vpp, memory_aware, default_vpp, tuple(options))
         if default_vpp is not None:
             check_vpp(info, default_vpp)
         BUILDERS[name] = info
@@ -104,8 +106,31 @@ def check_vpp(info: BuilderInfo, vpp: int) -> None:
         raise ScheduleError(f"schedule {info.name!r} takes vpp {allowed}, got vpp={vpp}")
 
 
+def check_options(info: BuilderInfo, options: dict) -> None:
+    """Reject option keys the builder does not read (a typo would otherwise be ignored silently)."""
+    unknown = set(options) - set(info.options)
+    if unknown:
+        allowed = ", ".join(sorted(info.options)) if info.options else "none (this schedule takes no options)"
+        raise ScheduleError(f"{info.name}: unknown option(s) {', '.join(sorted(unknown))}; allowed: {allowed}")
+
+
+def int_option(options: dict, key: str, default: int, *, what: str = "job placements", who: str = "") -> int:
+    """``options[key]`` as a whole number >= 0 (``default`` when absent), else a ScheduleError naming it
+    (prefixed with ``who``, the builder's name, when given)."""
+    v = options.get(key, default)
+    try:
+        n = int(v)
+        whole = not isinstance(v, bool) and n == float(v)
+    except (TypeError, ValueError, OverflowError):
+        n, whole = -1, False
+    if n < 0 or not whole:
+        raise ScheduleError(f"{who + ': ' if who else ''}option {key} must be a whole number >= 0 ({what}), got {v!r}")
+    return n
+
+
 def build(name: str, spec: PlanSpec) -> Schedule:
     """Build and return the schedule (not yet validated; see :func:`pipeloom.plan`)."""
     info = get(name)
     check_vpp(info, spec.vpp)
+    check_options(info, spec.options)
     return info.fn(spec)

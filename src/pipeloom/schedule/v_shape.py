@@ -48,7 +48,7 @@ import math
 from dataclasses import replace
 
 from .ir import Placement, make_schedule
-from .registry import PlanSpec, ScheduleError, register
+from .registry import PlanSpec, ScheduleError, int_option, register
 from . import _greedy
 
 #: default greedy work budget (job placements summed over all policies tried)
@@ -142,6 +142,10 @@ DEFAULT_LNS_MAX_JOBS = 400
 POLISH_MAX_JOBS = 400
 
 
+#: the options the V-shape builders read (see the module docstring)
+V_OPTIONS = ("budget", "insert_budget", "polish")
+
+
 def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
     """Polish budget in CP-SAT deterministic seconds (0: bound only), or None (no bound, no polish)."""
     if "polish" not in spec.options:
@@ -162,14 +166,7 @@ def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
 
 
 def _int_option(spec: PlanSpec, key: str, default: int) -> int:
-    v = spec.options.get(key, default)
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        n = -1
-    if n < 0 or n != float(v):
-        raise ScheduleError(f"option {key} must be a whole number >= 0 (job placements), got {v!r}")
-    return n
+    return int_option(spec.options, key, default)
 
 
 def _policy_dict(pol) -> dict:
@@ -180,7 +177,7 @@ def _policy_dict(pol) -> dict:
 
 
 @register("zbv", description="ZB-V: V placement, B/W split, greedy under the memory limit (any vpp >= 2)",
-          vpp=">=2", memory_aware=True)
+          vpp=">=2", memory_aware=True, options=V_OPTIONS)
 def zbv(spec: PlanSpec):
     return plan_v("zbv", spec, spec.mem_limit)
 
@@ -195,12 +192,12 @@ def _budget_limit(name: str, spec: PlanSpec, units: float, text: str):
 
 
 @register("vhalf", description="V-Half: zbv greedy at (p+2)//2 microbatch activations (about 1/2 of 1F1B)",
-          vpp=">=2", memory_aware=True)
+          vpp=">=2", memory_aware=True, options=V_OPTIONS)
 def vhalf(spec: PlanSpec):
     return _budget_limit("vhalf", spec, float((spec.pp + 2) // 2), "V-Half budget (p+2)//2")
 
 
 @register("vmin", description="V-Min: zbv greedy at (p+4)//3 microbatch activations (about 1/3 of 1F1B)",
-          vpp=">=2", memory_aware=True)
+          vpp=">=2", memory_aware=True, options=V_OPTIONS)
 def vmin(spec: PlanSpec):
     return _budget_limit("vmin", spec, float((spec.pp + 4) // 3), "V-Min budget (p+4)//3")

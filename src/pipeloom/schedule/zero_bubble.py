@@ -18,7 +18,7 @@ never a larger makespan than 1F1B, so ``zbh1`` is never slower than ``1f1b`` at 
 from __future__ import annotations
 
 from .ir import B, F, Job, Placement, W, make_schedule
-from .registry import PlanSpec, ScheduleError, register
+from .registry import PlanSpec, ScheduleError, int_option, register
 from . import _greedy
 
 DEFAULT_BUDGET = 60_000
@@ -54,7 +54,7 @@ def plan_h(name: str, spec: PlanSpec, default_p: float):
             f"memory limit {limit:g} units ({limit / pp:.3g}p) is infeasible for {name} pp={pp}: the smallest "
             f"feasible limit is {lo:g} units ({lo / pp:.3g}p, one microbatch activation per device); "
             f"use --mem-limit {lo:g} or more")
-    budget = int(spec.options.get("budget", DEFAULT_BUDGET))
+    budget = int_option(spec.options, "budget", DEFAULT_BUDGET, who=name)
     best = _greedy.search(prob, budget)
     seqs, how = (best.seqs, "greedy") if best is not None else (None, None)
     # safety net: 1F1B with B/W split, when it fits the limit
@@ -71,12 +71,12 @@ def plan_h(name: str, spec: PlanSpec, default_p: float):
 
 
 @register("zbh1", description="ZB-H1: B/W split at 1F1B memory (default limit 1p), about 1/3 of 1F1B's bubble",
-          vpp="1", memory_aware=True)
+          vpp="1", memory_aware=True, options=("budget",))
 def zbh1(spec: PlanSpec):
     return plan_h("zbh1", spec, 1.0)
 
 
 @register("zbh2", description="ZB-H2: B/W split at about 2x 1F1B memory (default limit 2p), near-zero bubble",
-          vpp="1", memory_aware=True)
+          vpp="1", memory_aware=True, options=("budget",))
 def zbh2(spec: PlanSpec):
     return plan_h("zbh2", spec, 2.0)
