@@ -194,23 +194,39 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Schedule":
+        devs = data.get("devices", [])
+        if not isinstance(devs, list) or not all(isinstance(d, list) for d in devs):
+            raise ScheduleFormatError("schedule JSON: 'devices' must be a list with one list of jobs per device, "
+                                      "e.g. [[\"F0.0\", \"BW0.0\"], [\"F0.1\", \"BW0.1\"]]")
         try:
             devices = [[Job.parse(s) for s in seq] for seq in data["devices"]]
         except KeyError as e:
             raise ScheduleFormatError(f"schedule JSON lacks the key {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise ScheduleFormatError(f"schedule JSON has a bad job list: {e}") from None
-        pp = int(data.get("pp", len(devices)))
+        pp = _count(data.get("pp", len(devices)), "pp")
         inferred = _infer_shape(devices, pp)
+        placement = data.get("placement", inferred[2])
+        if placement not in [p.value for p in Placement]:
+            raise ScheduleFormatError(f"schedule JSON: placement must be one of "
+                                      f"{', '.join(p.value for p in Placement)}, got {placement!r}")
+        overlapped = data.get("overlapped", [])
+        if not isinstance(overlapped, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in overlapped):
+            raise ScheduleFormatError("schedule JSON: overlapped must be a list of [device, index] pairs of "
+                                      "integers >= 0")
+        meta = data.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ScheduleFormatError(f"schedule JSON: meta must be an object, got {type(meta).__name__}")
         return cls(
             name=str(data.get("name", "custom")),
             pp=pp,
-            vpp=int(data.get("vpp", inferred[0])),
-            microbatches=int(data.get("microbatches", inferred[1])),
-            placement=Placement(data.get("placement", inferred[2])),
+            vpp=_count(data.get("vpp", inferred[0]), "vpp"),
+            microbatches=_count(data.get("microbatches", inferred[1]), "microbatches"),
+            placement=Placement(placement),
             devices=tuple(tuple(s) for s in devices),
-            overlapped=frozenset(tuple(p) for p in data.get("overlapped", [])),
-            meta=dict(data.get("meta", {})),
+            overlapped=frozenset(tuple(p) for p in overlapped),
+            meta=dict(meta),
         )
 
     @classmethod
@@ -279,7 +295,7 @@ class Schedule:
             if d < 0 or st < 0:
                 raise ScheduleFormatError(f"CSV line {n}: device and step must be >= 0")
             rows.append((d, st, job, ov))
-        pp = int(header.get("pp", max(r[0] for r in rows) + 1))
+        pp = _count(header.get("pp", max(r[0] for r in rows) + 1), "CSV header: pp")
         if any(r[0] >= pp for r in rows):
             raise ScheduleFormatError(f"CSV names a device >= pp={pp}")
         per: list[list[tuple[int, Job, bool]]] = [[] for _ in range(pp)]
@@ -298,12 +314,14 @@ class Schedule:
             return cls(
                 name=header.get("name", "custom"),
                 pp=pp,
-                vpp=int(header.get("vpp", inferred[0])),
-                microbatches=int(header.get("microbatches", inferred[1])),
+                vpp=_count(header.get("vpp", inferred[0]), "CSV header: vpp"),
+                microbatches=_count(header.get("microbatches", inferred[1]), "CSV header: microbatches"),
                 placement=Placement(header.get("placement", inferred[2])),
                 devices=tuple(tuple(s) for s in devices),
                 overlapped=frozenset(overlapped),
             )
+        except ScheduleFormatError:
+            raise
         except ValueError as e:
             raise ScheduleFormatError(f"CSV header: {e}") from None
 
@@ -315,16 +333,37 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str) -> "Schedule":
+        """Read a .json or .csv schedule (other names: JSON if the text starts with '{', else CSV).
+        Every error names the file."""
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
             raise ScheduleFormatError(f"cannot read {path}: {e.strerror}") from None
-        if str(path).lower().endswith(".csv"):
-            return cls.from_csv(text)
-        if str(path).lower().endswith(".json"):
-            return cls.from_json(text)
-        return cls.from_json(text) if text.lstrip().startswith("{") else cls.from_csv(text)
+        except UnicodeDecodeError:
+            raise ScheduleFormatError(f"cannot read {path}: not a text file (expected a schedule as UTF-8 JSON "
+                                      f"or CSV, as written by 'pipeloom plan -o')") from None
+        try:
+            if str(path).lower().endswith(".csv"):
+                return cls.from_csv(text)
+            if str(path).lower().endswith(".json"):
+                return cls.from_json(text)
+            return cls.from_json(text) if text.lstrip().startswith("{") else cls.from_csv(text)
+        except ScheduleFormatError as e:
+            raise ScheduleFormatError(f"{path}: {e}") from None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _count(x, name: str) -> int:
+    """A shape field of a schedule file: an integer >= 1."""
+    if isinstance(x, str) and x.strip().isdigit():
+        x = int(x)
+    if not _is_int(x) or x < 1:
+        raise ScheduleFormatError(f"{name} must be an integer >= 1, got {x!r}")
+    return x
 
 
 def _job_strs(seq: Iterable[Job]) -> list[str]:
