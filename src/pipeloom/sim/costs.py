@@ -80,6 +80,8 @@ class Costs:
             key = {"f": "F", "b": "B", "w": "W", "comm": "comm", "overlap": "overlap"}.get(k.lower())
             if key is None:
                 raise ValueError(f"unknown cost key {k!r}: allowed are F, B, W, comm, overlap")
+            if key in kw:
+                raise ValueError(f"cost {key} is given twice in {text!r}; give each of F, B, W, comm, overlap once")
             try:
                 if ":" in v and key in ("F", "B", "W"):
                     kw[key] = tuple(float(x) for x in v.split(":"))
@@ -90,7 +92,12 @@ class Costs:
             vals = kw[key] if isinstance(kw[key], tuple) else (kw[key],)
             if any(x < 0 or not math.isfinite(x) for x in vals):
                 raise ValueError(f"cost {k} must be finite and >= 0, got {v}")
-        return cls(**kw)
+        c = cls(**kw)
+        if all(x == 0 for key in ("F", "B", "W") for x in (getattr(c, key) if isinstance(getattr(c, key), tuple)
+                                                           else (getattr(c, key),))):
+            raise ValueError(f"costs {text!r}: F, B and W are all 0, so every schedule takes no time; give F, B or "
+                             f"W > 0 (W=0 alone is fine)")
+        return c
 
     def to_dict(self) -> dict:
         return {"F": self.F, "B": self.B, "W": self.W, "comm": self.comm, "overlap": self.overlap}
@@ -129,6 +136,8 @@ class MemModel:
             k, v = (s.strip() for s in part.split("=", 1))
             if k not in ("a", "b"):
                 raise ValueError(f"unknown memory key {k!r}: allowed are a (F allocates) and b (B frees)")
+            if k in kw:
+                raise ValueError(f"memory {k} is given twice in {text!r}; give each of a, b once")
             try:
                 kw[k] = tuple(float(x) for x in v.split(":")) if ":" in v else float(v)
             except ValueError:
@@ -160,8 +169,10 @@ def parse_mem_limit(limit: str | float | int | None, pp: int) -> float | None:
                     f"memory limit {limit!r} not understood: use none, 1p, 1.5p, 2p, Xp (multiples of 1F1B's peak "
                     f"= pp units) or a plain number of units"
                 ) from None
-    if not math.isfinite(val):
-        return None
+    if math.isnan(val):
+        raise ValueError(f"memory limit {limit!r} is not a number: use none, 1p, 1.5p, 2p, Xp or a number of units > 0")
     if val <= 0:
         raise ValueError(f"memory limit must be > 0, got {limit!r}")
+    if math.isinf(val):
+        return None
     return val
