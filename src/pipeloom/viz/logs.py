@@ -307,6 +307,7 @@ def read_logs(root: str, *, align: bool = True) -> RunLog:
     """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks."""
     files = find_worker_logs(root)
     ranks = [parse_file(p, mach, r) for mach, r, p in files]
+    _check_one_run(ranks, root)
     warnings: list[str] = []
     # global ranks: from meta; text logs without meta get (machine, file rank) order
     if len({r.rank for r in ranks}) != len(ranks):
@@ -341,6 +342,39 @@ def read_logs(root: str, *, align: bool = True) -> RunLog:
         if r.malformed:
             warnings.append(f"{r.path}: {r.malformed} malformed line(s) skipped")
     return run
+
+
+def _run_of(r: RankLog) -> tuple:
+    """What every rank of one run shares in its meta line: world size, pp, dp and the schedule."""
+    m = r.meta
+    sched = m.get("schedule") if isinstance(m.get("schedule"), dict) else {}
+    return (m.get("world_size"), m.get("pp"), m.get("dp"), sched.get("name"), sched.get("microbatches"),
+            sched.get("devices"))
+
+
+def _describe(r: RankLog) -> str:
+    ws, pp, dp, name, m, _ = _run_of(r)
+    return f"{name} pp={pp} dp={dp} m={m}, world size {ws}"
+
+
+def _check_one_run(ranks: list[RankLog], root: str) -> None:
+    """Logs with meta lines must come from one run: the same run shape and each global rank once
+    (mixing the logs of two runs would report a wrong plan, wrong bubbles and bogus stragglers)."""
+    metas = [r for r in ranks if r.meta]
+    for r in metas[1:]:
+        if _run_of(r) != _run_of(metas[0]):
+            raise LogError(f"{root} mixes the logs of different runs: {metas[0].path} ({_describe(metas[0])}) and "
+                           f"{r.path} ({_describe(r)}); give the log directory of one run")
+    seen: dict[int, str] = {}
+    for r in metas:
+        if r.rank in seen:
+            raise LogError(f"{root} holds two logs of rank {r.rank}: {seen[r.rank]} and {r.path} (two runs mixed, "
+                           f"or one log copied twice); keep one log per rank")
+        seen[r.rank] = r.path
+    ws = metas[0].meta.get("world_size") if metas else None
+    if isinstance(ws, int) and any(r.rank >= ws for r in metas):
+        bad = next(r for r in metas if r.rank >= ws)
+        raise LogError(f"{bad.path} is the log of rank {bad.rank}, but the run's world size is {ws}")
 
 
 def _plan_from_meta(ranks: list[RankLog], warnings: list[str]) -> tuple[Schedule | None, Costs | None, bool]:
