@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version="pipeloom 0.1.0")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    p.set_defaults(_subparsers=sub)
     for name in COMMANDS:
         try:
             mod = importlib.import_module(f"{__name__}.{name}_cmd")
@@ -46,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the subcommand whose --help lists the options
+        sub = args._subparsers.choices.get(getattr(args, "command", None) or "", parser)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (CLIError, ValueError, OSError) as e:  # ScheduleError, ValidationError, format errors are ValueErrors
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 2] ..."
+            msg = f"cannot write or read {e.filename}: {e.strerror}"
         print(f"pipeloom: error: {msg}", file=sys.stderr)
         return 2
     return int(rc or 0)

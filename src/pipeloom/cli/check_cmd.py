@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import number_type, wrap
+from .common import check_out_path, nonnegative_int, number_type, wrap
 
 
 def add_parser(sub) -> None:
@@ -29,8 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--bubble-tolerance", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",
                    help="measured bubble may exceed the planned one by this much before the verdict says so "
                         "(default: %(default)s)")
-    p.add_argument("--top", type=int, default=10, help="late jobs to list (default: %(default)s)")
-    p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt with late jobs framed")
+    p.add_argument("--top", type=nonnegative_int, default=10, help="late jobs to list (default: %(default)s)")
+    p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt with late jobs framed (.png, .svg or .pdf)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 unless the verdict is OK")
     p.set_defaults(func=run)
 
@@ -40,6 +40,8 @@ def run(args) -> int:
     from ..viz.logs import read_logs
     from .common import print_json
 
+    if args.png:
+        check_out_path("--png", args.png, (".png", ".svg", ".pdf"))
     run_log = read_logs(args.logdir)
     rep = check_run(run_log, straggler_threshold=args.straggler_threshold,
                     late_tolerance=None if args.late_tolerance is None else args.late_tolerance / 1e3,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ..api import make_spec
@@ -20,19 +21,49 @@ def positive_int(text: str) -> int:
     return v
 
 
+def nonnegative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def number_type(lo: float, hi: float | None = None, *, unit: str = "a number", hi_open: bool = False):
-    """argparse type: a float in [lo, hi] (or [lo, hi) with ``hi_open``), with a one-line message otherwise."""
+    """argparse type: a finite float in [lo, hi] (or [lo, hi) with ``hi_open``), with a one-line message otherwise."""
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {unit}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {unit} (must be finite)")
         too_high = hi is not None and (v >= hi if hi_open else v > hi)
         if v < lo or too_high:
             rng = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}{')' if hi_open else ']'}"
             raise argparse.ArgumentTypeError(f"must be {rng}, got {v:g}")
         return v
     return parse
+
+
+def check_out_path(flag: str, path: str, exts: tuple[str, ...], what: str = "") -> None:
+    """Fail early (before any planning or reading) on an output name the writer would reject: a name
+    without one of ``exts`` or whose nearest existing parent is not a directory. Missing directories
+    are fine: the writers create them."""
+    import os
+
+    if not path or os.path.splitext(path)[1].lower() not in exts:
+        raise ValueError(f"{flag} {path!r}: the name must end in {', '.join(exts[:-1])}{' or ' if len(exts) > 1 else ''}"
+                         f"{exts[-1]}{what}")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path!r}: {parent} is a file, not a directory")
 
 
 def wrap(text: str, width: int = 90) -> str:
@@ -51,7 +82,9 @@ def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> No
     p.add_argument("--microbatches", "-m", type=positive_int, required=True,
                    help="microbatches per step (gradient accumulation steps)")
     p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)")
+                   help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)" if schedule
+                   else "chunks per device, for every schedule (default: each schedule at vpp 1 and at vpp 2, "
+                        "where it takes them)")
     p.add_argument("--mem-limit", default="none", metavar="LIMIT",
                    help="peak activation memory per device: none, 1p (1F1B's peak = pp units), 1.5p, 2p, Xp, "
                         "or a number of units (one unit = one full-stage microbatch activation)")
@@ -63,7 +96,9 @@ def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> No
                         "B frees b (default a/2), W frees a-b")
     p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE", dest="option",
                    help="builder-specific option, repeatable, e.g. -O time_limit=30 for optimal, "
-                        "-O remainder=last for interleaved (values parsed as JSON when they can be)")
+                        "-O remainder=last for interleaved (values parsed as JSON when they can be); a key the "
+                        "schedule does not read is an error" + ("" if schedule else
+                        "; each schedule gets the options it reads"))
     add_partition_options(p)
 
 
@@ -142,6 +177,11 @@ def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
         vpp = registry.default_vpp(schedule) if schedule else 1
     spec = make_spec(pp=args.pp, microbatches=args.microbatches, vpp=vpp, costs=args.costs, mem=args.mem,
                      mem_limit=args.mem_limit, options=parse_options(getattr(args, "option", [])))
+    if getattr(args, "_partition_options", False) and not partition_given(args):
+        alone = [f"--{k}" for k in ("vocab", "hidden", "seq") if getattr(args, k, None) is not None]
+        if alone:
+            raise ValueError(f"{', '.join(alone)}: only used to cost the layers of a layer partition; give --layers L "
+                             f"(or --layers-per-device, --layer-costs FILE) as well, or drop {', '.join(alone)}")
     if partition_given(args):
         if args.mem is not None:
             raise ValueError("--mem cannot be combined with the layer partition options (memory then comes from "

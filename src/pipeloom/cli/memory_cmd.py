@@ -83,8 +83,25 @@ def _lpc(text: str | None):
     return vals
 
 
+def _check_sizes(args) -> None:
+    """--gpu-memory must leave room after --reserve (else every device 'does not fit' for no model reason)."""
+    from ..memory.analytic import parse_bytes
+
+    reserve = parse_bytes(args.reserve)
+    if args.gpu_memory is None:
+        return
+    gpu = parse_bytes(args.gpu_memory)
+    if gpu <= 0:
+        raise ValueError(f"--gpu-memory {args.gpu_memory!r}: must be more than 0 bytes, e.g. 80GiB")
+    if reserve >= gpu:
+        raise ValueError(f"--reserve {args.reserve} is not below --gpu-memory {args.gpu_memory}: nothing would be "
+                         f"left for the model; lower --reserve")
+
+
 def run(args) -> int:
     from ..memory.analytic import TrainConfig, estimate
+
+    _check_sizes(args)
 
     train = TrainConfig(seq=args.seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,

@@ -5,7 +5,7 @@ import sys
 import time
 
 from ..api import evaluate, plan
-from .common import add_plan_options, fmt, print_json, spec_from_args
+from .common import add_plan_options, check_out_path, fmt, print_json, spec_from_args
 
 
 def add_parser(sub) -> None:
@@ -13,19 +13,22 @@ def add_parser(sub) -> None:
                        description="Build a schedule, validate it and write it out (CSV rows device,step,job "
                                    "or JSON). Without --out the job lists are printed.")
     add_plan_options(p)
-    p.add_argument("--out", "-o", default=None, metavar="FILE.csv|FILE.json", help="where to write the schedule")
+    p.add_argument("--out", "-o", default=None, metavar="FILE.csv|FILE.json", help="where to write the schedule (missing directories are created)")
     p.add_argument("--json", action="store_true", help="print the simulate-style JSON summary")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import os
+
+    if args.out is not None:  # before planning: the exact solver may take minutes
+        check_out_path("--out", args.out, (".csv", ".json"))
     spec = spec_from_args(args, args.schedule)
     t0 = time.perf_counter()
     sched = plan(args.schedule, spec)
     dt = time.perf_counter() - t0
     if args.out:
-        if not args.out.lower().endswith((".csv", ".json")):
-            raise ValueError(f"--out {args.out!r}: the file name must end in .csv or .json")
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         sched.save(args.out)
     if args.json:
         res = evaluate(sched, spec)

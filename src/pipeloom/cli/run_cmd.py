@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
-from .common import fmt, positive_int, print_json
+from .common import fmt, number_type, positive_int, print_json
+
+# defaults of the options that a --plan file replaces (None in argparse, to tell "not given" from the default)
+_DEFAULTS = {"schedule": "1f1b", "pp": 2, "microbatches": 4}
 
 # max |diff| accepted by --verify: fp32 must match the reference to float rounding; bf16 only roughly
 TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2}
@@ -16,8 +20,8 @@ def _delay(text: str) -> tuple[int, float]:
         rank, sec = int(r), float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected RANK:SECONDS, e.g. 2:0.05") from None
-    if rank < 0 or not sec >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: RANK must be >= 0 and SECONDS >= 0")
+    if rank < 0 or not (sec >= 0 and math.isfinite(sec)):
+        raise argparse.ArgumentTypeError(f"{text!r}: RANK must be >= 0 and SECONDS a finite number >= 0")
     return rank, sec
 
 
@@ -26,8 +30,8 @@ def _seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
 
 
@@ -51,14 +55,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--example", default="llama-tiny", metavar="NAME",
                    help="built-in model to train (available: llama-tiny; default: %(default)s)")
-    p.add_argument("--schedule", "-s", default="1f1b", metavar="NAME",
-                   help="schedule builder from the registry (see 'pipeloom compare'); default: %(default)s")
+    p.add_argument("--schedule", "-s", default=None, metavar="NAME",
+                   help=f"schedule builder from the registry (see 'pipeloom compare'); default: {_DEFAULTS['schedule']}")
     p.add_argument("--plan", metavar="FILE",
                    help="run this schedule file (JSON or CSV from 'pipeloom plan', or hand-written) instead "
-                        "of building one; pp and microbatches come from the file")
-    p.add_argument("--pp", type=positive_int, default=2, help="pipeline stages (default: %(default)s)")
-    p.add_argument("--microbatches", "-m", type=positive_int, default=4,
-                   help="microbatches per step (default: %(default)s)")
+                        "of building one; the schedule, pp, vpp and microbatches come from the file (so "
+                        "--schedule, --pp, --vpp, --microbatches and --mem-limit cannot be given with it)")
+    p.add_argument("--pp", type=positive_int, default=None, help=f"pipeline stages (default: {_DEFAULTS['pp']})")
+    p.add_argument("--microbatches", "-m", type=positive_int, default=None,
+                   help=f"microbatches per step (default: {_DEFAULTS['microbatches']})")
     p.add_argument("--vpp", type=positive_int, default=None,
                    help="chunks per stage (default: the schedule's: 2 for interleaved and V-shape schedules, else 1)")
     p.add_argument("--dp", type=positive_int, default=1,
@@ -74,7 +79,7 @@ def add_parser(sub) -> None:
     g.add_argument("--dim", type=positive_int, default=64, help="model width (default: 64)")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="parameter dtype; bf16 keeps fp32 master weights and fp32 grads (default: fp32)")
-    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: 1e-3)")
+    g.add_argument("--lr", type=number_type(0, unit="a learning rate"), default=1e-3, help="AdamW learning rate (default: 1e-3)")
     g.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
     g = p.add_argument_group("checking, logs and faults")
     g.add_argument("--verify", action="store_true",
@@ -82,7 +87,8 @@ def add_parser(sub) -> None:
                         f"every parameter gradient (fails above {TOLERANCE['fp32']:g} in fp32)")
     g.add_argument("--log-dir", metavar="DIR", help="write per-rank job logs DIR/workerlog.<rank> (JSON lines)")
     g.add_argument("--profile-steps", metavar="A:B", default=None,
-                   help="log jobs of steps A..B-1 only (default with --log-dir: every step)")
+                   help="with --log-dir: log jobs of steps A..B-1 only (A alone: step A; steps count from 0; "
+                        "default: every step)")
     g.add_argument("--inject-delay", type=_delay, metavar="RANK:SECONDS", default=None,
                    help="sleep SECONDS in every job on global rank RANK (makes a straggler)")
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
@@ -102,6 +108,7 @@ def run(args) -> int:
 
     if args.example not in EXAMPLES:
         raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
+    _check_args(args)
     plan = Schedule.load(args.plan).to_dict() if args.plan else None
     cfg = RunConfig(schedule=args.schedule, pp=args.pp, vpp=args.vpp, dp=args.dp, microbatches=args.microbatches,
                     steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
@@ -131,6 +138,36 @@ def run(args) -> int:
     else:
         _print_table(res, args, tol, ok)
     return 0 if ok else 1
+
+
+def _check_args(args) -> None:
+    """Catch option mistakes before any process starts; fill in the defaults that --plan replaces."""
+    import os
+
+    from . import CLIError
+
+    if args.plan:
+        given = [flag for flag, v in (("--schedule", args.schedule), ("--pp", args.pp),
+                                      ("--microbatches", args.microbatches), ("--vpp", args.vpp),
+                                      ("--mem-limit", args.mem_limit)) if v is not None]
+        if given:
+            raise CLIError(f"--plan {args.plan} fixes the schedule, pp, vpp and microbatches; drop "
+                           f"{', '.join(given)} (or drop --plan and build the schedule from the options)")
+    for k, v in _DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        raise CLIError(f"--log-dir {args.log_dir}: is a file; give a directory (created when missing)")
+    if args.profile_steps is not None:
+        from ..runtime.joblog import parse_profile_steps
+
+        window = parse_profile_steps(args.profile_steps)
+        if args.log_dir is None:
+            raise CLIError(f"--profile-steps {args.profile_steps} selects the steps written to the job logs; "
+                           f"give --log-dir DIR as well")
+        if window is not None and window[0] >= args.steps:
+            raise CLIError(f"--profile-steps {args.profile_steps}: the run has only {args.steps} step(s), "
+                           f"numbered 0..{args.steps - 1}; profile steps in that range or raise --steps")
 
 
 def _print_table(res: dict, args, tol: float, ok: bool) -> None:

@@ -1,10 +1,12 @@
 """pipeloom show: draw a saved schedule as a Gantt chart (terminal, PNG, SVG, HTML, Chrome trace)."""
 from __future__ import annotations
 
+import argparse
+
 from ..schedule.ir import Schedule
 from ..sim.costs import Costs, MemModel, parse_mem_limit
 from ..sim.simulate import DeadlockError, simulate
-from .common import wrap
+from .common import check_out_path, positive_int, wrap
 
 
 def add_parser(sub) -> None:
@@ -15,7 +17,7 @@ def add_parser(sub) -> None:
                     "Without --out the chart is printed as text."),
         epilog="examples:\n  pipeloom plan -s 1f1b --pp 4 -m 8 -o 1f1b.json\n  pipeloom show 1f1b.json\n"
                "  pipeloom show 1f1b.json --out gantt.png --out gantt.html --out trace.json",
-        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="schedule file written by 'pipeloom plan' (or by hand): .json or .csv")
     p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
                    help="durations used to lay out the chart (default: %(default)s)")
@@ -25,19 +27,38 @@ def add_parser(sub) -> None:
     p.add_argument("--out", "-o", action="append", default=[], metavar="PATH",
                    help="write a picture instead of printing: .png, .svg or .pdf (Gantt), .html (interactive: hover, "
                         "zoom) or .json (Chrome/Perfetto trace); repeat for several")
-    p.add_argument("--width", type=int, default=0, help="columns of the text chart (default: terminal width)")
+    p.add_argument("--width", type=_width, default=0,
+                   help=f"columns of the text chart, at least {MIN_WIDTH} (default: terminal width)")
     p.set_defaults(func=run)
+
+
+MIN_WIDTH = 20
+
+
+def _width(text: str) -> int:
+    v = positive_int(text)
+    if v < MIN_WIDTH:
+        raise argparse.ArgumentTypeError(f"must be >= {MIN_WIDTH} columns, got {v}")
+    return v
 
 
 def run(args) -> int:
     import os
 
+    from ..schedule.validate import validate
+    from ..viz import OUTPUT_KINDS
+
     for out in args.out:
         if os.path.exists(out) and os.path.samefile(out, args.file):
             raise ValueError(f"--out {out} is the schedule file itself; give the picture or trace another name")
+        check_out_path("--out", out, OUTPUT_KINDS, " (.json = Chrome/Perfetto trace)")
     sched = Schedule.load(args.file)
     costs, mem = Costs.parse(args.costs), MemModel.parse(args.mem)
     limit = parse_mem_limit(args.mem_limit, sched.pp)
+    v = validate(sched)
+    if v:
+        raise ValueError(f"{args.file}: cannot be drawn, schedule {sched.name!r} is invalid: {v[0]}"
+                         + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
     try:
         res = simulate(sched, costs, mem)
     except DeadlockError as e:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import wrap
+from .common import check_out_path, wrap
 
 
 def add_parser(sub) -> None:
@@ -35,11 +35,15 @@ def run(args) -> int:
     from ..viz.logs import read_logs
 
     con = Console()
+    # output names first: nothing is written unless every output can be
+    check_out_path("--out", args.out, (".json",), " (the trace is JSON)")
+    if args.png:
+        check_out_path("--png", args.png, (".png", ".svg", ".pdf"))
+    if args.html:
+        check_out_path("--html", args.html, (".html",))
     run_log = read_logs(args.logdir)
     if args.step is not None and args.step not in run_log.steps:
-        raise ValueError(f"step {args.step} is not among the profiled steps {run_log.steps}")
-    if not args.out.lower().endswith(".json"):
-        raise ValueError(f"--out {args.out!r}: the trace is JSON, give a name ending in .json")
+        raise ValueError(f"--step {args.step} is not among the profiled steps {run_log.steps}")
     planned, late, note = None, {}, None
     try:
         rep = check_run(run_log)
@@ -54,8 +58,6 @@ def run(args) -> int:
     if args.png:
         written += write_outputs([args.png], timeline=tl)
     if args.html:
-        if not args.html.lower().endswith(".html"):
-            raise ValueError(f"--html {args.html!r}: give a name ending in .html")
         written += write_outputs([args.html], timeline=tl)
     s = run_log.summary()
     con.print(f"read {s['ranks']} rank log(s) on {s['machines']} machine(s): schedule {s['schedule']}"

@@ -55,6 +55,9 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
         layers_per_device = parse_counts(layers_per_device)
     if isinstance(layer_costs, str):
         layer_costs = load_layer_costs(layer_costs)
+    if seq is not None and vocab is None and hidden is None:
+        raise PartitionError("--seq only refines the head cost made from --vocab and --hidden; give them too "
+                             "(or drop --seq)")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise PartitionError(f"--layers must be an integer >= 1, got {layers!r}")
     if layer_costs is not None:
