@@ -3,14 +3,19 @@
 :func:`spawn` runs ``fn(*args)`` on ``world_size`` fresh processes and returns rank 0's result.
 If any rank fails, the others get a short grace period to report, are then terminated, and
 :class:`RankFailure` is raised with the first rank's one-line error (which names the job it
-was running or waiting on).
+was running or waiting on). A run has no overall time limit unless ``total_timeout_s`` is given:
+hangs end through the per-wait timeouts. On Linux the ranks die with the process that spawned
+them (even if it is killed), so no rank outlives the launcher.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import os
 import queue as _queue
+import signal
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -33,6 +38,13 @@ class RankFailure(RuntimeError):
             more = f" (+{len(self.others) - 1} more)" if len(self.others) > 1 else ""
             extra = f"; then {m2}{more}"
         super().__init__(f"{head}{extra}")
+
+
+def one_line(e: BaseException) -> str:
+    """A rank's error as one line: the first line of the message (a RuntimeError's alone, as the
+    runtime's own errors name the rank and job; other types prefixed with their name)."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return msg if isinstance(e, RuntimeError) else f"{type(e).__name__}: {msg}"
 
 
 def free_port() -> int:
@@ -67,7 +79,23 @@ def init_process_group(timeout_s: float = 300.0, backend: str | None = None) -> 
     dist.init_process_group(backend, timeout=_dt.timedelta(seconds=timeout_s), **kw)
 
 
-def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeout_s: float) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel kill this process when the spawning one exits, even by SIGKILL
+    (daemon processes are only terminated when the parent exits normally)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeout_s: float,
+           parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -78,9 +106,7 @@ def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeo
         out = fn(*args)
         q.put((rank, "ok", out, ""))
     except BaseException as e:  # report, never hang the parent
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        q.put((rank, "error", f"{type(e).__name__}: {msg}" if not isinstance(e, RuntimeError) else msg,
-               traceback.format_exc()))
+        q.put((rank, "error", one_line(e), traceback.format_exc()))
     finally:
         # a failed rank must not wait in destroy for peers that are stuck
         try:
@@ -96,13 +122,15 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, fn, args, timeout_s), daemon=True)
-             for r in range(world_size)]
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, fn, args, timeout_s, os.getpid()),
+                         daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
     errors: list[tuple[int, str, str]] = []
-    deadline = time.monotonic() + (total_timeout_s if total_timeout_s else 10 * timeout_s + 60)
+    # no overall limit by default: a healthy run may take any time; a dead rank is seen by its exit
+    # code, a hung one by its peers' timeouts (``timeout_s`` bounds each wait, not the run)
+    deadline = time.monotonic() + total_timeout_s if total_timeout_s else float("inf")
     first_error_at = None
     try:
         while len(results) + len(errors) < world_size:
@@ -110,7 +138,10 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
             if first_error_at is not None and now - first_error_at > grace_s:
                 break
             if now > deadline:
-                errors.append((-1, f"no result after {total_timeout_s or 10 * timeout_s + 60:g}s", ""))
+                reported = set(results) | {e[0] for e in errors}
+                silent = [r for r in range(world_size) if r not in reported]
+                errors.append((silent[0], f"no result after {total_timeout_s:g}s (ranks without one: "
+                                          f"{', '.join(map(str, silent))})", ""))
                 break
             try:
                 rank, status, payload, tb = q.get(timeout=0.2)
