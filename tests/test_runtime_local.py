@@ -197,6 +197,17 @@ def test_job_log_lines(tmp_path):
         assert a["done"] <= b["ready"] < a["done"] + 5e-3  # nothing to wait for in a world of one
 
 
+@pytest.mark.parametrize("kw,match", [
+    (dict(profile_steps="1:2"), "needs --log-dir"),
+    (dict(profile_steps="3:5", steps=3, log_dir="logs"), "starts after the last step"),
+])
+def test_run_config_rejects_a_profile_window_that_logs_nothing(kw, match):
+    from pipeloom.runtime.example import RunConfig
+    with pytest.raises(ValueError, match=match):
+        RunConfig(**kw)
+    RunConfig(profile_steps="2:9", steps=3, log_dir="logs")  # a window that only starts inside the run is fine
+
+
 def test_rejects_wrong_modules_and_invalid_schedule():
     sched = random_plan(1, 2, 2, seed=0)
     mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))

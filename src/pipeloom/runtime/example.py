@@ -88,7 +88,12 @@ class RunConfig:
             raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
-        parse_profile_steps(self.profile_steps)
+        window = parse_profile_steps(self.profile_steps)
+        if window and self.log_dir is None:
+            raise ValueError(f"--profile-steps {self.profile_steps} needs --log-dir DIR (where the job logs go)")
+        if window and window[0] >= self.steps:
+            raise ValueError(f"--profile-steps {self.profile_steps} starts after the last step: the run has steps "
+                             f"0..{self.steps - 1}, so nothing would be logged")
 
 
 def resolve_schedule(cfg: RunConfig) -> tuple[Schedule, dict | None]:
