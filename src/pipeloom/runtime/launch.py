@@ -13,6 +13,7 @@ import ctypes
 import datetime as _dt
 import os
 import queue as _queue
+import re
 import signal
 import socket
 import sys
@@ -168,14 +169,27 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
             if p.is_alive():
                 p.kill()
     if errors:
-        errors.sort(key=lambda e: _blame_order(e[1]))
+        errors = root_cause_first(errors)
         r, msg, tb = errors[0]
         raise RankFailure(r, msg, [(e[0], e[1]) for e in errors[1:]], tb)
     return results.get(0)
 
 
+def root_cause_first(errors: list[tuple]) -> list[tuple]:
+    """Sort ``(rank, message, ...)`` errors so the likeliest root cause comes first: a rank's own
+    error before the peers that merely lost it; among those, a rank that waited for a peer which did
+    not itself report waiting (the hung or dead one) before a rank that waited for another waiter
+    (in a chain 1 -> 2 -> 3 with rank 3 hung, rank 2's timeout, not rank 1's, names the culprit)."""
+    waiting = {e[0] for e in errors if _blame_order(e[1])}
+
+    def key(e):
+        peer = re.search(r"from rank (\d+)", e[1])
+        return _blame_order(e[1]), bool(peer) and int(peer.group(1)) in waiting
+    return sorted(errors, key=key)
+
+
 def _blame_order(msg: str) -> int:
-    # prefer the root cause: a rank's own error before the peers that merely lost it
+    # a rank's own error (0) before the peers that merely lost it (1)
     low = msg.lower()
     if "timed out" in low or "waited for" in low or "connection" in low or "closed" in low:
         return 1
