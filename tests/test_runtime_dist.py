@@ -191,6 +191,17 @@ def test_dead_peer_is_named_with_the_job_that_waited():
     assert "rank 1: job F0.1 waited for act(mb=0, chunk 0->1) from rank 0" in text
 
 
+def test_a_send_to_a_dead_peer_names_the_job_message_and_rank():
+    """Rank 1 dies as its first job starts; rank 0, slowed by 0.5 s a job, then posts F1.0's output
+    to the closed connection: the error says so, not just gloo's 'Connection closed by peer'."""
+    cfg = RunConfig(schedule="1f1b", pp=2, microbatches=2, fault_exit_rank=1, inject_delay=(0, 0.5), seq_len=8, dim=32)
+    with pytest.raises(RankFailure) as ei:
+        run(cfg)
+    assert ei.value.rank == 1 and "exited with code 3" in str(ei.value)
+    assert ei.value.others[0][1].startswith("rank 0: step 0, after job F1.0: sending act(mb=1, chunk 0->1) to rank 1 "
+                                            "(pp stage 1) failed ("), ei.value.others
+
+
 def test_a_long_healthy_run_is_not_cut_off(monkeypatch):
     """--timeout bounds each wait for a peer, not the run: with the launcher's clock running 1000x
     fast a short run lasts "hours", and must still end normally (it used to be killed after
