@@ -211,6 +211,14 @@ def test_a_long_healthy_run_is_not_cut_off(monkeypatch):
     assert r["steps"] == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_that_exits_0_without_reporting_is_an_error():
+    """With no overall deadline, a rank that ends cleanly but silently (os._exit(0)) must not leave
+    the launcher waiting for its result forever."""
+    with pytest.raises(RankFailure, match="exited with code 0 without reporting"):
+        spawn(os._exit, 2, (0,), timeout_s=5)
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]

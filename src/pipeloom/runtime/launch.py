@@ -133,6 +133,7 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
     # code, a hung one by its peers' timeouts (``timeout_s`` bounds each wait, not the run)
     deadline = time.monotonic() + total_timeout_s if total_timeout_s else float("inf")
     first_error_at = None
+    quiet: set[int] = set()  # ranks seen exited with code 0 before their report was read
     try:
         while len(results) + len(errors) < world_size:
             now = time.monotonic()
@@ -149,9 +150,13 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
             except _queue.Empty:
                 reported = set(results) | {e[0] for e in errors}
                 for r, p in enumerate(procs):
-                    if r not in reported and p.exitcode is not None and p.exitcode != 0:
-                        errors.append((r, f"process exited with code {p.exitcode} without reporting", ""))
-                        first_error_at = first_error_at or time.monotonic()
+                    if r in reported or p.exitcode is None:
+                        continue
+                    if p.exitcode == 0 and r not in quiet:  # its report may still be in the pipe: one more poll
+                        quiet.add(r)
+                        continue
+                    errors.append((r, f"process exited with code {p.exitcode} without reporting", ""))
+                    first_error_at = first_error_at or time.monotonic()
                 continue
             if status == "ok":
                 results[rank] = payload
