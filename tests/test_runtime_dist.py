@@ -219,6 +219,11 @@ def test_a_rank_that_exits_0_without_reporting_is_an_error():
         spawn(os._exit, 2, (0,), timeout_s=5)
 
 
+def test_a_killed_rank_is_named_with_its_signal():
+    with pytest.raises(RankFailure, match=r"rank \d: process was killed by SIGKILL without reporting"):
+        spawn(signal.raise_signal, 2, (signal.SIGKILL,), timeout_s=5)
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]

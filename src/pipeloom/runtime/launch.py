@@ -155,7 +155,7 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
                     if p.exitcode == 0 and r not in quiet:  # its report may still be in the pipe: one more poll
                         quiet.add(r)
                         continue
-                    errors.append((r, f"process exited with code {p.exitcode} without reporting", ""))
+                    errors.append((r, f"process {_exit_text(p.exitcode)} without reporting", ""))
                     first_error_at = first_error_at or time.monotonic()
                 continue
             if status == "ok":
@@ -178,6 +178,16 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
         r, msg, tb = errors[0]
         raise RankFailure(r, msg, [(e[0], e[1]) for e in errors[1:]], tb)
     return results.get(0)
+
+
+def _exit_text(code: int) -> str:
+    """``exited with code 3``, or ``was killed by SIGKILL`` (multiprocessing gives -signal)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
 
 
 def root_cause_first(errors: list[tuple]) -> list[tuple]:
