@@ -272,7 +272,7 @@ def test_torchrun_rank_failure_is_one_line():
     argv = [sys.executable, "-m", "pipeloom", "run", "--pp", "2", "-m", "2", "--steps", "1", "--seq-len", "8",
             "--dim", "32", "--inject-delay", "0:2", "--timeout", "1"]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+                        "MASTER_PORT": str(port), "WORLD_SIZE": "2", "PIPELOOM_DEVICE": "cpu"}
     procs = [subprocess.Popen(argv, env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
