@@ -313,6 +313,9 @@ def test_rank_failure_puts_the_root_cause_first():
              (2, "rank 2: job BW0.2 waited for grad(mb=0, chunk 3->2) from rank 3 (pp stage 3): timed out after 2s")]
     assert [e[0] for e in root_cause_first(chain)] == [2, 1]
     assert [e[0] for e in root_cause_first(chain[::-1])] == [2, 1]
+    # a collective's timeout names no peer: it goes after the waits that do
+    coll = (0, "rank 0: step 0: all-reduce of the microbatch losses: timed out after 2s")
+    assert [e[0] for e in root_cause_first([coll] + chain)] == [2, 1, 0]
     # a rank's own error (a dead process, a NaN) still comes before any wait
     dead = (3, "process exited with code -9 without reporting")
-    assert root_cause_first(chain + [dead])[0] == dead
+    assert root_cause_first([coll] + chain + [dead])[0] == dead

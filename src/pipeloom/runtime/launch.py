@@ -193,13 +193,14 @@ def _exit_text(code: int) -> str:
 def root_cause_first(errors: list[tuple]) -> list[tuple]:
     """Sort ``(rank, message, ...)`` errors so the likeliest root cause comes first: a rank's own
     error before the peers that merely lost it; among those, a rank that waited for a peer which did
-    not itself report waiting (the hung or dead one) before a rank that waited for another waiter
-    (in a chain 1 -> 2 -> 3 with rank 3 hung, rank 2's timeout, not rank 1's, names the culprit)."""
+    not itself report waiting (the hung or dead one), then one that waited for another waiter (in a
+    chain 1 -> 2 -> 3 with rank 3 hung, rank 2's timeout, not rank 1's, names the culprit), then
+    a collective's timeout, which names no peer (whatever the order the reports arrived in)."""
     waiting = {e[0] for e in errors if _blame_order(e[1])}
 
     def key(e):
-        peer = re.search(r"from rank (\d+)", e[1])
-        return _blame_order(e[1]), bool(peer) and int(peer.group(1)) in waiting
+        peer = re.search(r"(?:from|to) rank (\d+)", e[1])
+        return _blame_order(e[1]), (2 if peer is None else int(peer.group(1)) in waiting)
     return sorted(errors, key=key)
 
 
