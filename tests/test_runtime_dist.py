@@ -243,7 +243,8 @@ def test_ranks_die_with_a_killed_launcher():
     orphan ranks training (or hung) in the background."""
     code = ("from pipeloom.runtime.example import RunConfig, run\n"
             "run(RunConfig(pp=2, microbatches=2, seq_len=8, dim=32, inject_delay=(0, 60.0), timeout_s=60))")
-    launcher = subprocess.Popen([sys.executable, "-c", code], env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=env)
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 30

@@ -243,7 +243,8 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
         raise ValueError(f"--inject-delay rank {cfg.inject_delay[0]} out of range: world size is {world}")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world:  # before the rendezvous: every rank says it at once
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; pp*dp = {sched.pp}*{cfg.dp} = {world}")
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; "
+                             f"pp*dp = {sched.pp}*{cfg.dp} = {world}")
         init_process_group(max(cfg.timeout_s, 300.0))
         try:
             return worker(cfg)

@@ -376,7 +376,8 @@ class PipelineExecutor:
                 for msg, t in self._outbox:
                     self.p2p.send(msg, t, post=False)
                 self._outbox.clear()
-            self.p2p.advance(where=_After(self.step_count, job))  # this job's sends and every receive the link order now allows
+            # this job's sends and every receive the link order now allows: one call
+            self.p2p.advance(where=_After(self.step_count, job))
             self.p2p.poll_sends()
             if i == self._loss_after and self._early_loss:
                 self._loss_work = dist.all_reduce(self._losses, async_op=True)

@@ -146,8 +146,8 @@ class P2P:
         works = []
         try:
             if self.strict:  # NCCL: one coalesced group, in link order
-                works = dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, t,
-                                                           self.global_rank[peer], self.group) for send, t, peer in ops])
+                works = dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, t, self.global_rank[peer],
+                                                           self.group) for send, t, peer in ops])
             else:  # gloo: every op on its own, in the same order (tag 0, as isend/irecv use)
                 pg, rk = self._pg, self._peer_rank
                 for send, t, peer in ops:
