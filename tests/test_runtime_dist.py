@@ -7,6 +7,10 @@ Process start dominates, so one 4-rank process group runs all correctness cases 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -14,7 +18,8 @@ import torch
 
 from pipeloom import api
 from pipeloom.runtime.example import RunConfig, cases_worker, run
-from pipeloom.runtime.launch import RankFailure, spawn
+from pipeloom.runtime import launch
+from pipeloom.runtime.launch import RankFailure, free_port, spawn
 from pipeloom.runtime.testing import random_plan
 from pipeloom.schedule import registry
 
@@ -184,6 +189,113 @@ def test_dead_peer_is_named_with_the_job_that_waited():
     text = str(ei.value)
     assert ei.value.rank == 0 and "exited with code 3" in text
     assert "rank 1: job F0.1 waited for act(mb=0, chunk 0->1) from rank 0" in text
+
+
+def test_a_send_to_a_dead_peer_names_the_job_message_and_rank():
+    """Rank 1 dies as its first job starts; rank 0, slowed by 0.5 s a job, then posts F1.0's output
+    to the closed connection: the error says so, not just gloo's 'Connection closed by peer'."""
+    cfg = RunConfig(schedule="1f1b", pp=2, microbatches=2, fault_exit_rank=1, inject_delay=(0, 0.5), seq_len=8, dim=32)
+    with pytest.raises(RankFailure) as ei:
+        run(cfg)
+    assert ei.value.rank == 1 and "exited with code 3" in str(ei.value)
+    assert ei.value.others[0][1].startswith("rank 0: step 0, after job F1.0: sending act(mb=1, chunk 0->1) to rank 1 "
+                                            "(pp stage 1) failed ("), ei.value.others
+
+
+def test_a_long_healthy_run_is_not_cut_off(monkeypatch):
+    """--timeout bounds each wait for a peer, not the run: with the launcher's clock running 1000x
+    fast a short run lasts "hours", and must still end normally (it used to be killed after
+    10*timeout+60 s with 'rank -1: no result')."""
+    monkeypatch.setattr(launch, "time", type("Clock", (), {"monotonic": staticmethod(lambda: time.monotonic() * 1000)}))
+    r = run(RunConfig(schedule="1f1b", pp=2, microbatches=2, timeout_s=1.0, seq_len=8, dim=32))
+    assert r["steps"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_exits_0_without_reporting_is_an_error():
+    """With no overall deadline, a rank that ends cleanly but silently (os._exit(0)) must not leave
+    the launcher waiting for its result forever."""
+    with pytest.raises(RankFailure, match="exited with code 0 without reporting"):
+        spawn(os._exit, 2, (0,), timeout_s=5)
+
+
+def test_a_killed_rank_is_named_with_its_signal():
+    with pytest.raises(RankFailure, match=r"rank \d: process was killed by SIGKILL without reporting"):
+        spawn(signal.raise_signal, 2, (signal.SIGKILL,), timeout_s=5)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie nobody reaps is dead
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_ranks_die_with_a_killed_launcher():
+    """SIGKILL of the process that spawned the ranks (e.g. a job scheduler ending it) must not leave
+    orphan ranks training (or hung) in the background."""
+    code = ("from pipeloom.runtime.example import RunConfig, run\n"
+            "run(RunConfig(pp=2, microbatches=2, seq_len=8, dim=32, inject_delay=(0, 60.0), timeout_s=60))")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=env)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            ranks = [p for p in _children(launcher.pid) if "multiprocessing.spawn" in open(f"/proc/{p}/cmdline").read()]
+            time.sleep(0.05)
+        assert len(ranks) == 2
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while any(map(_alive, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(_alive, ranks)), "ranks outlived their launcher"
+    finally:
+        for p in ranks + [launcher.pid]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_torchrun_rank_failure_is_one_line():
+    """Under torchrun (here: two processes with torchrun's environment) a rank's failure reaches the
+    user as the CLI's one-line error with a non-zero exit code, not a Python traceback."""
+    port = free_port()
+    argv = [sys.executable, "-m", "pipeloom", "run", "--pp", "2", "-m", "2", "--steps", "1", "--seq-len", "8",
+            "--dim", "32", "--inject-delay", "0:2", "--timeout", "1"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port), "WORLD_SIZE": "2", "PIPELOOM_DEVICE": "cpu"}
+    procs = [subprocess.Popen(argv, env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    err = outs[1][1]
+    assert procs[1].returncode == 2 and procs[0].returncode != 0
+    assert err.startswith("pipeloom: error: rank 1: job F0.1 waited for act(mb=0, chunk 0->1) from rank 0"), err
+    assert "timed out after 1s" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_torchrun_mismatch_is_reported_before_the_rendezvous(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"torchrun started 3 ranks; pp\*dp = 2\*1 = 2"):
+        run(RunConfig(pp=2, microbatches=2))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--inject-delay rank 5 out of range"):
+        run(RunConfig(pp=2, microbatches=2, inject_delay=(5, 1.0)))
 
 
 def test_nan_loss_names_the_microbatch():

@@ -197,6 +197,17 @@ def test_job_log_lines(tmp_path):
         assert a["done"] <= b["ready"] < a["done"] + 5e-3  # nothing to wait for in a world of one
 
 
+@pytest.mark.parametrize("kw,match", [
+    (dict(profile_steps="1:2"), "needs --log-dir"),
+    (dict(profile_steps="3:5", steps=3, log_dir="logs"), "starts after the last step"),
+])
+def test_run_config_rejects_a_profile_window_that_logs_nothing(kw, match):
+    from pipeloom.runtime.example import RunConfig
+    with pytest.raises(ValueError, match=match):
+        RunConfig(**kw)
+    RunConfig(profile_steps="2:9", steps=3, log_dir="logs")  # a window that only starts inside the run is fine
+
+
 def test_rejects_wrong_modules_and_invalid_schedule():
     sched = random_plan(1, 2, 2, seed=0)
     mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
@@ -292,3 +303,19 @@ def test_executor_runs_chunks_cut_by_a_partition():
     got = {id(p): p.grad for p in full.parameters()}
     for name, p in full.named_parameters():
         assert (got[id(p)] - ref_grads[name]).abs().max().item() <= 1e-5, name
+
+
+def test_rank_failure_puts_the_root_cause_first():
+    """Rank 3 hangs; ranks 1 and 2 time out in a chain (1 waits for 2, 2 waits for 3) in whatever
+    order their reports arrive: the one naming rank 3 leads."""
+    from pipeloom.runtime.launch import root_cause_first
+    chain = [(1, "rank 1: job BW0.1 waited for grad(mb=0, chunk 2->1) from rank 2 (pp stage 2): timed out after 2s"),
+             (2, "rank 2: job BW0.2 waited for grad(mb=0, chunk 3->2) from rank 3 (pp stage 3): timed out after 2s")]
+    assert [e[0] for e in root_cause_first(chain)] == [2, 1]
+    assert [e[0] for e in root_cause_first(chain[::-1])] == [2, 1]
+    # a collective's timeout names no peer: it goes after the waits that do
+    coll = (0, "rank 0: step 0: all-reduce of the microbatch losses: timed out after 2s")
+    assert [e[0] for e in root_cause_first([coll] + chain)] == [2, 1, 0]
+    # a rank's own error (a dead process, a NaN) still comes before any wait
+    dead = (3, "process exited with code -9 without reporting")
+    assert root_cause_first([coll] + chain + [dead])[0] == dead

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import statistics
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from ..schedule.ir import Schedule
 from ..schedule.registry import ScheduleError
 from .executor import PipelineExecutor, reference_step
 from .joblog import JobLog, parse_profile_steps
-from .launch import init_process_group, spawn, under_torchrun, default_device
+from .launch import RankFailure, default_device, init_process_group, one_line, spawn, under_torchrun
 
 EXAMPLES = ("llama-tiny",)
 
@@ -87,7 +88,12 @@ class RunConfig:
             raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
-        parse_profile_steps(self.profile_steps)
+        window = parse_profile_steps(self.profile_steps)
+        if window and self.log_dir is None:
+            raise ValueError(f"--profile-steps {self.profile_steps} needs --log-dir DIR (where the job logs go)")
+        if window and window[0] >= self.steps:
+            raise ValueError(f"--profile-steps {self.profile_steps} starts after the last step: the run has steps "
+                             f"0..{self.steps - 1}, so nothing would be logged")
 
 
 def resolve_schedule(cfg: RunConfig) -> tuple[Schedule, dict | None]:
@@ -233,15 +239,22 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
         cfg = dataclasses.replace(cfg, pp=sched.pp, microbatches=sched.microbatches)
     model_config(cfg, sched.num_chunks)
     world = sched.pp * cfg.dp
-    if under_torchrun():
-        init_process_group(max(cfg.timeout_s, 300.0))
-        if dist.get_world_size() != world:
-            raise ValueError(f"torchrun started {dist.get_world_size()} ranks; pp*dp = {world}")
-        out = worker(cfg)
-        dist.destroy_process_group()
-        return out
     if cfg.inject_delay and not 0 <= cfg.inject_delay[0] < world:
         raise ValueError(f"--inject-delay rank {cfg.inject_delay[0]} out of range: world size is {world}")
+    if under_torchrun():
+        if int(os.environ["WORLD_SIZE"]) != world:  # before the rendezvous: every rank says it at once
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; "
+                             f"pp*dp = {sched.pp}*{cfg.dp} = {world}")
+        init_process_group(max(cfg.timeout_s, 300.0))
+        try:
+            return worker(cfg)
+        except Exception as e:  # as from spawn: one line naming this rank (the CLI prints it, no traceback)
+            raise RankFailure(dist.get_rank(), one_line(e), tb=traceback.format_exc()) from e
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
     return spawn(worker, world, (cfg,), timeout_s=cfg.timeout_s)
 
 

@@ -120,6 +120,18 @@ class _Timer:
         self.pending = []
 
 
+class _After:
+    """``step S, after job X`` for P2P errors, formatted only if one happens (no string per job)."""
+
+    __slots__ = ("step", "job")
+
+    def __init__(self, step: int, job: Job) -> None:
+        self.step, self.job = step, job
+
+    def __str__(self) -> str:
+        return f"step {self.step}, after job {self.job}"
+
+
 @dataclass(slots=True)
 class StepStats:
     step: int
@@ -339,7 +351,7 @@ class PipelineExecutor:
         self._loss_work = None
         if self._early_loss and self._loss_after < 0:
             self._loss_work = dist.all_reduce(self._losses, async_op=True)
-        self.p2p.advance()  # post the first receives before the first job
+        self.p2p.advance(where=f"step {self.step_count}, before the first job")  # post the first receives
         for i, job in enumerate(self.jobs):
             handler = self._handlers.get(job.kind)
             if handler is None:
@@ -364,7 +376,8 @@ class PipelineExecutor:
                 for msg, t in self._outbox:
                     self.p2p.send(msg, t, post=False)
                 self._outbox.clear()
-            self.p2p.advance()  # this job's sends and every receive the link order now allows: one call
+            # this job's sends and every receive the link order now allows: one call
+            self.p2p.advance(where=_After(self.step_count, job))
             self.p2p.poll_sends()
             if i == self._loss_after and self._early_loss:
                 self._loss_work = dist.all_reduce(self._losses, async_op=True)

@@ -3,14 +3,20 @@
 :func:`spawn` runs ``fn(*args)`` on ``world_size`` fresh processes and returns rank 0's result.
 If any rank fails, the others get a short grace period to report, are then terminated, and
 :class:`RankFailure` is raised with the first rank's one-line error (which names the job it
-was running or waiting on).
+was running or waiting on). A run has no overall time limit unless ``total_timeout_s`` is given:
+hangs end through the per-wait timeouts. On Linux the ranks die with the process that spawned
+them (even if it is killed), so no rank outlives the launcher.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import os
 import queue as _queue
+import re
+import signal
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -33,6 +39,13 @@ class RankFailure(RuntimeError):
             more = f" (+{len(self.others) - 1} more)" if len(self.others) > 1 else ""
             extra = f"; then {m2}{more}"
         super().__init__(f"{head}{extra}")
+
+
+def one_line(e: BaseException) -> str:
+    """A rank's error as one line: the first line of the message (a RuntimeError's alone, as the
+    runtime's own errors name the rank and job; other types prefixed with their name)."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return msg if isinstance(e, RuntimeError) else f"{type(e).__name__}: {msg}"
 
 
 def free_port() -> int:
@@ -67,7 +80,23 @@ def init_process_group(timeout_s: float = 300.0, backend: str | None = None) -> 
     dist.init_process_group(backend, timeout=_dt.timedelta(seconds=timeout_s), **kw)
 
 
-def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeout_s: float) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel kill this process when the spawning one exits, even by SIGKILL
+    (daemon processes are only terminated when the parent exits normally)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeout_s: float,
+           parent: int | None = None) -> None:
+    if parent is not None:
+        _die_with_parent(parent)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -78,9 +107,7 @@ def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeo
         out = fn(*args)
         q.put((rank, "ok", out, ""))
     except BaseException as e:  # report, never hang the parent
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        q.put((rank, "error", f"{type(e).__name__}: {msg}" if not isinstance(e, RuntimeError) else msg,
-               traceback.format_exc()))
+        q.put((rank, "error", one_line(e), traceback.format_exc()))
     finally:
         # a failed rank must not wait in destroy for peers that are stuck
         try:
@@ -96,30 +123,40 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, fn, args, timeout_s), daemon=True)
-             for r in range(world_size)]
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, fn, args, timeout_s, os.getpid()),
+                         daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
     errors: list[tuple[int, str, str]] = []
-    deadline = time.monotonic() + (total_timeout_s if total_timeout_s else 10 * timeout_s + 60)
+    # no overall limit by default: a healthy run may take any time; a dead rank is seen by its exit
+    # code, a hung one by its peers' timeouts (``timeout_s`` bounds each wait, not the run)
+    deadline = time.monotonic() + total_timeout_s if total_timeout_s else float("inf")
     first_error_at = None
+    quiet: set[int] = set()  # ranks seen exited with code 0 before their report was read
     try:
         while len(results) + len(errors) < world_size:
             now = time.monotonic()
             if first_error_at is not None and now - first_error_at > grace_s:
                 break
             if now > deadline:
-                errors.append((-1, f"no result after {total_timeout_s or 10 * timeout_s + 60:g}s", ""))
+                reported = set(results) | {e[0] for e in errors}
+                silent = [r for r in range(world_size) if r not in reported]
+                errors.append((silent[0], f"no result after {total_timeout_s:g}s (ranks without one: "
+                                          f"{', '.join(map(str, silent))})", ""))
                 break
             try:
                 rank, status, payload, tb = q.get(timeout=0.2)
             except _queue.Empty:
                 reported = set(results) | {e[0] for e in errors}
                 for r, p in enumerate(procs):
-                    if r not in reported and p.exitcode is not None and p.exitcode != 0:
-                        errors.append((r, f"process exited with code {p.exitcode} without reporting", ""))
-                        first_error_at = first_error_at or time.monotonic()
+                    if r in reported or p.exitcode is None:
+                        continue
+                    if p.exitcode == 0 and r not in quiet:  # its report may still be in the pipe: one more poll
+                        quiet.add(r)
+                        continue
+                    errors.append((r, f"process {_exit_text(p.exitcode)} without reporting", ""))
+                    first_error_at = first_error_at or time.monotonic()
                 continue
             if status == "ok":
                 results[rank] = payload
@@ -137,14 +174,38 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
             if p.is_alive():
                 p.kill()
     if errors:
-        errors.sort(key=lambda e: _blame_order(e[1]))
+        errors = root_cause_first(errors)
         r, msg, tb = errors[0]
         raise RankFailure(r, msg, [(e[0], e[1]) for e in errors[1:]], tb)
     return results.get(0)
 
 
+def _exit_text(code: int) -> str:
+    """``exited with code 3``, or ``was killed by SIGKILL`` (multiprocessing gives -signal)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def root_cause_first(errors: list[tuple]) -> list[tuple]:
+    """Sort ``(rank, message, ...)`` errors so the likeliest root cause comes first: a rank's own
+    error before the peers that merely lost it; among those, a rank that waited for a peer which did
+    not itself report waiting (the hung or dead one), then one that waited for another waiter (in a
+    chain 1 -> 2 -> 3 with rank 3 hung, rank 2's timeout, not rank 1's, names the culprit), then
+    a collective's timeout, which names no peer (whatever the order the reports arrived in)."""
+    waiting = {e[0] for e in errors if _blame_order(e[1])}
+
+    def key(e):
+        peer = re.search(r"(?:from|to) rank (\d+)", e[1])
+        return _blame_order(e[1]), (2 if peer is None else int(peer.group(1)) in waiting)
+    return sorted(errors, key=key)
+
+
 def _blame_order(msg: str) -> int:
-    # prefer the root cause: a rank's own error before the peers that merely lost it
+    # a rank's own error (0) before the peers that merely lost it (1)
     low = msg.lower()
     if "timed out" in low or "waited for" in low or "connection" in low or "closed" in low:
         return 1

@@ -114,14 +114,15 @@ class P2P:
                     forced = False
             self.rcur[peer] = c
 
-    def advance(self, force: Msg | None = None) -> None:
+    def advance(self, force: Msg | None = None, where: object = None) -> None:
         """Post every op the cursors can reach now, in one batched call (``force``: post receives
-        up to this message even beyond the lookahead)."""
+        up to this message even beyond the lookahead; ``where``: what this rank is doing, for
+        errors, e.g. the job just run; formatted only on failure)."""
         ops: list[tuple[bool, torch.Tensor, int]] = []  # (send?, tensor, peer pp rank)
         meta: list[tuple[Op, torch.Tensor]] = []
         if not self.strict:
             self._advance_relaxed(ops, meta, force)
-            self._post(ops, meta)
+            self._post(ops, meta, where)
             return
         for peer, seq in self.links.items():
             c = self.cursor[peer]
@@ -137,17 +138,26 @@ class P2P:
                     self._recv_op(op, ops, meta)
                 c += 1
             self.cursor[peer] = c
-        self._post(ops, meta)
+        self._post(ops, meta, where)
 
-    def _post(self, ops: list, meta: list) -> None:
+    def _post(self, ops: list, meta: list, where: object = None) -> None:
         if not ops:
             return
-        if self.strict:  # NCCL: one coalesced group, in link order
-            works = dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, t,
-                                                       self.global_rank[peer], self.group) for send, t, peer in ops])
-        else:  # gloo: every op on its own, in the same order (tag 0, as isend/irecv use)
-            pg, rk = self._pg, self._peer_rank
-            works = [pg.send([t], rk[peer], 0) if send else pg.recv([t], rk[peer], 0) for send, t, peer in ops]
+        works = []
+        try:
+            if self.strict:  # NCCL: one coalesced group, in link order
+                works = dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, t, self.global_rank[peer],
+                                                           self.group) for send, t, peer in ops])
+            else:  # gloo: every op on its own, in the same order (tag 0, as isend/irecv use)
+                pg, rk = self._pg, self._peer_rank
+                for send, t, peer in ops:
+                    works.append(pg.send([t], rk[peer], 0) if send else pg.recv([t], rk[peer], 0))
+        except Exception as e:  # a peer that died closes the connection: posting fails at once
+            op = meta[0 if self.strict else len(works)][0]
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PeerError(f"rank {dist.get_rank()}: {where if where is not None else 'posting transfers'}: "
+                            f"{'sending' if op.send else 'receiving'} {op.msg} {'to' if op.send else 'from'} "
+                            f"rank {self.global_rank[op.peer]} (pp stage {op.peer}) failed ({text})") from None
         for i, (op, t) in enumerate(meta):
             w = works[i] if len(works) == len(ops) else works[-1]  # NCCL coalesces into one work
             if op.send:
@@ -158,7 +168,7 @@ class P2P:
     def recv(self, msg: Msg, waiter: str) -> torch.Tensor:
         """Block (at most the timeout) until ``msg`` has arrived; ``waiter`` names the job for errors."""
         if msg not in self.posted:
-            self.advance(force=msg)
+            self.advance(force=msg, where=f"job {waiter}")
         if msg not in self.posted:  # cannot happen for a valid plan (see commplan's proof)
             raise PeerError(f"rank {dist.get_rank()}: job {waiter} needs {msg}, which the link plan never posts")
         w, buf, peer = self.posted.pop(msg)
@@ -178,7 +188,7 @@ class P2P:
 
     def finish(self, step: int) -> None:
         """Wait for every outstanding send of this step (with the timeout)."""
-        self.advance()
+        self.advance(where=f"end of step {step}")
         for w, _t, msg, peer in self.sends:
             self._wait(w, f"step {step}: sending {msg} to rank {self.global_rank[peer]} (pp stage {peer}) "
                           "did not complete")
