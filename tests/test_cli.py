@@ -279,8 +279,8 @@ def test_trace_and_check_refuse_logs_of_different_runs(tmp_path, capsys, cmd):
     (["--plan", "{plan}", "--pp", "4"], "--plan {plan} fixes the schedule, pp, vpp and microbatches; drop --pp"),
     (["--plan", "{plan}", "-s", "zbv", "-m", "3"], "drop --schedule, --microbatches"),
     (["--log-dir", "{file}"], "--log-dir {file}: is a file"),
-    (["--profile-steps", "1:2"], "give --log-dir DIR as well"),
-    (["--steps", "2", "--profile-steps", "5:9", "--log-dir", "{dir}"], "the run has only 2 step(s)"),
+    (["--profile-steps", "1:2"], "needs --log-dir DIR"),
+    (["--steps", "2", "--profile-steps", "5:9", "--log-dir", "{dir}"], "starts after the last step"),
 ])
 def test_run_options_are_checked_before_processes_start(tmp_path, capsys, argv, needle):
     """These used to be ignored (--plan with --pp), or to fail inside every spawned rank (--log-dir FILE)."""
