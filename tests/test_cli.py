@@ -273,6 +273,17 @@ def test_trace_and_check_refuse_logs_of_different_runs(tmp_path, capsys, cmd):
         shutil.copytree(a, twice / f"machine{k}")
     assert "two logs of rank 0" in _one_line_error(capsys, cmd, str(twice), *extra)
     assert main([cmd, str(a), *extra]) == 0  # one run is fine
+    # two runs of the same shape: only the run id tells them apart
+    from pipeloom.viz.synth import SynthConfig, write_logs
+
+    c = tmp_path / "c"
+    write_logs(str(c), plan("1f1b", make_spec(pp=2, microbatches=4)), SynthConfig(run_id="other", seed=1))
+    same = tmp_path / "same"
+    same.mkdir()
+    shutil.copy(a / "workerlog.0", same)
+    shutil.copy(c / "workerlog.1", same)
+    line = _one_line_error(capsys, cmd, str(same), *extra)
+    assert "different runs of the same shape" in line and "run other" in line
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -153,10 +153,12 @@ def _check_logs_follow_the_format(results):
     r = res["logged"]
     assert r["steps"] == 3 and len(r["losses"]) == 3
     sched = api.plan("1f1b", api.make_spec(pp=4, microbatches=4))
+    run_ids = set()
     for rank in range(4):
         with open(f"{log_dir}/workerlog.{rank}") as f:
             lines = [json.loads(x) for x in f]
         meta = lines[0]
+        run_ids.add(meta["run_id"])
         assert meta["event"] == "meta" and meta["rank"] == rank and meta["pp"] == 4 and meta["profile_steps"] == [1, 3]
         assert meta["schedule"]["devices"] == sched.to_dict()["devices"]
         events = [x["event"] for x in lines[1:]]
@@ -169,6 +171,9 @@ def _check_logs_follow_the_format(results):
             assert all(x["end"] >= x["start"] for x in jobs)
             sync = next(x["t"] for x in lines if x["event"] == "sync" and x["step"] == step)
             assert jobs[0]["start"] >= sync - 1e-3
+    assert len(run_ids) == 1 and None not in run_ids  # one id, shared by every rank of the run
+    with open(f"{log_dir}/delay/workerlog.0") as f:
+        assert json.loads(f.readline())["run_id"] not in run_ids  # another run, another id
 
 
 def test_straggler_timeout_names_rank_and_job():

@@ -13,6 +13,7 @@ import os
 import statistics
 import time
 import traceback
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -158,10 +159,13 @@ def worker(cfg: RunConfig) -> dict:
     mine = sched.chunks_of(pp_rank)
     mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
+    run_id = [uuid.uuid4().hex[:12] if rank == 0 else None]
+    if cfg.log_dir:  # every rank has the same cfg, so all of them take part
+        dist.broadcast_object_list(run_id, src=0)
     log = JobLog(cfg.log_dir, rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", rank)),
                  world_size=dist.get_world_size(), pp=pp, dp=dp, pp_rank=pp_rank, dp_rank=dp_rank,
                  schedule=sched.to_dict(), costs=costs, profile_steps=window,
-                 machine=int(os.environ.get("GROUP_RANK", 0))) if cfg.log_dir else None
+                 machine=int(os.environ.get("GROUP_RANK", 0)), run_id=run_id[0]) if cfg.log_dir else None
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,

@@ -1,6 +1,7 @@
 """Per-rank job log in the shared JSON Lines format (read by ``pipeloom.viz``).
 
-File ``LOGDIR/workerlog.<global rank>``; first line ``meta``; inside the profiler window
+File ``LOGDIR/workerlog.<global rank>``; first line ``meta`` (with a ``run_id`` shared by the
+ranks of one run, so that readers can refuse logs of two runs mixed); inside the profiler window
 (steps in ``[start, stop)``) every rank writes ``profile_start``, a ``sync`` line right after a
 barrier at the start of each profiled step (to align clocks), one ``job`` line per executed job
 (``start``/``end`` wall-clock seconds bracketing the compute only, not the waits), ``step_end``,
@@ -46,7 +47,7 @@ class JobLog:
 
     def __init__(self, log_dir: str | None, *, rank: int, local_rank: int, world_size: int, pp: int, dp: int,
                  pp_rank: int, dp_rank: int, schedule: dict, costs: dict | None,
-                 profile_steps: tuple[int, int] | None, machine: int = 0) -> None:
+                 profile_steps: tuple[int, int] | None, machine: int = 0, run_id: str | None = None) -> None:
         self.window = profile_steps
         self.f = None
         self._open_window = False
@@ -57,7 +58,8 @@ class JobLog:
         self._write({"event": "meta", "rank": rank, "local_rank": local_rank, "world_size": world_size,
                      "pp": pp, "dp": dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
                      "host": socket.gethostname(), "schedule": schedule, "costs": costs,
-                     "profile_steps": list(profile_steps) if profile_steps else None})
+                     "profile_steps": list(profile_steps) if profile_steps else None}
+                    | ({"run_id": run_id} if run_id else {}))
 
     @property
     def enabled(self) -> bool:

@@ -365,6 +365,12 @@ def _check_one_run(ranks: list[RankLog], root: str) -> None:
         if _run_of(r) != _run_of(metas[0]):
             raise LogError(f"{root} mixes the logs of different runs: {metas[0].path} ({_describe(metas[0])}) and "
                            f"{r.path} ({_describe(r)}); give the log directory of one run")
+    ids = {r.meta.get("run_id") for r in metas} - {None}  # logs written before run ids have none
+    if len(ids) > 1:
+        a = next(r for r in metas if r.meta.get("run_id"))
+        b = next(r for r in metas if r.meta.get("run_id") not in (None, a.meta["run_id"]))
+        raise LogError(f"{root} mixes the logs of different runs of the same shape: {a.path} (run "
+                       f"{a.meta['run_id']}) and {b.path} (run {b.meta['run_id']}); give the log directory of one run")
     seen: dict[int, str] = {}
     for r in metas:
         if r.rank in seen:

@@ -46,6 +46,8 @@ class SynthConfig:
     """garbage lines per file, plus a truncated last line when > 0"""
     text_form: bool = False
     """write the seed-003 'Profiler Info: Job ...' text lines (no meta, no sync) instead of JSON"""
+    run_id: str = "synth"
+    """the meta lines' run id (the same on every rank of one run)"""
     t_start: float = 1_763_884_800.0
     step_gap: float = 0.01
     """seconds between steps (optimizer, barrier)"""
@@ -133,7 +135,7 @@ def write_logs(out_dir: str, schedule: Schedule, cfg: SynthConfig | None = None)
             meta = {"event": "meta", "rank": rank, "local_rank": local, "world_size": world, "pp": schedule.pp,
                     "dp": cfg.dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
                     "host": f"node{machine}", "schedule": schedule.to_dict(), "costs": cfg.costs.to_dict(),
-                    "profile_steps": list(cfg.profile_steps)}
+                    "profile_steps": list(cfg.profile_steps), "run_id": cfg.run_id}
             lines.append(json.dumps(meta))
             for e in evs:
                 if e["event"] == "sync" and not cfg.sync:
