@@ -292,6 +292,7 @@ def test_trace_and_check_refuse_logs_of_different_runs(tmp_path, capsys, cmd):
     (["--log-dir", "{file}"], "--log-dir {file}: is a file"),
     (["--profile-steps", "1:2"], "needs --log-dir DIR"),
     (["--steps", "2", "--profile-steps", "5:9", "--log-dir", "{dir}"], "starts after the last step"),
+    (["--dim", "12"], "--dim 12: the example model needs a multiple of 8"),
 ])
 def test_run_options_are_checked_before_processes_start(tmp_path, capsys, argv, needle):
     """These used to be ignored (--plan with --pp), or to fail inside every spawned rank (--log-dir FILE)."""

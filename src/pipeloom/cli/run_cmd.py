@@ -76,7 +76,7 @@ def add_parser(sub) -> None:
     g.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
     g.add_argument("--layers", type=positive_int, default=None,
                    help="decoder layers (default: max(8, pp*vpp)); split evenly over the chunks")
-    g.add_argument("--dim", type=positive_int, default=64, help="model width (default: 64)")
+    g.add_argument("--dim", type=positive_int, default=64, help="model width, a multiple of 8 (default: 64)")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="parameter dtype; bf16 keeps fp32 master weights and fp32 grads (default: fp32)")
     g.add_argument("--lr", type=number_type(0, unit="a learning rate"), default=1e-3, help="AdamW learning rate (default: 1e-3)")

@@ -85,6 +85,9 @@ class RunConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.dim % 8:  # the example model has 4 heads, and rotary embeddings need an even head size
+            raise ValueError(f"--dim {self.dim}: the example model needs a multiple of 8 (4 attention heads of an "
+                             f"even size), e.g. {max(8, self.dim // 8 * 8)}")
         if self.dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
         if self.timeout_s <= 0:
