@@ -6,7 +6,7 @@ from dataclasses import replace
 from .schedule import registry
 from .schedule.ir import Schedule
 from .schedule.registry import PlanSpec, ScheduleError
-from .schedule.validate import validate
+from .schedule.validate import summary, validate
 from .sim.costs import Costs, MemModel, parse_mem_limit
 from .sim.simulate import simulate
 
@@ -42,7 +42,7 @@ def plan(name: str, spec: PlanSpec, *, check: bool = True) -> Schedule:
                 f"memory-aware schedules that honour a limit: {', '.join(aware) or 'none registered'}")
         if v:
             raise ScheduleError(f"schedule {name!r} for pp={spec.pp} vpp={spec.vpp} m={spec.microbatches} "
-                                f"is invalid: {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
+                                f"is invalid: {summary(v)}")
     return sched
 
 

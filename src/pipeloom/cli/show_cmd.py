@@ -45,7 +45,7 @@ def _width(text: str) -> int:
 def run(args) -> int:
     import os
 
-    from ..schedule.validate import validate
+    from ..schedule.validate import summary, validate
     from ..viz import OUTPUT_KINDS
 
     for out in args.out:
@@ -57,8 +57,7 @@ def run(args) -> int:
     limit = parse_mem_limit(args.mem_limit, sched.pp)
     v = validate(sched)
     if v:
-        raise ValueError(f"{args.file}: cannot be drawn, schedule {sched.name!r} is invalid: {v[0]}"
-                         + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
+        raise ValueError(f"{args.file}: cannot be drawn, schedule {sched.name!r} is invalid: {summary(v)}")
     try:
         res = simulate(sched, costs, mem)
     except DeadlockError as e:

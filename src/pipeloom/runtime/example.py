@@ -104,10 +104,10 @@ def resolve_schedule(cfg: RunConfig) -> tuple[Schedule, dict | None]:
     """The schedule to run and the costs it was planned with (for the log)."""
     if cfg.plan is not None:
         sched = Schedule.from_dict(cfg.plan)
-        from ..schedule.validate import validate
+        from ..schedule.validate import summary, validate
         v = validate(sched)
         if v:
-            raise ScheduleError(f"plan {sched.name!r} is invalid: {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
+            raise ScheduleError(f"plan {sched.name!r} is invalid: {summary(v)}")
         return sched, None
     from ..schedule import registry
     vpp = cfg.vpp if cfg.vpp is not None else registry.default_vpp(cfg.schedule)

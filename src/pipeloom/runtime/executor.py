@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..schedule.ir import Job, Kind, Schedule
-from ..schedule.validate import validate
+from ..schedule.validate import summary, validate
 from .commplan import Msg, build_comm_plan, needed, produced
 from .joblog import JobLog
 from .p2p import P2P, PeerError
@@ -172,7 +172,7 @@ class PipelineExecutor:
         if check:
             v = validate(schedule)
             if v:
-                raise ValueError(f"schedule {schedule.name!r} is invalid: {v[0]}" + (f" (+{len(v) - 1} more)" if len(v) > 1 else ""))
+                raise ValueError(f"schedule {schedule.name!r} is invalid: {summary(v)}")
         if not 0 <= pp_rank < schedule.pp:
             raise ValueError(f"pp_rank {pp_rank} out of range for pp={schedule.pp}")
         if len(pp_ranks) != schedule.pp:

@@ -114,9 +114,6 @@ def dualpipev(spec: PlanSpec) -> Schedule:
     Option ``overlap_pairs`` (default True): False runs the same order without overlapped pairs.
     """
     pp, m = spec.pp, spec.microbatches
-    unknown = set(spec.options) - {"overlap_pairs"}
-    if unknown:
-        raise ScheduleError(f"dualpipev: unknown option(s) {', '.join(sorted(unknown))}; allowed: overlap_pairs")
     overlap_pairs = spec.options.get("overlap_pairs", True)
     if not isinstance(overlap_pairs, bool):
         raise ScheduleError(f"dualpipev: option overlap_pairs must be true or false, got {overlap_pairs!r}")

@@ -75,8 +75,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
             f"memory limit {_fmt_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest "
             f"feasible limit is {_fmt_units(lo, pp)} (one microbatch's activations on all {vpp} chunks of a "
             f"device at once); use --mem-limit {lo:g} or more")
-    budget = _int_option(spec, "budget", DEFAULT_BUDGET)
-    insert_budget = _int_option(spec, "insert_budget", 0)
+    budget = int_option(spec.options, "budget", DEFAULT_BUDGET)
+    insert_budget = int_option(spec.options, "insert_budget", 0)
     njobs = 3 * m * pp * vpp
     polish_det = _polish_option(spec, njobs)
     best = _greedy.search(prob, budget, insert_budget=insert_budget)
@@ -163,10 +163,6 @@ def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
         raise ScheduleError(f"option polish: the shape has {njobs} jobs; polish runs on at most {POLISH_MAX_JOBS} "
                             f"(e.g. pp 4, m 16, vpp 2); use polish=0 or a smaller shape")
     return x if njobs <= POLISH_MAX_JOBS else None
-
-
-def _int_option(spec: PlanSpec, key: str, default: int) -> int:
-    return int_option(spec.options, key, default)
 
 
 def _policy_dict(pol) -> dict:

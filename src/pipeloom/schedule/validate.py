@@ -33,6 +33,11 @@ class ValidationError(ValueError):
         super().__init__(head + more)
 
 
+def summary(violations: list[str]) -> str:
+    """The first violation, and how many more there are: ``"<first> (+N more)"``."""
+    return violations[0] + (f" (+{len(violations) - 1} more)" if len(violations) > 1 else "")
+
+
 def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: float | None = None,
              max_messages: int = 50) -> list[str]:
     """Return the list of violations (empty = valid)."""

@@ -73,6 +73,7 @@ class Costs:
         if text is None or not text.strip():
             return cls()
         kw: dict = {}
+        zero: set[str] = set()  # durations given as all 0
         for part in text.split(","):
             if "=" not in part:
                 raise ValueError(f"bad cost item {part!r}: expected KEY=VALUE with KEY in F, B, W, comm, overlap")
@@ -92,12 +93,12 @@ class Costs:
             vals = kw[key] if isinstance(kw[key], tuple) else (kw[key],)
             if any(x < 0 or not math.isfinite(x) for x in vals):
                 raise ValueError(f"cost {k} must be finite and >= 0, got {v}")
-        c = cls(**kw)
-        if all(x == 0 for key in ("F", "B", "W") for x in (getattr(c, key) if isinstance(getattr(c, key), tuple)
-                                                           else (getattr(c, key),))):
+            if key in ("F", "B", "W") and not any(vals):
+                zero.add(key)
+        if zero == {"F", "B", "W"}:  # (the defaults are 1: a duration left out is not 0)
             raise ValueError(f"costs {text!r}: F, B and W are all 0, so every schedule takes no time; give F, B or "
                              f"W > 0 (W=0 alone is fine)")
-        return c
+        return cls(**kw)
 
     def to_dict(self) -> dict:
         return {"F": self.F, "B": self.B, "W": self.W, "comm": self.comm, "overlap": self.overlap}
