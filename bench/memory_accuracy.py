@@ -280,7 +280,7 @@ Notes:
   runs as a deferred GEMM (`pipeloom.memory.traced.measure_schedule`), B stashes (x, dy), W computes
   dW = dy^T x and frees them, as the runtime's executor does.
 - The transient term was fitted to single-chunk allocator records (section 2); section 3 and the
-  tests (`tests/test_memory_traced.py`) check it on other shapes and whole schedules.
+  tests (`tests/memory/test_memory_traced.py`) check it on other shapes and whole schedules.
 - "Real" here is PyTorch's CPU allocator as recorded by the profiler (`profile_memory=True`, raw
   `[memory]` records replayed in time order), for real forwards/backwards of `pipeloom.models.llama`.
 """

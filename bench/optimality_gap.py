@@ -26,10 +26,10 @@ import json
 import sys
 import time
 
-from pipeloom.api import evaluate, make_spec
+from pipeloom.schedule.planning import evaluate, make_spec
 from pipeloom.schedule import registry
-from pipeloom.schedule.ir import Kind
-from pipeloom.schedule.registry import ScheduleError
+from pipeloom.core.ir import Kind
+from pipeloom.core.errors import ScheduleError
 
 COST_SETS = {
     "A": "F=1,B=1,W=1,comm=1",

@@ -20,7 +20,7 @@ import sys
 import time
 
 from pipeloom.partition import balance, default_layer_costs, placement_of
-from pipeloom.sim.costs import Costs
+from pipeloom.core.costs import Costs
 
 MODELS = [
     # name, layers, hidden, vocab, seq

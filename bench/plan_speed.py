@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from pipeloom.schedule import io as schedule_io
 
 TARGET = ["plan", "--schedule", "zbv", "--pp", "64", "--microbatches", "512", "--mem-limit", "1p"]
 TRIVIAL = ["plan", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2"]
@@ -66,8 +67,9 @@ def end_to_end(runs: int) -> list[dict]:
 
 
 def breakdown() -> dict:
-    from pipeloom.api import make_spec
-    from pipeloom.schedule import _greedy, registry
+    from pipeloom.schedule.planning import make_spec
+    from pipeloom.schedule.search import greedy as _greedy
+    from pipeloom.schedule import registry
     from pipeloom.schedule.validate import validate
 
     spec = make_spec(pp=64, microbatches=512, vpp=2, mem_limit="1p")
@@ -80,7 +82,7 @@ def breakdown() -> dict:
         t2 = time.perf_counter()
         s.to_text()
         t3 = time.perf_counter()
-        s.to_json()
+        schedule_io.to_json(s)
         t4 = time.perf_counter()
         assert v == [], v
         for k, dt in (("build_s", t1 - t0), ("validate_s", t2 - t1), ("to_text_s", t3 - t2), ("to_json_s", t4 - t3)):

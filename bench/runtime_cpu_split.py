@@ -41,7 +41,7 @@ def _worker(opts: dict):
     from pipeloom import api
     from pipeloom.models.llama import LlamaConfig, build_chunk_modules, even_layer_split, loss_fn, synthetic_batch
     from pipeloom.runtime.executor import PipelineExecutor
-    from pipeloom.schedule.ir import Kind
+    from pipeloom.core.ir import Kind
 
     rank, pp = dist.get_rank(), dist.get_world_size()
     if opts.get("pin"):

@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pipeloom.schedule import io as schedule_io
 
 PAIRS = [  # (torch schedule class, pipeloom registry name, vpp)
     ("ScheduleGPipe", "fthenb", 1),
@@ -51,7 +52,7 @@ def _worker(opts: dict) -> list[dict] | None:
     from pipeloom import api
     from pipeloom.models.llama import LlamaConfig, build_chunk_modules, even_layer_split, loss_fn, synthetic_batch
     from pipeloom.runtime.executor import PipelineExecutor
-    from pipeloom.runtime.joblog import JobLog
+    from pipeloom.trace.writer import JobLog
 
     rank, pp = dist.get_rank(), dist.get_world_size()
     if opts.get("pin"):
@@ -91,7 +92,7 @@ def _worker(opts: dict) -> list[dict] | None:
         # pipeloom
         log_dir = os.path.join(opts["log_root"], pname)
         log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
-                     schedule=sched.to_dict(), costs=None,
+                     schedule=schedule_io.to_dict(sched), costs=None,
                      profile_steps=(warm + steps, warm + steps + logged))
         ex = PipelineExecutor(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
                               pp_rank=rank, pp_ranks=list(range(pp)), log=log)
@@ -166,16 +167,15 @@ def _calibrated_plan(pname: str, pipeline_order: dict, like, tname: str, cfg, sp
     from pipeloom import api
     from pipeloom.models.llama import build_chunk_modules, loss_fn
     from pipeloom.runtime.executor import PipelineExecutor
-    from pipeloom.runtime.joblog import JobLog
-    from pipeloom.schedule.ir import Schedule
-    from pipeloom.sim.costs import Costs
+    from pipeloom.trace.writer import JobLog
+    from pipeloom.core.costs import Costs
     from pipeloom.sim.simulate import simulate
 
     rank, pp = dist.get_rank(), dist.get_world_size()
     torder = _torch_order(pipeline_order, like, tname)
     warm, steps = 2, opts["calibrate_steps"]
     log = JobLog(log_dir, rank=rank, local_rank=rank, world_size=pp, pp=pp, dp=1, pp_rank=rank, dp_rank=0,
-                 schedule=torder.to_dict(), costs=None, profile_steps=(warm, warm + steps))
+                 schedule=schedule_io.to_dict(torder), costs=None, profile_steps=(warm, warm + steps))
     ex = PipelineExecutor(torder, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
                           pp_rank=rank, pp_ranks=list(range(pp)), log=log)
     nc = torder.num_chunks
@@ -197,7 +197,7 @@ def _calibrated_plan(pname: str, pipeline_order: dict, like, tname: str, cfg, sp
                                                 costs=costs_ms, mem_limit=float(limit)))
         pres = simulate(planned, costs)
         default = simulate(like, costs)  # the builder's order with its default (unit) costs
-        box[0] = {"schedule": planned.to_dict(),
+        box[0] = {"schedule": schedule_io.to_dict(planned),
                   "info": {"F_ms": [round(f / unit, 3) for f in F], "B_ms": [round(b / unit, 3) for b in B],
                            "W_ms": [round(w / unit, 3) for w in W], "comm_ms": round(comm / unit, 3),
                            "mem_limit_units": limit, "peak_planned": max(pres.peak_memory),
@@ -205,7 +205,7 @@ def _calibrated_plan(pname: str, pipeline_order: dict, like, tname: str, cfg, sp
                            "sim_default_costs_order_s": default.makespan}}
     dist.broadcast_object_list(box, src=0)
     del ex
-    return Schedule.from_dict(box[0]["schedule"]), box[0]["info"]
+    return schedule_io.from_dict(box[0]["schedule"]), box[0]["info"]
 
 
 def _chunk_costs(log_dir: str, pp: int, sched, warm: int, steps: int):
@@ -231,7 +231,6 @@ def _chunk_costs(log_dir: str, pp: int, sched, warm: int, steps: int):
 def _torch_order(pipeline_order: dict, like, tname: str):
     """torch's per-rank action lists as a pipeloom Schedule (same placement as ``like``):
     F -> F, I (input grad) -> B, W -> W, B (full backward) -> BW; stage index = global chunk."""
-    from pipeloom.schedule.ir import Schedule
     from pipeloom.schedule.validate import validate
 
     kinds = {"F": "F", "I": "B", "W": "W", "B": "BW"}
@@ -243,7 +242,7 @@ def _torch_order(pipeline_order: dict, like, tname: str):
                 continue
             seq.append(f"{kinds[a.computation_type.value]}{a.microbatch_index}.{a.stage_index}")
         devices.append(seq)
-    sched = Schedule.from_dict({"name": f"torch-{tname}", "pp": like.pp, "vpp": like.vpp,
+    sched = schedule_io.from_dict({"name": f"torch-{tname}", "pp": like.pp, "vpp": like.vpp,
                                 "microbatches": like.microbatches, "placement": like.placement.value,
                                 "devices": devices})
     bad = validate(sched)
@@ -261,7 +260,7 @@ def _span(j: dict) -> tuple[float, float]:
 def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float, ...]:
     """Median measured bubble over the logged steps (jobs as [ready, done], and compute-only for
     reference) and the simulated bubble with the measured per-chunk costs (comm 0 and fitted)."""
-    from pipeloom.sim.costs import Costs
+    from pipeloom.core.costs import Costs
     from pipeloom.sim.simulate import simulate
 
     jobs = []
@@ -279,7 +278,7 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
     F, B, W, comm = _chunk_costs(log_dir, pp, sched, warm, steps)  # per chunk (so per rank), and the latency
     # diagnostic: the same steps replayed with each job's OWN measured duration (not the per-chunk
     # mean); the difference to the mean-cost simulation is what job-to-job variation costs
-    from pipeloom.viz.replay import replay
+    from pipeloom.sim.replay import replay
 
     replayed = []
     for s in range(warm, warm + steps):
@@ -302,7 +301,7 @@ def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:
     edge, so it must stand for the expected delay, and on a shared CPU the delay is heavy-tailed
     (most hand-offs ~0.01 ms, one in ten 0.4-1.5 ms: a sleeping consumer thread is woken late)."""
     from pipeloom.runtime.commplan import needed
-    from pipeloom.schedule.ir import Job, Kind
+    from pipeloom.core.ir import Job, Kind
 
     lat = []
     for s in range(warm, warm + steps):

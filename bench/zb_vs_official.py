@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from pipeloom.api import make_spec, plan
+from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule import registry
-from pipeloom.schedule._greedy_ref import BUILDER_OF, case_costs, load_reference, official_schedule
-from pipeloom.schedule._polish import lower_bound
-from pipeloom.schedule.ir import Placement
+from pipeloom.schedule.io.official import BUILDER_OF, case_costs, load_reference, official_schedule
+from pipeloom.schedule.search.polish import lower_bound
+from pipeloom.core.ir import Placement
 from pipeloom.sim.simulate import simulate
 
 EPS = 1e-9

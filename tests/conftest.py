@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def reference_cases():
-    from pipeloom.schedule._greedy_ref import load_reference
+    from pipeloom.schedule.io.official import load_reference
 
     ref = load_reference()
     if ref is None:

@@ -1,106 +1,20 @@
-"""Library entry points behind the CLI: plan, evaluate, compare (no torch)."""
+"""The library's front door: the few calls a user (and the CLI) starts from (no torch).
+
+A thin facade over the packages that do the work; nothing inside :mod:`pipeloom` imports it.
+"""
 from __future__ import annotations
 
-from dataclasses import replace
+from .core.costs import Costs, MemModel, parse_mem_limit
+from .core.errors import DeadlockError, ScheduleError, ScheduleFormatError, ValidationError, Violation
+from .core.ir import BW, B, F, Job, Kind, Placement, Schedule, W
+from .schedule.io import load, save
+from .schedule.planning import compare, evaluate, make_spec, plan
+from .schedule.registry import PlanSpec
+from .schedule.validate import validate
+from .sim.simulate import SimResult, simulate
 
-from .schedule import registry
-from .schedule.ir import Schedule
-from .schedule.registry import PlanSpec, ScheduleError
-from .schedule.validate import summary, validate
-from .sim.costs import Costs, MemModel, parse_mem_limit
-from .sim.simulate import simulate
-
-
-def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | None = None,
-              mem: MemModel | str | None = None, mem_limit: str | float | None = None,
-              options: dict | None = None) -> PlanSpec:
-    """Parse loose inputs (strings from a CLI or config) into a :class:`PlanSpec`."""
-    if not isinstance(pp, int) or pp < 1:
-        raise ScheduleError(f"pp must be an integer >= 1, got {pp!r}")
-    costs = costs if isinstance(costs, Costs) else Costs.parse(costs)
-    mem = mem if isinstance(mem, MemModel) else MemModel.parse(mem)
-    limit = mem_limit if isinstance(mem_limit, float) else parse_mem_limit(mem_limit, pp)
-    if limit is not None and isinstance(vpp, int) and vpp >= 1:
-        a, _ = mem.per_chunk(pp * vpp, vpp)
-        if limit < max(a) - 1e-12:
-            raise ScheduleError(
-                f"memory limit {limit:g} units is below one chunk's activation ({max(a):g} units), which every "
-                f"schedule holds at least once; no schedule can meet it (smallest conceivable limit: {max(a):g})")
-    return PlanSpec(pp=pp, vpp=vpp, microbatches=microbatches, costs=costs, mem=mem, mem_limit=limit,
-                    options=dict(options or {}))
-
-
-def plan(name: str, spec: PlanSpec, *, check: bool = True) -> Schedule:
-    """Build schedule ``name`` for ``spec``; with ``check`` raise if it is invalid or over the limit."""
-    sched = registry.build(name, spec)
-    if check:
-        v = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
-        if v and all("exceeds the limit" in x for x in v):
-            aware = [n for n in registry.names() if registry.get(n).memory_aware]
-            raise ScheduleError(
-                f"schedule {name!r} needs more memory than the limit {spec.mem_limit:g} units: {v[0]}; "
-                f"memory-aware schedules that honour a limit: {', '.join(aware) or 'none registered'}")
-        if v:
-            raise ScheduleError(f"schedule {name!r} for pp={spec.pp} vpp={spec.vpp} m={spec.microbatches} "
-                                f"is invalid: {summary(v)}")
-    return sched
-
-
-def evaluate(sched: Schedule, spec: PlanSpec) -> dict:
-    """The public JSON contract of ``pipeloom simulate --json``."""
-    violations = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
-    out = {
-        "schedule": sched.name,
-        "pp": sched.pp,
-        "vpp": sched.vpp,
-        "microbatches": sched.microbatches,
-        "makespan": None,
-        "bubble": None,
-        "stage_bubble": None,
-        "peak_memory": None,
-        "memory_limit": spec.mem_limit,
-        "valid": not violations,
-        "violations": violations,
-    }
-    if not any(v.startswith("deadlock") for v in violations) and not _structural(violations):
-        r = simulate(sched, spec.costs, spec.mem)
-        out.update(makespan=r.makespan, bubble=r.bubble, stage_bubble=r.stage_bubble, peak_memory=r.peak_memory)
-    return out
-
-
-def _structural(violations: list[str]) -> bool:
-    return any(("missing" in v or "appears" in v or "belongs on" in v or "allowed" in v) for v in violations)
-
-
-def compare(spec: PlanSpec, names: list[str] | None = None) -> list[dict]:
-    """Plan and simulate every schedule that accepts ``spec``'s vpp, sorted by makespan.
-
-    Rows for schedules that do not apply carry ``error`` instead of metrics. Each builder gets the
-    options of ``spec.options`` it reads (e.g. ``time_limit`` only ``optimal``); an option that
-    none of them reads is an error.
-    """
-    rows = []
-    infos = [registry.get(name) for name in names or registry.names()]
-    unread = set(spec.options) - {k for info in infos for k in info.options}
-    if unread:
-        elsewhere = sorted(n for n in registry.names() if set(registry.get(n).options) & unread)
-        readers = ", ".join(f"{i.name} ({', '.join(i.options)})" for i in infos if i.options) or "none"
-        raise ScheduleError(f"option(s) {', '.join(sorted(unread))} are read by none of the compared schedules"
-                            + (f" (only by {', '.join(elsewhere)}, not compared here)" if elsewhere else "")
-                            + f"; their options: {readers}")
-    for info in infos:
-        name = info.name
-        try:
-            registry.check_vpp(info, spec.vpp)
-        except ScheduleError as e:
-            rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
-            continue
-        own = {k: v for k, v in spec.options.items() if k in info.options}
-        try:
-            sched = plan(name, spec if own == spec.options else replace(spec, options=own))
-        except (ScheduleError, ValueError) as e:
-            rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
-            continue
-        rows.append(evaluate(sched, spec))
-    ok = sorted((r for r in rows if "error" not in r), key=lambda r: (r["makespan"], max(r["peak_memory"])))
-    return ok + [r for r in rows if "error" in r]
+__all__ = [
+    "B", "BW", "Costs", "DeadlockError", "F", "Job", "Kind", "MemModel", "Placement", "PlanSpec", "Schedule",
+    "ScheduleError", "ScheduleFormatError", "SimResult", "ValidationError", "Violation", "W", "compare",
+    "evaluate", "load", "make_spec", "parse_mem_limit", "plan", "save", "simulate", "validate",
+]

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from .schedule import io as schedule_io
 
 console = Console()
 
@@ -36,15 +37,15 @@ def compare_step() -> None:
 
 
 def plan_step(out: Path) -> list[str]:
-    from .api import make_spec, plan
-    from .sim.costs import Costs
+    from .schedule.planning import make_spec, plan
+    from .core.costs import Costs
     from .sim.simulate import simulate
     from .viz import render_plan
 
     _step("2. plan ZB-V (vpp=2) at the 1F1B memory limit and draw it")
     spec = make_spec(pp=PP, microbatches=M, vpp=2, costs=COSTS, mem_limit="1p")
     sched = plan("zbv", spec)
-    sched.save(str(out / "zbv_plan.csv"))
+    schedule_io.save(sched, str(out / "zbv_plan.csv"))
     res = simulate(sched, Costs.parse(COSTS), spec.mem)
     console.print(f"zbv: makespan {res.makespan:g}, bubble {res.bubble:.3f}, stage bubble {res.stage_bubble:.3f}, "
                   f"peak memory {[round(x, 2) for x in res.peak_memory]} (limit {spec.mem_limit:g})")

@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-# (module, command) pairs; each module defines add_parser(subparsers)
+# the subcommands; module cli/<name>_cmd.py defines add_parser(subparsers)
 COMMANDS = ["simulate", "plan", "show", "compare", "partition", "memory", "run", "trace", "check"]
 
 
@@ -35,13 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     p.set_defaults(_subparsers=sub)
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"{__name__}.{name}_cmd")
-        except ModuleNotFoundError as e:
-            if e.name == f"{__name__}.{name}_cmd":
-                continue  # command not built yet
-            raise
-        mod.add_parser(sub)
+        importlib.import_module(f"{__name__}.{name}_cmd").add_parser(sub)
     return p
 
 

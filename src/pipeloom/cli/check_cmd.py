@@ -36,8 +36,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..viz.check import check_run, measured_timeline
-    from ..viz.logs import read_logs
+    from ..trace.check import check_run, measured_timeline
+    from ..trace.reader import read_logs
     from .common import print_json
 
     if args.png:

@@ -6,7 +6,7 @@ import json
 import math
 import sys
 
-from ..api import make_spec
+from ..schedule.planning import make_spec
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
 
@@ -136,7 +136,7 @@ def partition_given(args) -> bool:
 def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progress=None):
     """The :class:`~pipeloom.partition.PartitionPlan` the partition options ask for (placement from the schedule)."""
     from ..partition import make_partition, placement_of
-    from ..schedule.ir import Placement
+    from ..core.ir import Placement
 
     placement = placement_of(schedule, spec.vpp, spec.options) if schedule else Placement.INTERLEAVED
     if schedule is None and args.layers_per_device is not None and spec.vpp > 1:

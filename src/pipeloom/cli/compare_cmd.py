@@ -1,7 +1,7 @@
 """pipeloom compare: every schedule side by side for one shape."""
 from __future__ import annotations
 
-from ..api import compare
+from ..schedule.planning import compare
 from .common import add_plan_options, fmt, print_json, spec_from_args
 
 
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 def _stage_costs(args, vpp: int) -> str:
     """--costs per full-stage pass -> per chunk pass for a schedule with ``vpp`` chunks per device."""
-    from ..sim.costs import Costs
+    from ..core.costs import Costs
 
     c = Costs.parse(args.costs)
     if not c.is_uniform():

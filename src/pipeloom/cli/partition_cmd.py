@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..api import evaluate, make_spec, plan
+from ..schedule.planning import evaluate, make_spec, plan
 from ..schedule import registry
 from .common import add_partition_options, fmt, partition_from_args, positive_int
 

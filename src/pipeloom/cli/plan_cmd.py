@@ -4,8 +4,9 @@ from __future__ import annotations
 import sys
 import time
 
-from ..api import evaluate, plan
+from ..schedule.planning import evaluate, plan
 from .common import add_plan_options, check_out_path, fmt, print_json, spec_from_args
+from ..schedule import io as schedule_io
 
 
 def add_parser(sub) -> None:
@@ -29,7 +30,7 @@ def run(args) -> int:
     dt = time.perf_counter() - t0
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        sched.save(args.out)
+        schedule_io.save(sched, args.out)
     if args.json:
         res = evaluate(sched, spec)
         res["plan_time_s"] = dt

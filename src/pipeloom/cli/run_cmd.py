@@ -6,6 +6,7 @@ import math
 import sys
 
 from .common import fmt, number_type, positive_int, print_json
+from ..schedule import io as schedule_io
 
 # defaults of the options that a --plan file replaces (None in argparse, to tell "not given" from the default)
 _DEFAULTS = {"schedule": "1f1b", "pp": 2, "microbatches": 4}
@@ -100,16 +101,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..runtime.example import EXAMPLES, RunConfig
-    from ..runtime.example import run as run_example
+    from ..runtime.driver import EXAMPLES, RunConfig
+    from ..runtime.driver import run as run_example
     from ..runtime.launch import RankFailure
-    from ..schedule.ir import Schedule
     from . import CLIError
 
     if args.example not in EXAMPLES:
         raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
     _check_args(args)
-    plan = Schedule.load(args.plan).to_dict() if args.plan else None
+    plan = schedule_io.to_dict(schedule_io.load(args.plan)) if args.plan else None
     cfg = RunConfig(schedule=args.schedule, pp=args.pp, vpp=args.vpp, dp=args.dp, microbatches=args.microbatches,
                     steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
                     n_layers=args.layers, dim=args.dim, seed=args.seed, lr=args.lr, verify=args.verify,

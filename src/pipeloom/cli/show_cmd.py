@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..schedule.ir import Schedule
-from ..sim.costs import Costs, MemModel, parse_mem_limit
-from ..sim.simulate import DeadlockError, simulate
+from ..core.costs import Costs, MemModel, parse_mem_limit
+from ..core.errors import DeadlockError
+from ..sim.simulate import simulate
 from .common import check_out_path, positive_int, wrap
+from ..schedule import io as schedule_io
 
 
 def add_parser(sub) -> None:
@@ -52,7 +53,7 @@ def run(args) -> int:
         if os.path.exists(out) and os.path.samefile(out, args.file):
             raise ValueError(f"--out {out} is the schedule file itself; give the picture or trace another name")
         check_out_path("--out", out, OUTPUT_KINDS, " (.json = Chrome/Perfetto trace)")
-    sched = Schedule.load(args.file)
+    sched = schedule_io.load(args.file)
     costs, mem = Costs.parse(args.costs), MemModel.parse(args.mem)
     limit = parse_mem_limit(args.mem_limit, sched.pp)
     v = validate(sched)

@@ -1,7 +1,7 @@
 """pipeloom simulate: plan a schedule and report makespan, bubbles and peak memory."""
 from __future__ import annotations
 
-from ..api import evaluate, plan
+from ..schedule.planning import evaluate, plan
 from .common import add_plan_options, fmt, print_json, spec_from_args
 
 

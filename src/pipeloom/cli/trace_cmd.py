@@ -31,8 +31,8 @@ def run(args) -> int:
     from rich.console import Console
 
     from ..viz import write_outputs
-    from ..viz.check import check_run, measured_timeline, planned_timeline
-    from ..viz.logs import read_logs
+    from ..trace.check import check_run, measured_timeline, planned_timeline
+    from ..trace.reader import read_logs
 
     con = Console()
     # output names first: nothing is written unless every output can be

@@ -49,7 +49,7 @@ B/W split (zero-bubble schedules, Qi et al. 2024): the weight gradient of a GEMM
 (made by B) of every weight GEMM. After B a microbatch still holds
 ``H = sum(GEMM inputs) + sum(GEMM output grads)``; this is the ``W: 32*s*b*h`` of Qi et al.'s
 Table 1 for a GPT layer (inputs 2+2+2+8 = 14, output grads 6+2+8+2 = 18). In the schedule's
-memory model (:class:`pipeloom.sim.costs.MemModel`): ``a = A`` (what F allocates), ``b = A - H``
+memory model (:class:`pipeloom.core.costs.MemModel`): ``a = A`` (what F allocates), ``b = A - H``
 (what B frees), ``a - b = H`` (what W frees). Norm and embedding weight grads are done in B, as
 in the official zero-bubble implementation (only GEMM weight grads are deferred).
 
@@ -560,7 +560,7 @@ class MemoryReport:
     mem_limit_units: float | None = None
     notes: list[str] = field(default_factory=list)
     schedule: object = None
-    """the :class:`~pipeloom.schedule.ir.Schedule` whose memory trace was used"""
+    """the :class:`~pipeloom.core.ir.Schedule` whose memory trace was used"""
 
     @property
     def fits(self) -> bool | None:
@@ -606,9 +606,9 @@ def activation_trace(schedule, a: Sequence[float], b: Sequence[float]) -> tuple[
     """Per-device peak and running memory in units: the simulator's trace
     (:func:`pipeloom.sim.simulate.memory_profile`) when ``0 <= b <= a``; otherwise the same walk with
     ``b`` outside that range (B allocating more than it frees, e.g. full recompute + B/W split)."""
-    from ..sim.costs import MemModel
+    from ..core.costs import MemModel
     from ..sim.simulate import memory_profile
-    from ..schedule.ir import Kind
+    from ..core.ir import Kind
 
     if all(0.0 <= y <= x + 1e-12 for x, y in zip(a, b)):
         return memory_profile(schedule, MemModel(a=tuple(a), b=tuple(b)))
@@ -656,16 +656,16 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
              mem_limit: str | float | None = None, options: dict | None = None) -> MemoryReport:
     """Per-device memory of ``model`` trained with ``train`` under schedule ``schedule``.
 
-    The schedule is built by the registry with a :class:`~pipeloom.sim.costs.MemModel` made from
+    The schedule is built by the registry with a :class:`~pipeloom.core.costs.MemModel` made from
     this estimate (so memory-aware builders plan with the model's real a/b), and its order-based
     memory trace gives the peak number of live microbatch activations per device.
     ``mem_limit``: schedule units, ``Xp``, or bytes per device (``"60GiB"``: converted with
     :func:`mem_limit_units`). ``gpu_bytes``: device memory to check the peak against.
     """
-    from ..api import make_spec, plan
+    from ..schedule.planning import make_spec, plan
     from ..schedule import registry
-    from ..schedule.ir import Kind
-    from ..sim.costs import MemModel
+    from ..core.ir import Kind
+    from ..core.costs import MemModel
 
     model = preset(model) if isinstance(model, str) else model
     train = train or TrainConfig()
@@ -739,7 +739,7 @@ def _device_params(model: ModelConfig, train: TrainConfig, mine: Sequence[ChunkM
 
 
 def _available_units(model, train, chunks, pp, vpp, placement, gpu: int, reserve: int, U: float) -> float:
-    from ..schedule.ir import device_of
+    from ..core.ir import device_of
 
     avail = math.inf
     for d in range(pp):

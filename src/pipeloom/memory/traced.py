@@ -351,7 +351,7 @@ def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, in
     from torch.autograd import Variable
     from torch.profiler import ProfilerActivity, profile
 
-    from ..schedule.ir import Kind
+    from ..core.ir import Kind
 
     nc = schedule.num_chunks
     split = {(mb, c) for seq in schedule.devices for kind, mb, c in seq if kind is Kind.B}

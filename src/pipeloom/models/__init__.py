@@ -1,23 +1,7 @@
-"""Small pure-torch example models for the runtime, the memory tracer and the benchmarks.
+"""Models: what pipeloom knows of a model, and the small torch models it runs.
 
-Importing this package imports torch; the pipeloom core never imports it.
+    slicing  cut a model's layers into the schedule's chunks (torch)
+    llama    the built-in tiny Llama used by the demo, the tests and the benchmarks (torch)
+
+Importing this package imports nothing heavy; the torch modules are imported by name.
 """
-from .llama import (
-    LlamaChunk,
-    LlamaConfig,
-    build_chunk_modules,
-    build_reference,
-    even_layer_split,
-    loss_fn,
-    synthetic_batch,
-)
-
-__all__ = [
-    "LlamaChunk",
-    "LlamaConfig",
-    "build_chunk_modules",
-    "build_reference",
-    "even_layer_split",
-    "loss_fn",
-    "synthetic_batch",
-]

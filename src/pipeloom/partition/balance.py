@@ -35,9 +35,11 @@ from typing import Callable
 import numpy as np
 
 from ..schedule import registry
-from ..schedule.ir import Placement
-from ..schedule.registry import PlanSpec, ScheduleError
-from ..sim.simulate import DeadlockError, simulate
+from ..core.ir import Placement
+from ..schedule.registry import PlanSpec
+from ..core.errors import ScheduleError
+from ..core.errors import DeadlockError
+from ..sim.simulate import simulate
 from .layer_costs import LayerCosts
 from .layout import Partition, PartitionError, from_counts, uniform
 

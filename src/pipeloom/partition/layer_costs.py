@@ -1,4 +1,4 @@
-"""Per-layer cost model and its reduction to per-chunk :class:`~pipeloom.sim.costs.Costs` (no torch).
+"""Per-layer cost model and its reduction to per-chunk :class:`~pipeloom.core.costs.Costs` (no torch).
 
 Every layer has a forward time ``F``, an input-gradient time ``B``, a weight-gradient time ``W``
 (all in the time unit of ``--costs comm``) and an activation memory ``mem`` (any unit; only
@@ -46,7 +46,7 @@ import io
 import json
 import math
 from dataclasses import dataclass, field
-from ..sim.costs import Costs, MemModel
+from ..core.costs import Costs, MemModel
 from .layout import Partition, PartitionError
 
 

@@ -5,7 +5,7 @@ chunks of a pipeline. Chunks hold *contiguous* layer ranges in global chunk orde
 goes chunk 0 -> 1 -> ... -> pp*vpp-1, so chunk k holds the layers right before chunk k+1's).
 The embedding runs with chunk 0 and the head (final norm + vocabulary projection + loss) with
 the last chunk; which device that is follows from the placement
-(:func:`pipeloom.schedule.ir.device_of`).
+(:func:`pipeloom.core.ir.device_of`).
 
 Three ways to make one (seed 002, MISSION.md (b)5-6):
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..schedule.ir import Placement, chunks_of, device_of
+from ..core.ir import Placement, chunks_of, device_of
 
 
 class PartitionError(ValueError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..schedule.ir import Placement
+from ..core.ir import Placement
 from ..schedule.registry import PlanSpec
-from ..sim.costs import Costs
+from ..core.costs import Costs
 from .balance import BalanceResult, balance as _balance
 from .layer_costs import LayerCosts, default_layer_costs, load_layer_costs
 from .layout import Partition, PartitionError, from_layers_per_device, parse_counts, uniform

@@ -10,10 +10,10 @@ Importing this package imports torch. Main pieces:
 """
 from .commplan import build_comm_plan
 from .executor import NonFiniteLossError, PipelineExecutor, ScheduleRuntimeError, reference_step
-from .joblog import JobLog, parse_profile_steps
+from ..trace.writer import JobLog, parse_profile_steps
 from .launch import RankFailure, spawn
 from .p2p import PeerError
-from .split import chunk_modules
+from ..models.slicing import chunk_modules
 
 __all__ = ["PipelineExecutor", "NonFiniteLossError", "ScheduleRuntimeError", "PeerError", "RankFailure",
            "JobLog", "build_comm_plan", "chunk_modules", "parse_profile_steps", "reference_step", "spawn"]

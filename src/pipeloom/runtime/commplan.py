@@ -1,6 +1,6 @@
 """Which messages a schedule sends, and the order both ends of a link agree on (no torch).
 
-Messages (see the pairing rules in :mod:`pipeloom.schedule.ir`):
+Messages (see the pairing rules in :mod:`pipeloom.core.ir`):
 
     ("act",  m, k)   output of F(m, k), needed by F(m, k+1)          k = 0 .. C-2
     ("grad", m, k)   input grad from B/BW(m, k), needed by B/BW(m, k-1)   k = 1 .. C-1
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..schedule.ir import Job, Kind, Schedule
+from ..core.ir import Job, Kind, Schedule
 
 
 class Msg(NamedTuple):

@@ -1,4 +1,4 @@
-"""Execute a pipeloom :class:`~pipeloom.schedule.ir.Schedule` on torch.distributed.
+"""Execute a pipeloom :class:`~pipeloom.core.ir.Schedule` on torch.distributed.
 
 One :class:`PipelineExecutor` per rank holds the chunk modules of its pipeline stage and runs its
 job list with a dispatch table ``Kind -> handler`` (F, B, W, BW). Per (microbatch m, chunk k):
@@ -36,10 +36,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..schedule.ir import Job, Kind, Schedule
+from ..core.ir import Job, Kind, Schedule
 from ..schedule.validate import summary, validate
 from .commplan import Msg, build_comm_plan, needed, produced
-from .joblog import JobLog
+from ..trace.writer import JobLog
 from .p2p import P2P, PeerError
 
 

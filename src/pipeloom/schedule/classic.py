@@ -15,8 +15,9 @@ formula with g0 = pp), then one forward / one backward, then the cool-down backw
 """
 from __future__ import annotations
 
-from .ir import BW, F, Placement, make_schedule
-from .registry import PlanSpec, ScheduleError, register
+from ..core.ir import BW, F, Placement, make_schedule
+from .registry import PlanSpec, register
+from ..core.errors import ScheduleError
 
 
 @register("fthenb", description="GPipe: all forwards, then all backwards (fused BW)", vpp="1")

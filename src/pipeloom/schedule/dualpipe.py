@@ -31,12 +31,13 @@ DeepSeek's bubble for DualPipe (their F, B = full backward, W, F&B = an overlapp
 in pipeloom's terms (B input grad only, DeepSeek's B = B + W) it reads
 ``(pp - 1)(F&B + (B + W) - 3W)`` with ``F&B = F + (B + W) - overlap * min(F, B + W)``. The
 simulated bubble of every device (makespan - busy) equals it exactly when F = B and W <= F, for any
-overlap and m >= 2pp (tests/test_dualpipe.py; measured table in docs/readme/45-optimal-dualpipe.md).
+overlap and m >= 2pp (tests/schedule/test_dualpipe.py; measured table in docs/readme/45-optimal-dualpipe.md).
 """
 from __future__ import annotations
 
-from .ir import BW, B, F, Job, Placement, W, Schedule
-from .registry import PlanSpec, ScheduleError, register
+from ..core.ir import BW, B, F, Job, Placement, W, Schedule
+from .registry import PlanSpec, register
+from ..core.errors import ScheduleError
 from ..sim.simulate import memory_profile
 
 

@@ -6,7 +6,7 @@ measured against the true optimum (or a proven lower bound) on small shapes:
     jobs         F, B, W (split backward, default) or F, BW (fused) for every (microbatch, chunk),
                  each on the device its chunk is placed on (V or interleaved placement)
     device       runs one job at a time (NoOverlap of the job intervals)
-    dependencies the pairing rules of :mod:`pipeloom.schedule.ir`; ``comm`` is added on an edge
+    dependencies the pairing rules of :mod:`pipeloom.core.ir`; ``comm`` is added on an edge
                  whose two jobs sit on different devices, nothing on the same device
     memory       along each device's order the running sum of F +a, B -b, W -(a-b), BW -a never
                  exceeds the limit (a reservoir constraint over the job start times: jobs on one
@@ -28,7 +28,7 @@ Help given to the solver, all of it sound:
       forwards on chunk 0 may be taken in microbatch order (symmetry breaking);
     * start windows from the longest dependency paths before and after each job (heads/tails)
       and the device bound  head_d + work_d + tail_d <= makespan; with split backward also the
-      memory terms of :func:`pipeloom.schedule._polish.lower_bound` (warm-up and last forward);
+      memory terms of :func:`pipeloom.schedule.search.polish.lower_bound` (warm-up and last forward);
     * a hint and an upper bound from cheap feasible schedules: a memory-reserving greedy list
       scheduler, the other registered builders of the same kind, and the one-microbatch-at-a-time
       schedule (which fits any limit >= the smallest feasible one, see :func:`min_feasible_limit`);
@@ -49,10 +49,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
 
-from ..sim.costs import Costs, MemModel
-from ..sim.simulate import DeadlockError, memory_profile, simulate
-from .ir import Job, Kind, Placement, Schedule, device_of
-from .registry import PlanSpec, ScheduleError, register
+from ..core.costs import Costs, MemModel
+from ..core.errors import DeadlockError
+from ..sim.simulate import memory_profile, simulate
+from ..core.ir import Job, Kind, Placement, Schedule, device_of
+from .registry import PlanSpec, register
+from ..core.errors import ScheduleError
 
 #: the solver refuses larger problems unless ``allow_large=True`` (e.g. pp 4, m 8, vpp 2, split)
 MAX_JOBS = 192
@@ -437,8 +439,8 @@ def optimal(spec: PlanSpec) -> Schedule:
 
     t_start = time.perf_counter()
     g = job_graph(spec, placement, split)
-    if split:  # the memory-aware terms of pipeloom.schedule._polish (proofs there) raise the path bound
-        from ._polish import graph_bound
+    if split:  # the memory-aware terms of pipeloom.schedule.search.polish (proofs there) raise the path bound
+        from .search.polish import graph_bound
 
         g.lb = max(g.lb, graph_bound(g)[0])
     jobs, dev, lb, tscale = g.jobs, g.dev, g.lb, g.tscale

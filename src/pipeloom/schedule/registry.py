@@ -1,15 +1,13 @@
 """Registry of schedule builders (pure functions of a :class:`PlanSpec`)."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..sim.costs import Costs, MemModel
-from .ir import Schedule
-
-
-class ScheduleError(ValueError):
-    """A builder cannot make a schedule for this input (the message says why and what is allowed)."""
+from ..core.costs import Costs, MemModel
+from ..core.errors import ScheduleError
+from ..core.ir import Schedule
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +52,8 @@ class BuilderInfo:
 
 
 BUILDERS: dict[str, BuilderInfo] = {}
+#: the family modules; importing one registers its builders
+FAMILIES = ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal")
 
 
 def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False,
@@ -69,12 +69,8 @@ def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool 
 
 def _load_all() -> None:
     # importing the family modules registers their builders
-    for mod in ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal"):
-        try:
-            __import__(f"{__package__}.{mod}")
-        except ModuleNotFoundError as e:  # a family not built yet
-            if e.name != f"{__package__}.{mod}":
-                raise
+    for mod in FAMILIES:
+        importlib.import_module(f"{__package__}.{mod}")
 
 
 def names() -> list[str]:

@@ -1,20 +1,20 @@
 """V-shape zero-bubble schedules under a memory limit: ZB-V (``zbv``), V-Half, V-Min (no torch).
 
-Placement is V / zigzag (see :mod:`pipeloom.schedule.ir`): chunk 0 runs down devices
+Placement is V / zigzag (see :mod:`pipeloom.core.ir`): chunk 0 runs down devices
 0..pp-1, chunk 1 back up pp-1..0, chunk 2 down again, ... for any ``vpp >= 2`` (seed 000
 extends ZB-V beyond the official vpp = 2). The backward is split into B (input grad) and W
 (weight grad); W is postponed to fill bubbles as long as memory allows.
 
-Memory (units of one full-stage microbatch activation, :mod:`pipeloom.sim.costs`): F on chunk
+Memory (units of one full-stage microbatch activation, :mod:`pipeloom.core.costs`): F on chunk
 c allocates ``a(c)`` (default 1/vpp), B frees ``b(c)``, W frees ``a(c) - b(c)``. A job is
 inserted only when the device's current memory plus the job's peak fits the limit (seed
 004). Limits: none, ``1p`` (= pp units, 1F1B's peak), ``1.5p``, ``2p`` or any number.
 
 The schedules are made by the event-driven greedy list scheduler of
-:mod:`pipeloom.schedule._greedy` over a grid of policies (B/F priority, chunk order, W
+:mod:`pipeloom.schedule.search.greedy` over a grid of policies (B/F priority, chunk order, W
 filling, admission caps, and the official generator's capped warm-up as extra variants),
 keeping the smallest makespan, then the smallest peak memory. For vpp = 2 the official
-generator's lock-step construction (:mod:`pipeloom.schedule._vlockstep`, our own
+generator's lock-step construction (:mod:`pipeloom.schedule.search.lockstep`, our own
 implementation of its rules) adds its passes as candidates (shapes up to 7 500 jobs with the
 default budget), so there ``zbv`` is never slower than the official ZB-V wherever that
 construction reproduces it (it does on all 96 reference cases).
@@ -25,7 +25,7 @@ in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (seed 000's change to the official
 generator, which caps that count).
 
-Lower bound and polish (:mod:`pipeloom.schedule._polish`): for shapes of at most 400 jobs
+Lower bound and polish (:mod:`pipeloom.schedule.search.polish`): for shapes of at most 400 jobs
 the result carries ``meta['lower_bound']``, a proven makespan lower bound under the memory
 limit (critical path, device load and two memory terms), and ``meta['polished']``. When the
 bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
@@ -47,9 +47,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .ir import Placement, make_schedule
-from .registry import PlanSpec, ScheduleError, int_option, register
-from . import _greedy
+from ..core.ir import Placement, make_schedule
+from .registry import PlanSpec, int_option, register
+from ..core.errors import ScheduleError
+from .search import greedy as _greedy
 
 #: default greedy work budget (job placements summed over all policies tried)
 DEFAULT_BUDGET = 60_000
@@ -88,7 +89,7 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         meta["target"] = target
     if polish_det is None:  # large shape: no bound, no polish (the greedy path is all there is)
         return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
-    from . import _polish
+    from .search import polish as _polish
 
     pspec = spec if spec.mem_limit == limit else replace(spec, mem_limit=limit)
     sched = make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)

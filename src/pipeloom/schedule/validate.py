@@ -6,7 +6,7 @@ same-device order (F of chunk k before F of chunk k+1, B after its F and after t
 B, W after its B); no deadlock when devices run their lists in order with blocking
 dependencies; peak memory never above the limit.
 
-A schedule that carries a builder's ``witness`` (see :class:`~pipeloom.schedule.ir.Schedule`)
+A schedule that carries a builder's ``witness`` (see :class:`~pipeloom.core.ir.Schedule`)
 and has many jobs is first checked by :func:`_proven_valid`: the same rules checked in one
 pass of compiled code (``_accel.c``), with the witness ranks as the proof that no deadlock
 exists (every dependency and every device's order goes from a lower to a higher
@@ -16,21 +16,14 @@ runs them and they produce the messages.
 """
 from __future__ import annotations
 
-from ..sim.costs import Costs, MemModel
-from ..sim.simulate import DeadlockError, memory_profile, simulate
-from .ir import Kind, Schedule, device_of
+from ..core.costs import Costs, MemModel
+from ..core.errors import DeadlockError, ValidationError, Violation
+from ..sim.simulate import memory_profile, simulate
+from ..core.ir import Kind, Schedule, device_of
 
 _EPS = 1e-9
 #: schedules with fewer jobs are always checked job by job (fast enough; keeps messages one code path)
 FAST_MIN_JOBS = 5_000
-
-
-class ValidationError(ValueError):
-    def __init__(self, violations: list[str]):
-        self.violations = violations
-        head = violations[0] if violations else "invalid schedule"
-        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
-        super().__init__(head + more)
 
 
 def summary(violations: list[str]) -> str:
@@ -39,15 +32,15 @@ def summary(violations: list[str]) -> str:
 
 
 def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: float | None = None,
-             max_messages: int = 50) -> list[str]:
-    """Return the list of violations (empty = valid)."""
-    out: list[str] = []
+             max_messages: int = 50) -> list[Violation]:
+    """Return every broken rule as a :class:`Violation` (a message with a ``kind``; empty = valid)."""
+    out: list[Violation] = []
     pp, vpp, m = schedule.pp, schedule.vpp, schedule.microbatches
     nc = pp * vpp
     if pp < 1 or vpp < 1 or m < 1:
-        return [f"bad shape pp={pp} vpp={vpp} microbatches={m}: each must be >= 1"]
+        return [Violation("shape", f"bad shape pp={pp} vpp={vpp} microbatches={m}: each must be >= 1")]
     if len(schedule.devices) != pp:
-        return [f"schedule has {len(schedule.devices)} device lists but pp={pp}"]
+        return [Violation("shape", f"schedule has {len(schedule.devices)} device lists but pp={pp}")]
     if schedule.witness is not None and schedule.num_jobs >= FAST_MIN_JOBS and _proven_valid(
             schedule, mem or MemModel(), mem_limit):
         return []
@@ -62,14 +55,14 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
         for i, job in enumerate(seq):
             kind, mb, c = job
             if not (0 <= c < nc):
-                out.append(f"device {d} position {i}: {job} names chunk {c}, allowed 0..{nc - 1}")
+                out.append(Violation("shape", f"device {d} position {i}: {job} names chunk {c}, allowed 0..{nc - 1}"))
                 continue
             if not (0 <= mb < m):
-                out.append(f"device {d} position {i}: {job} names microbatch {mb}, allowed 0..{m - 1}")
+                out.append(Violation("shape", f"device {d} position {i}: {job} names microbatch {mb}, allowed 0..{m - 1}"))
                 continue
             if home[c] != d:
-                out.append(f"device {d} position {i}: {job} belongs on device {home[c]} "
-                           f"({schedule.placement.value} placement puts chunk {c} there)")
+                out.append(Violation("shape", f"device {d} position {i}: {job} belongs on device {home[c]} "
+                                     f"({schedule.placement.value} placement puts chunk {c} there)"))
             key = kidx[kind] * mnc + mb * nc + c
             count[key] += 1
             pos_dev[key] = d
@@ -78,19 +71,19 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
                 return out
     for key in range(4 * mnc):
         if count[key] > 1:
-            out.append(f"{_key_str(key, m, nc)} appears {count[key]} times; each job must run exactly once")
+            out.append(Violation("duplicate", f"{_key_str(key, m, nc)} appears {count[key]} times; each job must run exactly once"))
     for key in range(mnc):
         mb, c = divmod(key, nc)
         f, b, w, bw = count[key], count[mnc + key], count[2 * mnc + key], count[3 * mnc + key]
         if f == 0:
-            out.append(f"F{mb}.{c} is missing (device {home[c]})")
+            out.append(Violation("missing", f"F{mb}.{c} is missing (device {home[c]})"))
         if bw and (b or w):
-            out.append(f"microbatch {mb} chunk {c} has both BW and B/W; use either BW or B plus W")
+            out.append(Violation("duplicate", f"microbatch {mb} chunk {c} has both BW and B/W; use either BW or B plus W"))
         elif not bw:
             if b == 0:
-                out.append(f"B{mb}.{c} is missing (device {home[c]}); give B and W, or BW")
+                out.append(Violation("missing", f"B{mb}.{c} is missing (device {home[c]}); give B and W, or BW"))
             if w == 0:
-                out.append(f"W{mb}.{c} is missing (device {home[c]}); give B and W, or BW")
+                out.append(Violation("missing", f"W{mb}.{c} is missing (device {home[c]}); give B and W, or BW"))
         if len(out) >= max_messages:
             return out[:max_messages]
     # same-device ordering, reported with positions (cross-device order shows up as deadlock)
@@ -108,24 +101,24 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
             checks.append((2 * mnc + key, mnc + key))
         for jk, rk in checks:
             if count[jk] and count[rk] and pos_dev[jk] == pos_dev[rk] and pos_idx[rk] > pos_idx[jk]:
-                out.append(f"device {pos_dev[jk]} position {pos_idx[jk]}: {_key_str(jk, m, nc)} runs before "
-                           f"{_key_str(rk, m, nc)} (position {pos_idx[rk]}) that it needs")
+                out.append(Violation("order", f"device {pos_dev[jk]} position {pos_idx[jk]}: {_key_str(jk, m, nc)} runs before "
+                                             f"{_key_str(rk, m, nc)} (position {pos_idx[rk]}) that it needs"))
                 if len(out) >= max_messages:
                     return out
     for d, i in schedule.overlapped:
         if not (0 <= d < pp and 0 <= i < len(schedule.devices[d]) - 1):
-            out.append(f"overlapped pair ({d}, {i}) does not name two consecutive jobs")
+            out.append(Violation("overlap", f"overlapped pair ({d}, {i}) does not name two consecutive jobs"))
     if out:
         return out[:max_messages]
     try:
         simulate(schedule, Costs())
     except DeadlockError as e:
-        out.append(str(e))
+        out.append(Violation("deadlock", str(e)))
     if mem_limit is not None:
         peaks, _ = memory_profile(schedule, mem)
         for d, p in enumerate(peaks):
             if p > mem_limit + _EPS:
-                out.append(f"device {d}: peak memory {p:g} units exceeds the limit {mem_limit:g}")
+                out.append(Violation("memory", f"device {d}: peak memory {p:g} units exceeds the limit {mem_limit:g}"))
     return out[:max_messages]
 
 
@@ -135,7 +128,7 @@ def _proven_valid(schedule: Schedule, mem: MemModel, mem_limit: float | None) ->
     True only if every rule holds (see ``proven_valid`` in ``_accel.c``); False, or no C
     extension, sends the caller down the job-by-job checks.
     """
-    from ._greedy import _accel, accelerated
+    from .search.greedy import _accel, accelerated
 
     if not accelerated() or schedule.overlapped:
         return False

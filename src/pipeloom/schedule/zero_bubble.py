@@ -9,7 +9,7 @@ Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024). One chunk per device 
   pushed to the end, for close to zero bubble when m >= 2p.
 
 Both honour ``--mem-limit`` when given (tighter or looser than the default). They are made by
-the greedy list scheduler of :mod:`pipeloom.schedule._greedy` (insert a job only when the
+the greedy list scheduler of :mod:`pipeloom.schedule.search.greedy` (insert a job only when the
 device's memory plus the job's peak fits the limit; B before F; W fills idle gaps or is forced
 by memory), over a grid of policies, keeping the smallest makespan. As a safety net the
 1F1B order with its BW split into B then W is also a candidate: it has 1F1B's peak memory and
@@ -17,9 +17,10 @@ never a larger makespan than 1F1B, so ``zbh1`` is never slower than ``1f1b`` at 
 """
 from __future__ import annotations
 
-from .ir import B, F, Job, Placement, W, make_schedule
-from .registry import PlanSpec, ScheduleError, int_option, register
-from . import _greedy
+from ..core.ir import B, F, Job, Placement, W, make_schedule
+from .registry import PlanSpec, int_option, register
+from ..core.errors import ScheduleError
+from .search import greedy as _greedy
 
 DEFAULT_BUDGET = 60_000
 

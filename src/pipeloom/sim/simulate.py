@@ -1,7 +1,7 @@
 """Event simulator: time a schedule under a cost model (no torch).
 
 Each device runs its list strictly in order; a job starts when the device is free and all its
-dependencies (see :mod:`pipeloom.schedule.ir`) have ended, plus ``comm`` for an edge that
+dependencies (see :mod:`pipeloom.core.ir`) have ended, plus ``comm`` for an edge that
 crosses devices. Memory is the running sum over a device's list (F +a, B -b, W -(a-b), BW -a).
 
 Metrics (definitions as in ../shared/reference/README.md):
@@ -14,18 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..schedule.ir import Kind, Schedule, device_of
-from .costs import Costs, MemModel
+from ..core import rules
+from ..core.errors import DeadlockError
+from ..core.ir import Kind, Schedule, device_of
+from ..core.costs import Costs, MemModel
 
 _F, _G, _W = 0, 1, 2  # events: forward done, input-grad done (B or BW), weight-grad done
-
-
-class DeadlockError(RuntimeError):
-    """Devices executing their lists in order block each other (or a dependency never runs)."""
-
-    def __init__(self, message: str, stuck: list[tuple[int, int, str, str]]):
-        super().__init__(message)
-        self.stuck = stuck  # (device, index, job, what it waits for)
 
 
 @dataclass(slots=True)
@@ -54,32 +48,11 @@ class SimResult:
         }
 
 
-def job_durations(schedule: Schedule, costs: Costs) -> tuple[list[float], list[float], list[float]]:
-    return costs.per_chunk(schedule.num_chunks)
-
-
 def memory_profile(schedule: Schedule, mem: MemModel | None = None) -> tuple[list[float], list[list[float]]]:
     """Per-device peak and running memory after each job (order-based; needs no timing)."""
-    mem = mem or MemModel()
-    a, b = mem.per_chunk(schedule.num_chunks, schedule.vpp)
-    peaks, traces = [], []
-    for seq in schedule.devices:
-        cur, peak, tr = 0.0, 0.0, []
-        for kind, _mb, c in seq:
-            if kind is Kind.F:
-                cur += a[c]
-            elif kind is Kind.B:
-                cur -= b[c]
-            elif kind is Kind.W:
-                cur -= a[c] - b[c]
-            else:
-                cur -= a[c]
-            if cur > peak:
-                peak = cur
-            tr.append(cur)
-        peaks.append(peak)
-        traces.append(tr)
-    return peaks, traces
+    a, b = (mem or MemModel()).per_chunk(schedule.num_chunks, schedule.vpp)
+    prof = [rules.peak_memory(seq, a, b) for seq in schedule.devices]
+    return [p for p, _ in prof], [t for _, t in prof]
 
 
 def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | None = None) -> SimResult:

@@ -1,7 +1,7 @@
 """A drawable timeline: rows of job bars plus a memory curve per row (no torch, no matplotlib).
 
 Both a planned schedule (a :class:`~pipeloom.sim.simulate.SimResult`) and a measured run
-(:class:`~pipeloom.viz.logs.RunLog`) become a :class:`Timeline`; the Gantt (PNG/SVG), the
+(:class:`~pipeloom.trace.reader.RunLog`) become a :class:`Timeline`; the Gantt (PNG/SVG), the
 HTML page and the Chrome trace all draw from it, so planned and measured pictures look alike.
 
 Colours: one hue per job kind (F blue, B orange, W green, BW red); the local chunk of a
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..schedule.ir import Schedule
-from ..sim.costs import MemModel
+from ..core.ir import Schedule
+from ..core.costs import MemModel
 from ..sim.simulate import SimResult
 
 KIND_COLORS = {"F": "#3b6fb6", "B": "#e08a2c", "W": "#3f9b57", "BW": "#c0392b"}
@@ -131,7 +131,7 @@ def memory_curve(bars: list[Bar], deltas: list[float], start_value: float = 0.0)
 
 def memory_deltas(kinds_chunks: list[tuple[str, int]], num_chunks: int, vpp: int,
                   mem: MemModel | None = None) -> list[float]:
-    """Activation change of each job (F +a, B -b, W -(a-b), BW -a) for the model of :mod:`pipeloom.sim.costs`."""
+    """Activation change of each job (F +a, B -b, W -(a-b), BW -a) for the model of :mod:`pipeloom.core.costs`."""
     a, b = (mem or MemModel()).per_chunk(num_chunks, vpp)
     out = []
     for kind, c in kinds_chunks:

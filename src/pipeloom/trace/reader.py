@@ -1,0 +1,560 @@
+"""Read per-rank job logs, keep the profiled steps, align clocks across machines (no torch).
+
+Layouts (seed 003): ``LOGDIR/workerlog.<rank>`` (what ``pipeloom run --log-dir`` writes) or
+``LOGDIR/machine<k>/workerlog.<rank>`` (logs copied from several machines). Each line is a
+JSON object (``meta``, ``profile_start``, ``sync``, ``job``, ``step_end``, ``profile_stop``;
+see docs/readme/80-visualise.md) or the seed-003 text form
+``Profiler Info: Job (3), type = F, micro_batch_id = 3, job_start_time = S, job_end_time = E[, chunk = 1]``.
+Malformed or truncated lines are counted and reported, never fatal; other text is ignored.
+
+Clock alignment. Ranks on one machine share a clock; machines do not. Offsets are found per
+clock domain (machine index, else host name):
+
+1. ``sync`` events: every rank writes one right after a barrier at the start of each profiled
+   step, so all of them mark (nearly) the same instant. offset_k = median over steps of
+   (median sync time of machine k - that of the reference machine).
+2. Without syncs, the first P2P pairs: a job that needs another machine's output cannot start
+   before that output ends. For machines a, b let g_ab = min over cross edges a->b of
+   (consumer start - producer end) in raw clocks. With edges both ways the offset is the
+   NTP-style midpoint (g_ab - g_ba) / 2; one way only, g_ab (the tightest edge taken as zero wait).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from ..core.ir import Job, Kind, Placement, Schedule
+from ..core.errors import ScheduleFormatError
+from ..core.costs import Costs
+from ..sim.replay import dependencies, produces
+from ..schedule import io as schedule_io
+
+_TEXT_RE = re.compile(
+    r"Profiler Info:\s*Job\s*\((?P<id>-?\d+)\)\s*,\s*type\s*=\s*(?P<type>\w+)\s*,\s*micro_batch_id\s*=\s*(?P<mb>-?\d+)"
+    r"\s*,\s*job_start_time\s*=\s*(?P<s>[-+0-9.eE]+)\s*,\s*job_end_time\s*=\s*(?P<e>[-+0-9.eE]+)"
+    r"(?:\s*,\s*chunk\s*=\s*(?P<chunk>\d+))?")
+_TYPE_MAP = {"f": "F", "forward": "F", "b": "B", "backward_b": "B", "w": "W", "backward_w": "W",
+             "bw": "BW", "backward": "BW"}
+_FILE_RE = re.compile(r"^workerlog\.(\d+)$")
+_MACHINE_RE = re.compile(r"^machine(\d+)$")
+MAX_EXAMPLES = 5
+
+
+@dataclass(slots=True)
+class LogJob:
+    """One executed job as logged (times in seconds; aligned after :func:`read_logs`)."""
+
+    kind: str
+    mb: int
+    chunk: int
+    """global chunk id when known; for text logs the local chunk until resolved"""
+    start: float
+    end: float
+    step: int
+    rank: int = 0
+    wait: float = 0.0
+    """seconds cut from the front of the logged interval because the job's input did not exist yet
+    (a runtime that starts its timer before the receive); see :func:`clip_waits`"""
+
+    def job(self) -> Job:
+        return Job(Kind(self.kind), self.mb, self.chunk)
+
+
+@dataclass(slots=True)
+class RankLog:
+    path: str
+    rank: int
+    machine: int
+    local_rank: int
+    pp_rank: int | None = None
+    dp_rank: int = 0
+    host: str = ""
+    meta: dict | None = None
+    jobs: list[LogJob] = field(default_factory=list)
+    syncs: dict[int, float] = field(default_factory=dict)
+    step_ends: dict[int, float] = field(default_factory=dict)
+    window: tuple[int, int] | None = None
+    """profiled steps [start, stop) from the meta line or the profile_start/stop events"""
+    malformed: int = 0
+    examples: list[str] = field(default_factory=list)
+    unknown_events: Counter = field(default_factory=Counter)
+    dropped_jobs: int = 0
+    """well-formed jobs outside the profiled window"""
+    text_form: bool = False
+
+    @property
+    def domain(self) -> str:
+        return f"machine{self.machine}"
+
+
+@dataclass(slots=True)
+class RunLog:
+    """Every rank of one run, clocks aligned."""
+
+    root: str
+    ranks: list[RankLog]
+    schedule: Schedule | None
+    costs: Costs | None
+    pp: int
+    dp: int
+    steps: list[int]
+    offsets: dict[str, float]
+    alignment: str
+    """how clocks were aligned: 'sync', 'p2p', 'single clock' or 'none'"""
+    warnings: list[str] = field(default_factory=list)
+    schedule_inferred: bool = False
+    clipped_jobs: int = 0
+    clipped_s: float = 0.0
+
+    @property
+    def malformed(self) -> int:
+        return sum(r.malformed for r in self.ranks)
+
+    @property
+    def machines(self) -> list[int]:
+        return sorted({r.machine for r in self.ranks})
+
+    def jobs(self):
+        for r in self.ranks:
+            yield from r.jobs
+
+    def t0(self) -> float:
+        return min((j.start for j in self.jobs()), default=0.0)
+
+    def summary(self) -> dict:
+        return {
+            "logdir": self.root,
+            "ranks": len(self.ranks),
+            "machines": len(self.machines),
+            "pp": self.pp,
+            "dp": self.dp,
+            "schedule": self.schedule.name if self.schedule else None,
+            "schedule_inferred": self.schedule_inferred,
+            "steps": self.steps,
+            "jobs": sum(len(r.jobs) for r in self.ranks),
+            "dropped_jobs_outside_window": sum(r.dropped_jobs for r in self.ranks),
+            "malformed_lines": self.malformed,
+            "clock_alignment": self.alignment,
+            "clock_offsets_s": self.offsets,
+            "waits_clipped": {"jobs": self.clipped_jobs, "seconds": self.clipped_s},
+            "warnings": self.warnings,
+        }
+
+
+class LogError(ValueError):
+    """The log directory cannot be read at all (no worker logs, no jobs)."""
+
+
+# ---------------------------------------------------------------------------------------- files
+def find_worker_logs(root: str) -> list[tuple[int | None, int, str]]:
+    """``(machine or None, rank from the file name, path)`` for every worker log under ``root``."""
+    if os.path.isfile(root):
+        m = _FILE_RE.match(os.path.basename(root))
+        return [(None, int(m.group(1)) if m else 0, root)]
+    if not os.path.isdir(root):
+        raise LogError(f"{root} is neither a directory nor a file; give the --log-dir of 'pipeloom run' or a "
+                       f"directory of machine<k>/workerlog.<rank> files")
+    out = []
+    for name in sorted(os.listdir(root)):
+        p = os.path.join(root, name)
+        fm, mm = _FILE_RE.match(name), _MACHINE_RE.match(name)
+        if fm and os.path.isfile(p):
+            out.append((None, int(fm.group(1)), p))
+        elif mm and os.path.isdir(p):
+            for sub in sorted(os.listdir(p)):
+                f2 = _FILE_RE.match(sub)
+                if f2 and os.path.isfile(os.path.join(p, sub)):
+                    out.append((int(mm.group(1)), int(f2.group(1)), os.path.join(p, sub)))
+    if not out:
+        raise LogError(f"no worker logs in {root}: expected files workerlog.<rank> or machine<k>/workerlog.<rank>")
+    return out
+
+
+def _num(x) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError("not a finite number")
+    return float(x)
+
+
+def _int(x) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        raise ValueError("not an integer >= 0")
+    return x
+
+
+def parse_file(path: str, machine: int | None, file_rank: int) -> RankLog:
+    """Parse one worker log (both forms); never raises on bad lines."""
+    log = RankLog(path=path, rank=file_rank, machine=machine or 0, local_rank=file_rank)
+    starts, stops = [], []
+    text_jobs: list[tuple[str, int, int | None, float, float]] = []
+    try:
+        fh = open(path, "rb")
+    except OSError as e:
+        raise LogError(f"cannot read {path}: {e.strerror}") from None
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line:
+                continue
+            if line[0] == "[":  # '[INFO] ...' is framework text; a JSON array is a malformed record
+                try:
+                    json.loads(line)
+                except ValueError:
+                    continue
+            if line[0] in "{[":
+                try:
+                    ev = json.loads(line)
+                    if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
+                        raise ValueError("no 'event' field")
+                    _apply_event(log, ev, starts, stops)
+                except (ValueError, TypeError, KeyError) as e:
+                    log.malformed += 1
+                    if len(log.examples) < MAX_EXAMPLES:
+                        log.examples.append(f"{os.path.basename(path)}:{lineno}: {str(e)[:60]}: {line[:80]}")
+                continue
+            if "Profiler Info" in line:
+                m = _TEXT_RE.search(line)
+                kind = _TYPE_MAP.get(m.group("type").lower()) if m else None
+                try:
+                    if not m:
+                        raise ValueError("unrecognised Profiler Info line")
+                    s, e = float(m.group("s")), float(m.group("e"))
+                    if not (math.isfinite(s) and math.isfinite(e)) or e < s or int(m.group("mb")) < 0:
+                        raise ValueError("bad times or micro batch")
+                except ValueError as err:
+                    log.malformed += 1
+                    if len(log.examples) < MAX_EXAMPLES:
+                        log.examples.append(f"{os.path.basename(path)}:{lineno}: {err}: {line[:80]}")
+                    continue
+                if kind is None:  # optimizer and other job types: not pipeline jobs
+                    log.unknown_events[m.group("type")] += 1
+                    continue
+                ch = m.group("chunk")
+                text_jobs.append((kind, int(m.group("mb")), int(ch) if ch is not None else None, s, e))
+            # any other text (framework output) is ignored
+    if machine is not None:  # the machine<k> directory wins over the meta line
+        log.machine = machine
+    if text_jobs:
+        log.text_form = True
+        _steps_from_text(log, text_jobs)
+    # profiled window: meta profile_steps, else the profile_start/stop events
+    if log.window is None and starts:
+        log.window = (min(starts), max(stops) if stops else 1 << 60)
+    if log.window is not None:
+        a, b = log.window
+        keep = [j for j in log.jobs if a <= j.step < b]
+        log.dropped_jobs += len(log.jobs) - len(keep)
+        log.jobs = keep
+        log.syncs = {s: t for s, t in log.syncs.items() if a <= s < b}
+    log.jobs.sort(key=lambda j: (j.start, j.end))
+    return log
+
+
+def _apply_event(log: RankLog, ev: dict, starts: list, stops: list) -> None:
+    kind = ev["event"]
+    if kind == "meta":
+        log.meta = ev
+        log.rank = _int(ev.get("rank", log.rank))
+        log.local_rank = _int(ev.get("local_rank", log.local_rank))
+        if ev.get("machine") is not None:
+            log.machine = _int(ev["machine"])
+        log.pp_rank = _int(ev["pp_rank"]) if ev.get("pp_rank") is not None else None
+        log.dp_rank = _int(ev.get("dp_rank", 0) or 0)
+        log.host = str(ev.get("host", ""))
+        ps = ev.get("profile_steps")
+        if ps is not None:
+            if not (isinstance(ps, (list, tuple)) and len(ps) == 2):
+                raise ValueError("profile_steps must be [start, stop]")
+            log.window = (int(ps[0]), int(ps[1]))
+    elif kind == "job":
+        k = ev["kind"]
+        if k not in ("F", "B", "W", "BW"):
+            raise ValueError(f"job kind {k!r} is not F, B, W or BW")
+        s, e = _num(ev["start"]), _num(ev["end"])
+        if e < s:
+            raise ValueError("job ends before it starts")
+        log.jobs.append(LogJob(k, _int(ev["mb"]), _int(ev["chunk"]), s, e, _int(ev["step"]), log.rank))
+    elif kind == "sync":
+        log.syncs[_int(ev["step"])] = _num(ev["t"])
+    elif kind == "step_end":
+        log.step_ends[_int(ev["step"])] = _num(ev["t"])
+    elif kind == "profile_start":
+        starts.append(_int(ev["step"]))
+    elif kind == "profile_stop":
+        stops.append(_int(ev["step"]))
+    else:
+        log.unknown_events[kind] += 1
+
+
+def _steps_from_text(log: RankLog, jobs: list[tuple[str, int, int | None, float, float]]) -> None:
+    """Seed-003 rule: a step starts at forward micro_batch 0 (once a backward was seen since the last start)."""
+    jobs.sort(key=lambda t: t[3])
+    step, seen_backward = -1, True
+    for kind, mb, ch, s, e in jobs:
+        if kind == "F" and mb == 0 and seen_backward:
+            step += 1
+            seen_backward = False
+        if kind != "F":
+            seen_backward = True
+        log.jobs.append(LogJob(kind, mb, ch if ch is not None else 0, s, e, max(step, 0), log.rank))
+
+
+# ---------------------------------------------------------------------------------------- run
+def read_logs(root: str, *, align: bool = True) -> RunLog:
+    """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks."""
+    files = find_worker_logs(root)
+    ranks = [parse_file(p, mach, r) for mach, r, p in files]
+    _check_one_run(ranks, root)
+    warnings: list[str] = []
+    # global ranks: from meta; text logs without meta get (machine, file rank) order
+    if len({r.rank for r in ranks}) != len(ranks):
+        for i, r in enumerate(sorted(ranks, key=lambda r: (r.machine, r.local_rank))):
+            r.rank = i
+        warnings.append("rank numbers repeat across machines; ranks renumbered in (machine, file) order")
+    ranks.sort(key=lambda r: r.rank)
+    for r in ranks:
+        for j in r.jobs:
+            j.rank = r.rank
+    if not any(r.jobs for r in ranks):
+        bad = sum(r.malformed for r in ranks)
+        raise LogError(f"no job records in the profiled steps of {len(ranks)} worker log(s) under {root}"
+                       + (f" ({bad} malformed lines)" if bad else "")
+                       + "; run with profiling on (pipeloom run --log-dir DIR --profile-steps A:B)")
+    schedule, costs, inferred = _plan_from_meta(ranks, warnings)
+    if schedule is None:
+        schedule = _infer_schedule(ranks)
+        inferred = True
+    pp = schedule.pp
+    for r in ranks:
+        if r.pp_rank is None:
+            r.pp_rank = r.rank % pp
+    dp = max(1, len({r.dp_rank for r in ranks}))
+    steps = sorted({j.step for j in (j for r in ranks for j in r.jobs)})
+    run = RunLog(root=root, ranks=ranks, schedule=schedule, costs=costs, pp=pp, dp=dp, steps=steps,
+                 offsets={}, alignment="none", warnings=warnings, schedule_inferred=inferred)
+    if align:
+        align_clocks(run)
+        clip_waits(run)
+    for r in ranks:
+        if r.malformed:
+            warnings.append(f"{r.path}: {r.malformed} malformed line(s) skipped")
+    return run
+
+
+def _run_of(r: RankLog) -> tuple:
+    """What every rank of one run shares in its meta line: world size, pp, dp and the schedule."""
+    m = r.meta
+    sched = m.get("schedule") if isinstance(m.get("schedule"), dict) else {}
+    return (m.get("world_size"), m.get("pp"), m.get("dp"), sched.get("name"), sched.get("microbatches"),
+            sched.get("devices"))
+
+
+def _describe(r: RankLog) -> str:
+    ws, pp, dp, name, m, _ = _run_of(r)
+    return f"{name} pp={pp} dp={dp} m={m}, world size {ws}"
+
+
+def _check_one_run(ranks: list[RankLog], root: str) -> None:
+    """Logs with meta lines must come from one run: the same run shape and each global rank once
+    (mixing the logs of two runs would report a wrong plan, wrong bubbles and bogus stragglers)."""
+    metas = [r for r in ranks if r.meta]
+    for r in metas[1:]:
+        if _run_of(r) != _run_of(metas[0]):
+            raise LogError(f"{root} mixes the logs of different runs: {metas[0].path} ({_describe(metas[0])}) and "
+                           f"{r.path} ({_describe(r)}); give the log directory of one run")
+    ids = {r.meta.get("run_id") for r in metas} - {None}  # logs written before run ids have none
+    if len(ids) > 1:
+        a = next(r for r in metas if r.meta.get("run_id"))
+        b = next(r for r in metas if r.meta.get("run_id") not in (None, a.meta["run_id"]))
+        raise LogError(f"{root} mixes the logs of different runs of the same shape: {a.path} (run "
+                       f"{a.meta['run_id']}) and {b.path} (run {b.meta['run_id']}); give the log directory of one run")
+    seen: dict[int, str] = {}
+    for r in metas:
+        if r.rank in seen:
+            raise LogError(f"{root} holds two logs of rank {r.rank}: {seen[r.rank]} and {r.path} (two runs mixed, "
+                           f"or one log copied twice); keep one log per rank")
+        seen[r.rank] = r.path
+    ws = metas[0].meta.get("world_size") if metas else None
+    if isinstance(ws, int) and any(r.rank >= ws for r in metas):
+        bad = next(r for r in metas if r.rank >= ws)
+        raise LogError(f"{bad.path} is the log of rank {bad.rank}, but the run's world size is {ws}")
+
+
+def _plan_from_meta(ranks: list[RankLog], warnings: list[str]) -> tuple[Schedule | None, Costs | None, bool]:
+    metas = [r.meta for r in ranks if r.meta and r.meta.get("schedule")]
+    if not metas:
+        return None, None, False
+    try:
+        sched = schedule_io.from_dict(metas[0]["schedule"])
+    except (ScheduleFormatError, ValueError, TypeError) as e:
+        warnings.append(f"meta schedule unreadable ({e}); order inferred from the jobs")
+        return None, None, False
+    if any(m["schedule"].get("devices") != metas[0]["schedule"].get("devices") for m in metas[1:]):
+        warnings.append("ranks disagree on the schedule in their meta lines; using rank "
+                        f"{ranks[0].rank}'s")
+    costs = None
+    cd = metas[0].get("costs")
+    if isinstance(cd, dict):
+        try:
+            costs = Costs(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in cd.items()
+                             if k in ("F", "B", "W", "comm", "overlap")})
+        except (TypeError, ValueError) as e:
+            warnings.append(f"meta costs unreadable ({e}); durations fitted from the jobs")
+    return sched, costs, False
+
+
+def _infer_schedule(ranks: list[RankLog]) -> Schedule:
+    """Text logs carry no plan: take each rank as one pipeline stage and its first profiled step's order."""
+    pp = len(ranks)
+    for i, r in enumerate(sorted(ranks, key=lambda r: r.rank)):
+        r.pp_rank = i
+    vpp = 1 + max((j.chunk for r in ranks for j in r.jobs), default=0)
+    devices = []
+    for r in sorted(ranks, key=lambda r: r.pp_rank):
+        for j in r.jobs:  # local chunk -> global chunk (interleaved placement)
+            j.chunk = j.chunk * pp + r.pp_rank
+        first = min((j.step for j in r.jobs), default=0)
+        devices.append([j.job() for j in r.jobs if j.step == first])
+    m = 1 + max((j.mb for r in ranks for j in r.jobs), default=0)
+    return Schedule("measured-order", pp, vpp, m, Placement.INTERLEAVED, devices,
+                    meta={"inferred": "from the first profiled step of text logs"})
+
+
+# ---------------------------------------------------------------------------------------- clocks
+def align_clocks(run: RunLog) -> None:
+    """Shift every rank's times so that all machines share machine 0's clock (see module docstring)."""
+    domains = sorted({r.domain for r in run.ranks}, key=lambda d: int(d[7:]))
+    if len(domains) == 1:
+        run.alignment = "single clock"
+        run.offsets = {domains[0]: 0.0}
+        return
+    ref = domains[0]
+    offsets: dict[str, float] = {ref: 0.0}
+    by_dom: dict[str, list[RankLog]] = defaultdict(list)
+    for r in run.ranks:
+        by_dom[r.domain].append(r)
+
+    def sync_medians(dom: str) -> dict[int, float]:
+        per: dict[int, list[float]] = defaultdict(list)
+        for r in by_dom[dom]:
+            for s, t in r.syncs.items():
+                per[s].append(t)
+        return {s: statistics.median(v) for s, v in per.items()}
+
+    ref_sync = sync_medians(ref)
+    methods = set()
+    for dom in domains[1:]:
+        ms = sync_medians(dom)
+        common = sorted(set(ms) & set(ref_sync))
+        if common:
+            offsets[dom] = statistics.median(ms[s] - ref_sync[s] for s in common)
+            methods.add("sync")
+    missing = [d for d in domains if d not in offsets]
+    if missing:
+        p2p = _p2p_offsets(run, by_dom, offsets)
+        for d in missing:
+            if d in p2p:
+                offsets[d] = p2p[d]
+                methods.add("p2p")
+            else:
+                offsets[d] = 0.0
+                run.warnings.append(f"{d}: no sync events and no P2P pair with an aligned machine; clock left as is")
+    for r in run.ranks:
+        off = offsets[r.domain]
+        if off:
+            for j in r.jobs:
+                j.start -= off
+                j.end -= off
+            r.syncs = {s: t - off for s, t in r.syncs.items()}
+            r.step_ends = {s: t - off for s, t in r.step_ends.items()}
+    run.offsets = offsets
+    run.alignment = "+".join(sorted(methods)) or "none"
+
+
+def _p2p_offsets(run: RunLog, by_dom: dict[str, list[RankLog]], known: dict[str, float]) -> dict[str, float]:
+    """Offsets from cross-machine dependency edges (module docstring, method 2)."""
+    sched = run.schedule
+    nc = sched.num_chunks
+    ends: dict[tuple, tuple[str, float]] = {}
+    for r in run.ranks:
+        for j in r.jobs:
+            for ev in produces(j.job()):
+                ends[(r.dp_rank, j.step) + ev] = (r.domain, j.end)
+    gap: dict[tuple[str, str], float] = {}
+    for r in run.ranks:
+        for j in r.jobs:
+            for ev in dependencies(j.job(), nc):
+                src = ends.get((r.dp_rank, j.step) + ev)
+                if src is None or src[0] == r.domain:
+                    continue
+                key = (src[0], r.domain)
+                g = j.start - src[1]
+                if key not in gap or g < gap[key]:
+                    gap[key] = g
+    # pairwise offset estimates off_b - off_a, then breadth-first from the machines already aligned
+    est: dict[tuple[str, str], float] = {}
+    for (a, b), g_ab in gap.items():
+        g_ba = gap.get((b, a))
+        est[(a, b)] = (g_ab - g_ba) / 2 if g_ba is not None else g_ab
+        est[(b, a)] = -est[(a, b)]
+    out = dict(known)
+    frontier = list(known)
+    while frontier:
+        a = frontier.pop()
+        for (x, b), v in est.items():
+            if x == a and b not in out:
+                out[b] = out[a] + v
+                frontier.append(b)
+    return {d: v for d, v in out.items() if d not in known}
+
+
+def clip_waits(run: RunLog, eps: float = 1e-6) -> None:
+    """Start every job no earlier than the end of the jobs it depends on (same step and pipeline).
+
+    The log format asks for start/end around the compute only; a runtime whose timer also covers
+    the receive of the job's input logs the wait as busy time and hides the bubble. A job cannot
+    compute before its input exists, so the part of its interval before the latest dependency
+    ended is moved out of the job (kept in ``LogJob.wait`` and drawn as a wait). Logs that follow
+    the format are left unchanged. Run after :func:`align_clocks`.
+    """
+    nc = run.schedule.num_chunks
+    ends: dict[tuple, float] = {}
+    for r in run.ranks:
+        for j in r.jobs:
+            for ev in produces(j.job()):
+                ends[(r.dp_rank, j.step) + ev] = j.end
+    n, tot = 0, 0.0
+    for r in run.ranks:
+        for j in r.jobs:
+            if j.chunk >= nc:
+                continue
+            ready = max((ends.get((r.dp_rank, j.step) + ev, -math.inf) for ev in dependencies(j.job(), nc)),
+                        default=-math.inf)
+            if ready > j.start + eps:
+                cut = min(ready, j.end) - j.start
+                j.start += cut
+                j.wait += cut
+                n += 1
+                tot += cut
+    run.clipped_jobs, run.clipped_s = n, tot
+    if n:
+        run.warnings.append(f"{n} job interval(s) began before their input existed (the timer covered the receive); "
+                            f"{tot * 1e3:.3g} ms of waiting moved out of the jobs")
+
+
+# ---------------------------------------------------------------------------------------- views
+def step_windows(run: RunLog, dp_rank: int | None = None) -> dict[int, tuple[float, float]]:
+    """Per step: (first job start, last job end) over the ranks (of one pipeline when dp_rank is given)."""
+    out: dict[int, tuple[float, float]] = {}
+    for r in run.ranks:
+        if dp_rank is not None and r.dp_rank != dp_rank:
+            continue
+        for j in r.jobs:
+            a, b = out.get(j.step, (j.start, j.end))
+            out[j.step] = (min(a, j.start), max(b, j.end))
+    return dict(sorted(out.items()))

@@ -1,0 +1,162 @@
+"""Synthetic worker logs: time a schedule, write it as per-rank job logs, inject trouble (no torch).
+
+Used by the tests and the docs to exercise :mod:`pipeloom.trace.reader` and :mod:`pipeloom.trace.check`
+without a cluster: a slow rank (its jobs take ``factor`` times longer), a rank that launches
+late, clock skew between machines, jitter, steps outside the profiled window, malformed and
+truncated lines, the seed-003 text form, several machines and data-parallel replicas.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+
+from ..core.ir import Schedule
+from ..core.costs import Costs
+from ..sim.replay import replay
+from ..schedule import io as schedule_io
+
+
+@dataclass(kw_only=True)
+class SynthConfig:
+    """What to write. Times: one cost unit lasts ``unit`` seconds."""
+
+    costs: Costs = field(default_factory=Costs)
+    """planned per chunk-pass costs (BW = B + W); comm is in cost units too"""
+    unit: float = 0.004
+    """seconds per cost unit"""
+    profile_steps: tuple[int, int] = (3, 5)
+    """profiled steps [start, stop); jobs of ``extra_steps`` steps before it are written too (to be dropped)"""
+    extra_steps: int = 1
+    slow: dict[int, float] = field(default_factory=dict)
+    """global rank -> duration factor of all its jobs (1.8 = 80% slower)"""
+    late_start: dict[int, float] = field(default_factory=dict)
+    """global rank -> seconds of extra idle before its first job of every step"""
+    jitter: float = 0.02
+    """relative standard deviation of every job duration"""
+    seed: int = 0
+    dp: int = 1
+    machines: int = 1
+    """ranks split evenly over machines; >1 writes machine<k>/workerlog.<local rank>"""
+    skew: dict[int, float] = field(default_factory=dict)
+    """machine -> seconds its clock runs ahead of machine 0"""
+    sync: bool = True
+    """write sync events (without them readers align with P2P pairs)"""
+    malformed: int = 0
+    """garbage lines per file, plus a truncated last line when > 0"""
+    text_form: bool = False
+    """write the seed-003 'Profiler Info: Job ...' text lines (no meta, no sync) instead of JSON"""
+    run_id: str = "synth"
+    """the meta lines' run id (the same on every rank of one run)"""
+    t_start: float = 1_763_884_800.0
+    step_gap: float = 0.01
+    """seconds between steps (optimizer, barrier)"""
+
+
+def generate(schedule: Schedule, cfg: SynthConfig | None = None) -> dict[int, list[dict]]:
+    """Per global rank the list of events (dicts in the log format; times on the true clock)."""
+    cfg = cfg or SynthConfig()
+    rng = random.Random(cfg.seed)
+    pp, nc = schedule.pp, schedule.num_chunks
+    dF, dB, dW = cfg.costs.per_chunk(nc)
+    base = {"F": dF, "B": dB, "W": dW}
+    a, b = cfg.profile_steps
+    steps = list(range(max(0, a - cfg.extra_steps), b))
+    events: dict[int, list[dict]] = {r: [] for r in range(pp * cfg.dp)}
+    t = cfg.t_start
+    for step in steps:
+        step_begin = t
+        for dpr in range(cfg.dp):
+            durs, delays = [], []
+            for d, seq in enumerate(schedule.devices):
+                rank = dpr * pp + d
+                f = cfg.slow.get(rank, 1.0)
+                row = []
+                for job in seq:
+                    k, c = job.kind.value, job.chunk
+                    cost = base["B"][c] + base["W"][c] if k == "BW" else base[k][c]
+                    row.append(max(1e-6, cost * cfg.unit * f * (1.0 + cfg.jitter * rng.gauss(0.0, 1.0))))
+                durs.append(row)
+                delays.append([cfg.late_start.get(rank, 0.0)] + [0.0] * (len(seq) - 1))
+            rp = replay(schedule, durs, comm=cfg.costs.comm * cfg.unit, delays=delays)
+            for d, seq in enumerate(schedule.devices):
+                rank = dpr * pp + d
+                ev = events[rank]
+                if step == a:
+                    ev.append({"event": "profile_start", "step": step, "t": step_begin - 2e-4})
+                if a <= step:
+                    ev.append({"event": "sync", "step": step, "t": step_begin - 1e-4 + rng.uniform(0, 2e-5)})
+                for i, job in enumerate(seq):
+                    ev.append({"event": "job", "step": step, "kind": job.kind.value, "mb": job.mb,
+                               "chunk": job.chunk, "device": d, "start": step_begin + rp.start[d][i],
+                               "end": step_begin + rp.end[d][i]})
+                ev.append({"event": "step_end", "step": step, "loss": 2.0, "t": step_begin + rp.makespan})
+            t = max(t, step_begin + rp.makespan)
+        t += cfg.step_gap
+    for rank in events:
+        events[rank].append({"event": "profile_stop", "step": b, "t": t})
+    return events
+
+
+def write_logs(out_dir: str, schedule: Schedule, cfg: SynthConfig | None = None) -> list[str]:
+    """Write synthetic worker logs for ``schedule`` into ``out_dir``; return the file paths."""
+    cfg = cfg or SynthConfig()
+    rng = random.Random(cfg.seed + 1)
+    events = generate(schedule, cfg)
+    world = schedule.pp * cfg.dp
+    per_machine = -(-world // cfg.machines)
+    paths = []
+    for rank, evs in events.items():
+        machine, local = divmod(rank, per_machine)
+        skew = cfg.skew.get(machine, 0.0)
+        if cfg.machines > 1:
+            d = os.path.join(out_dir, f"machine{machine}")
+            name = f"workerlog.{local}"
+        else:
+            d, name = out_dir, f"workerlog.{rank}"
+        os.makedirs(d, exist_ok=True)
+        lines = []
+        pp_rank, dp_rank = rank % schedule.pp, rank // schedule.pp
+        if cfg.text_form:
+            lines.append(f"[INFO] worker {rank} starting, pp_rank={pp_rank}")
+            jid = 0
+            local_of = {c: i for i, c in enumerate(schedule.chunks_of(pp_rank))}
+            for e in evs:
+                if e["event"] != "job":
+                    continue
+                typ = {"F": "forward", "BW": "backward"}.get(e["kind"], e["kind"])
+                ch = f", chunk = {local_of[e['chunk']]}" if schedule.vpp > 1 else ""
+                lines.append(f"Profiler Info: Job ({jid}), type = {typ}, micro_batch_id = {e['mb']}, "
+                             f"job_start_time = {e['start'] + skew:.6f}, job_end_time = {e['end'] + skew:.6f}{ch}")
+                jid += 1
+                if e["kind"] != "F" and e["mb"] == schedule.microbatches - 1 and rng.random() < 0.5:
+                    lines.append("[INFO] loss 2.0000, lr 1e-4")
+        else:
+            meta = {"event": "meta", "rank": rank, "local_rank": local, "world_size": world, "pp": schedule.pp,
+                    "dp": cfg.dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
+                    "host": f"node{machine}", "schedule": schedule_io.to_dict(schedule), "costs": cfg.costs.to_dict(),
+                    "profile_steps": list(cfg.profile_steps), "run_id": cfg.run_id}
+            lines.append(json.dumps(meta))
+            for e in evs:
+                if e["event"] == "sync" and not cfg.sync:
+                    continue
+                e = dict(e)
+                for k in ("t", "start", "end"):
+                    if k in e:
+                        e[k] = e[k] + skew
+                lines.append(json.dumps(e))
+        for _ in range(cfg.malformed):
+            pos = rng.randrange(1, len(lines))
+            lines.insert(pos, rng.choice(['{"event": "job", "step": 3, "kind": "F", "mb": ', "{not json at all",
+                                          '{"event": "job", "step": 3, "kind": "X", "mb": 0, "chunk": 0, '
+                                          '"start": 1.0, "end": 2.0}',
+                                          "Profiler Info: Job (7), type = F, micro_batch_id = ?"]))
+        text = "\n".join(lines) + "\n"
+        if cfg.malformed:
+            text += '{"event": "job", "step": 4, "kind": "B", "mb": 1, "chu'  # truncated last line
+        path = os.path.join(d, name)
+        with open(path, "w") as fh:
+            fh.write(text)
+        paths.append(path)
+    return paths
