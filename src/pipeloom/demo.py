@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+
+from . import cli
+from .core.costs import Costs
 from .schedule import io as schedule_io
+from .schedule.planning import make_spec, plan
+from .sim.simulate import simulate
+from .viz import render_plan
 
 console = Console()
 
@@ -30,18 +36,11 @@ def _step(title: str) -> None:
 
 
 def compare_step() -> None:
-    from .cli import main
-
     _step(f"1. every schedule at pp={PP}, m={M}, memory limit 1p (1F1B's peak)")
-    main(["compare", "--pp", str(PP), "--microbatches", str(M), "--costs", STAGE_COSTS, "--mem-limit", "1p"])
+    cli.main(["compare", "--pp", str(PP), "--microbatches", str(M), "--costs", STAGE_COSTS, "--mem-limit", "1p"])
 
 
 def plan_step(out: Path) -> list[str]:
-    from .schedule.planning import make_spec, plan
-    from .core.costs import Costs
-    from .sim.simulate import simulate
-    from .viz import render_plan
-
     _step("2. plan ZB-V (vpp=2) at the 1F1B memory limit and draw it")
     spec = make_spec(pp=PP, microbatches=M, vpp=2, costs=COSTS, mem_limit="1p")
     sched = plan("zbv", spec)
@@ -54,19 +53,15 @@ def plan_step(out: Path) -> list[str]:
 
 
 def memory_step() -> None:
-    from .cli import main
-
     _step("3. per-device memory of Llama-2 7B under ZB-V, pp=4, on 80 GiB GPUs")
-    main(["memory", "--model", "llama2-7b", "--pp", str(PP), "--vpp", "2", "--microbatches", str(M),
+    cli.main(["memory", "--model", "llama2-7b", "--pp", str(PP), "--vpp", "2", "--microbatches", str(M),
           "--schedule", "zbv", "--gpu-memory", "80GiB"])
 
 
 def run_step(out: Path) -> list[str]:
-    from .cli import main
-
     _step("4. run the tiny Llama on 4 CPU ranks (gloo) with ZB-V, verify against one process, check bubbles")
     logs = out / "logs"
-    rc = main(["run", "--example", "llama-tiny", "--schedule", "zbv", "--pp", str(PP), "--microbatches", str(M),
+    rc = cli.main(["run", "--example", "llama-tiny", "--schedule", "zbv", "--pp", str(PP), "--microbatches", str(M),
                "--steps", "4", "--profile-steps", "1:4", "--verify", "--log-dir", str(logs),
                # wide enough that compute, not process scheduling, dominates each job on a CPU
                "--dim", "256", "--seq-len", "64", "--microbatch-size", "2"])
@@ -74,8 +69,8 @@ def run_step(out: Path) -> list[str]:
         raise SystemExit(rc)
     trace = out / "measured_trace.json"
     png = out / "measured_gantt.png"
-    main(["trace", str(logs), "--out", str(trace), "--png", str(png)])
-    main(["check", str(logs)])
+    cli.main(["trace", str(logs), "--out", str(trace), "--png", str(png)])
+    cli.main(["check", str(logs)])
     return [str(trace), str(png), str(logs)]
 
 

@@ -12,6 +12,7 @@ import tempfile
 import time
 
 from ..schedule.planning import make_spec, plan
+from ..schedule import registry
 from .check import check_run
 from .reader import read_logs
 from .synth import SynthConfig, write_logs
@@ -21,8 +22,6 @@ SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zbv", 2))
 
 def sweep(factors=(1.0, 1.05, 1.1, 1.2, 1.5), *, pp: int = 4, m: int = 8, seeds: int = 5, jitter: float = 0.02,
           schedules=SCHEDULES) -> list[dict]:
-    from ..schedule import registry
-
     rows = []
     for f in factors:
         hits = runs = 0

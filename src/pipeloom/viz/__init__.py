@@ -17,6 +17,10 @@ import os
 
 from ..core.costs import MemModel
 from ..sim.simulate import SimResult
+from .gantt import draw_gantt
+from .html import write_html
+from .perfetto import write_trace
+from .timeline import from_sim
 
 __all__ = ["render_plan", "write_outputs"]
 
@@ -33,13 +37,10 @@ def write_outputs(paths: list[str], *, timeline, planned=None, us_per_unit: floa
     for p in paths:
         ext = os.path.splitext(p)[1].lower()
         if ext in (".png", ".svg", ".pdf"):
-            from .gantt import draw_gantt
             out.append(draw_gantt(timeline, p))
         elif ext == ".html":
-            from .html import write_html
             out.append(write_html(timeline, p))
         elif ext == ".json":
-            from .perfetto import write_trace
             if planned is not None:
                 out.append(write_trace(p, measured=timeline, planned=planned, us_per_unit=us_per_unit,
                                        info=trace_info))
@@ -59,8 +60,6 @@ def render_plan(sim_result: SimResult, out_dir: str, *, stem: str | None = None,
     ``.trace.json``; ``stem`` defaults to ``<name>-pp<pp>-vpp<vpp>-m<m>``). Trace times: one cost
     unit is drawn as one millisecond.
     """
-    from .timeline import from_sim
-
     s = sim_result.schedule
     stem = stem or f"{s.name}-pp{s.pp}-vpp{s.vpp}-m{s.microbatches}"
     os.makedirs(out_dir, exist_ok=True)
