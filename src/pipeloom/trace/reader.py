@@ -33,6 +33,7 @@ from ..core.errors import ScheduleFormatError
 from ..core.costs import Costs
 from ..sim.replay import dependencies, produces
 from ..schedule import io as schedule_io
+from .writer import LOG_NAME
 
 _TEXT_RE = re.compile(
     r"Profiler Info:\s*Job\s*\((?P<id>-?\d+)\)\s*,\s*type\s*=\s*(?P<type>\w+)\s*,\s*micro_batch_id\s*=\s*(?P<mb>-?\d+)"
@@ -40,7 +41,7 @@ _TEXT_RE = re.compile(
     r"(?:\s*,\s*chunk\s*=\s*(?P<chunk>\d+))?")
 _TYPE_MAP = {"f": "F", "forward": "F", "b": "B", "backward_b": "B", "w": "W", "backward_w": "W",
              "bw": "BW", "backward": "BW"}
-_FILE_RE = re.compile(r"^workerlog\.(\d+)$")
+_FILE_RE = re.compile("^" + re.escape(LOG_NAME.format(rank="@")).replace("@", r"(\d+)") + "$")
 _MACHINE_RE = re.compile(r"^machine(\d+)$")
 MAX_EXAMPLES = 5
 

@@ -16,6 +16,7 @@ from ..core.ir import Schedule
 from ..core.costs import Costs
 from ..sim.replay import replay
 from ..schedule import io as schedule_io
+from .writer import log_name
 
 
 @dataclass(kw_only=True)
@@ -112,9 +113,9 @@ def write_logs(out_dir: str, schedule: Schedule, cfg: SynthConfig | None = None)
         skew = cfg.skew.get(machine, 0.0)
         if cfg.machines > 1:
             d = os.path.join(out_dir, f"machine{machine}")
-            name = f"workerlog.{local}"
+            name = log_name(local)
         else:
-            d, name = out_dir, f"workerlog.{rank}"
+            d, name = out_dir, log_name(rank)
         os.makedirs(d, exist_ok=True)
         lines = []
         pp_rank, dp_rank = rank % schedule.pp, rank // schedule.pp

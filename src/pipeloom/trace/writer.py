@@ -1,4 +1,4 @@
-"""Per-rank job log in the shared JSON Lines format (read by ``pipeloom.viz``).
+"""Per-rank job log in the shared JSON Lines format: the writer (the reader is :mod:`pipeloom.trace.reader`).
 
 File ``LOGDIR/workerlog.<global rank>``; first line ``meta`` (with a ``run_id`` shared by the
 ranks of one run, so that readers can refuse logs of two runs mixed); inside the profiler window
@@ -21,6 +21,14 @@ import json
 import os
 import socket
 import time
+
+#: a rank's log file in a log directory (``machine<k>/`` subfolders hold logs copied from several machines)
+LOG_NAME = "workerlog.{rank}"
+
+
+def log_name(rank: int) -> str:
+    """The file name of ``rank``'s log."""
+    return LOG_NAME.format(rank=rank)
 
 
 def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
@@ -54,7 +62,7 @@ class JobLog:
         if log_dir is None:
             return
         os.makedirs(log_dir, exist_ok=True)
-        self.f = open(os.path.join(log_dir, f"workerlog.{rank}"), "w")
+        self.f = open(os.path.join(log_dir, log_name(rank)), "w")
         self._write({"event": "meta", "rank": rank, "local_rank": local_rank, "world_size": world_size,
                      "pp": pp, "dp": dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
                      "host": socket.gethostname(), "schedule": schedule, "costs": costs,
