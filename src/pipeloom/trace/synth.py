@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..core.ir import Schedule
 from ..core.costs import Costs
+from ..core.files import atomic_write
 from ..sim.replay import replay
 from ..schedule import io as schedule_io
 from .writer import log_name
@@ -157,7 +158,7 @@ def write_logs(out_dir: str, schedule: Schedule, cfg: SynthConfig | None = None)
         if cfg.malformed:
             text += '{"event": "job", "step": 4, "kind": "B", "mb": 1, "chu'  # truncated last line
         path = os.path.join(d, name)
-        with open(path, "w") as fh:
+        with atomic_write(path) as fh:
             fh.write(text)
         paths.append(path)
     return paths

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from ..core.files import atomic_write
 from .timeline import IDLE_COLOR, KIND_COLORS, KIND_NAMES, Timeline, shade
 
 MEM_COLOR = "#7b68b5"
@@ -153,5 +154,6 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
 
     # SVG keeps its text as text (searchable, smaller) instead of glyph outlines
     with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(path, format=fmt, dpi=dpi)
+        with atomic_write(path, "wb") as fh:
+            fig.savefig(fh, format=fmt, dpi=dpi)
     return path

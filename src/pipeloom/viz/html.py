@@ -10,6 +10,7 @@ import html
 import json
 import os
 
+from ..core.files import atomic_write
 from .timeline import IDLE_COLOR, KIND_COLORS, KIND_NAMES, Timeline, shade
 
 
@@ -196,6 +197,6 @@ def write_html(tl: Timeline, path: str) -> str:
     data = json.dumps(timeline_data(tl), separators=(",", ":")).replace("</", "<\\/")
     page = _PAGE.replace("__TITLE__", html.escape(tl.title)).replace("__DATA__", data)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
+    with atomic_write(path) as fh:
         fh.write(page)
     return path

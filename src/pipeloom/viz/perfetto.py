@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..core.files import atomic_write
 from .timeline import KIND_NAMES, Timeline
 
 # reserved colour names of the chrome://tracing viewer
@@ -84,6 +85,6 @@ def write_trace(path: str, measured: Timeline | None = None, planned: Timeline |
     """Write :func:`chrome_trace` to ``path`` (JSON); return the path."""
     data = chrome_trace(measured, planned, us_per_unit=us_per_unit, info=info)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
+    with atomic_write(path) as fh:
         json.dump(data, fh, separators=(",", ":"))
     return path

@@ -13,7 +13,16 @@ import json
 from typing import Sequence
 
 from ...core.errors import ScheduleFormatError
-from ...core.ir import Job, Placement, Schedule, job_strings, device_of
+from ...core.files import write_text
+from ...core.ir import Job, Placement, Schedule, device_of, job_strings
+
+#: the most jobs a schedule file may describe (header shape: pp x vpp x microbatches forward jobs)
+MAX_JOBS = 10_000_000
+#: how many times more forward jobs than the file holds a header may announce (see :func:`_check_size`)
+SLACK = 100
+#: what the CSV ``overlap`` column may hold: empty or 0 = not overlapped, 1 = overlapped with the next job
+OVERLAP_VALUES = {"": False, "0": False, "1": True}
+_PLACEMENTS = ", ".join(p.value for p in Placement)
 
 
 def to_dict(schedule: Schedule) -> dict:
@@ -59,8 +68,7 @@ def from_dict(data: dict) -> Schedule:
     inferred = _infer_shape(devices, pp)
     placement = data.get("placement", inferred[2])
     if placement not in [p.value for p in Placement]:
-        raise ScheduleFormatError(f"schedule JSON: placement must be one of "
-                                  f"{', '.join(p.value for p in Placement)}, got {placement!r}")
+        raise ScheduleFormatError(f"schedule JSON: placement must be one of {_PLACEMENTS}, got {placement!r}")
     overlapped = data.get("overlapped", [])
     if not isinstance(overlapped, list) or not all(
             isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in overlapped):
@@ -69,11 +77,14 @@ def from_dict(data: dict) -> Schedule:
     meta = data.get("meta", {})
     if not isinstance(meta, dict):
         raise ScheduleFormatError(f"schedule JSON: meta must be an object, got {type(meta).__name__}")
+    vpp = _count(data.get("vpp", inferred[0]), "vpp")
+    microbatches = _count(data.get("microbatches", inferred[1]), "microbatches")
+    _check_size(pp, vpp, microbatches, sum(len(d) for d in devices), "schedule JSON")
     return Schedule(
         name=str(data.get("name", "custom")),
         pp=pp,
-        vpp=_count(data.get("vpp", inferred[0]), "vpp"),
-        microbatches=_count(data.get("microbatches", inferred[1]), "microbatches"),
+        vpp=vpp,
+        microbatches=microbatches,
         placement=Placement(placement),
         devices=tuple(tuple(s) for s in devices),
         overlapped=frozenset(tuple(p) for p in overlapped),
@@ -83,9 +94,11 @@ def from_dict(data: dict) -> Schedule:
 
 def from_json(text: str) -> Schedule:
     try:
-        data = json.loads(text)
+        data = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as e:
         raise ScheduleFormatError(f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise ScheduleFormatError("not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ScheduleFormatError("schedule JSON must be an object with a 'devices' list")
     return from_dict(data)
@@ -115,7 +128,7 @@ def from_csv(text: str) -> Schedule:
     header: dict[str, str] = {}
     rows: list[tuple[int, int, Job, bool]] = []
     body = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         s = line.strip()
         if not s:
             continue
@@ -141,13 +154,21 @@ def from_csv(text: str) -> Schedule:
             d = int(row[idx["device"]])
             st = int(row[idx["step"]])
             job = Job.parse(row[idx["job"]])
-            ov = "overlap" in idx and len(row) > idx["overlap"] and row[idx["overlap"]].strip() not in ("", "0")
+            ov_text = row[idx["overlap"]].strip() if "overlap" in idx and len(row) > idx["overlap"] else ""
         except (IndexError, ValueError) as e:
             raise ScheduleFormatError(f"CSV line {n}: {e if str(e) else 'too few columns'}") from None
         if d < 0 or st < 0:
             raise ScheduleFormatError(f"CSV line {n}: device and step must be >= 0")
-        rows.append((d, st, job, ov))
+        if ov_text not in OVERLAP_VALUES:
+            raise ScheduleFormatError(f"CSV line {n}: overlap must be 0, 1 or empty, got {ov_text!r}")
+        rows.append((d, st, job, OVERLAP_VALUES[ov_text]))
+    if not rows:
+        raise ScheduleFormatError("CSV has a column header but no job rows; expected one 'device,step,job' row per job")
     pp = _count(header.get("pp", max(r[0] for r in rows) + 1), "CSV header: pp")
+    vpp_h = header.get("vpp")
+    mb_h = header.get("microbatches")
+    _check_size(pp, _count(vpp_h, "CSV header: vpp") if vpp_h is not None else 1,
+                _count(mb_h, "CSV header: microbatches") if mb_h is not None else 1, len(rows), "CSV header")
     if any(r[0] >= pp for r in rows):
         raise ScheduleFormatError(f"CSV names a device >= pp={pp}")
     per: list[list[tuple[int, Job, bool]]] = [[] for _ in range(pp)]
@@ -162,6 +183,8 @@ def from_csv(text: str) -> Schedule:
         devices.append([t[1] for t in lst])
         overlapped |= {(d, i) for i, t in enumerate(lst) if t[2]}
     inferred = _infer_shape(devices, pp)
+    if header.get("placement", inferred[2]) not in [p.value for p in Placement]:
+        raise ScheduleFormatError(f"CSV header: placement must be one of {_PLACEMENTS}, got {header['placement']!r}")
     try:
         return Schedule(
             name=header.get("name", "custom"),
@@ -180,8 +203,7 @@ def from_csv(text: str) -> Schedule:
 
 def save(schedule: Schedule, path: str) -> None:
     text = to_csv(schedule) if str(path).lower().endswith(".csv") else to_json(schedule)
-    with open(path, "w") as f:
-        f.write(text)
+    write_text(path, text)
 
 
 def load(path: str) -> Schedule:
@@ -203,6 +225,19 @@ def load(path: str) -> Schedule:
         return from_json(text) if text.lstrip().startswith("{") else from_csv(text)
     except ScheduleFormatError as e:
         raise ScheduleFormatError(f"{path}: {e}") from None
+
+
+def _check_size(pp: int, vpp: int, microbatches: int, jobs: int, where: str) -> None:
+    """Before anything is allocated from a header: refuse a shape over :data:`MAX_JOBS`, or one far beyond
+    what the file's jobs can fill (every (microbatch, chunk) needs its own F; up to :data:`SLACK` times the
+    file's jobs are let through so that the validator names the missing ones)."""
+    need = pp * vpp * microbatches
+    if need > MAX_JOBS:
+        raise ScheduleFormatError(f"{where}: pp={pp} vpp={vpp} microbatches={microbatches} means {need:,} forward "
+                                  f"jobs, more than the {MAX_JOBS:,} a schedule file may describe")
+    if need > SLACK * jobs + 10_000:  # a few missing jobs are the validator's to report, one by one
+        raise ScheduleFormatError(f"{where}: pp={pp} vpp={vpp} microbatches={microbatches} needs at least {need:,} "
+                                  f"jobs (one F per microbatch and chunk) but the file holds only {jobs:,}")
 
 
 def _is_int(x) -> bool:
