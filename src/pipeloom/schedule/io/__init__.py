@@ -1,10 +1,13 @@
 """Schedule files, one module per format (no torch).
 
-    native    pipeloom's own JSON and CSV (``pipeloom plan --out``; the job-log meta line)
-    official  the official zero-bubble generators' job lists (../shared/reference), read-only
-
-:func:`load` and :func:`save` pick the format from the file name.
+    native     pipeloom's own JSON and CSV (``pipeloom plan --out``; the job-log meta line)
+    torch_csv  torch.distributed.pipelining's schedule CSV (``_PipelineScheduleRuntime._load_csv``), both ways
+    official   the official zero-bubble generators' job lists (../shared/reference), read-only
+    files      load / save any of them, told apart by name and content
 """
-from .native import from_csv, from_dict, from_json, load, save, to_csv, to_dict, to_json
+from .files import FORMATS, load, parse, save
+from .native import from_csv, from_dict, from_json, to_csv, to_dict, to_json
+from .torch_csv import from_torch_csv, to_torch_csv
 
-__all__ = ["from_csv", "from_dict", "from_json", "load", "save", "to_csv", "to_dict", "to_json"]
+__all__ = ["FORMATS", "from_csv", "from_dict", "from_json", "from_torch_csv", "load", "parse", "save", "to_csv",
+           "to_dict", "to_json", "to_torch_csv"]

@@ -2,8 +2,8 @@
 
 CSV: a ``# pipeloom schedule key=value ...`` header line (optional in a hand-written file), then
 ``device,step,job,overlap`` rows (``overlap`` optional). JSON: one object with the shape fields and
-one list of job strings per device. Every reading error is a :class:`ScheduleFormatError`; :func:`load`
-names the file in each.
+one list of job strings per device. Every reading error is a :class:`ScheduleFormatError` (files are read and
+written by :mod:`.files`, which names the file in each).
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import json
 from typing import Sequence
 
 from ...core.errors import ScheduleFormatError
-from ...core.files import write_text
 from ...core.ir import Job, Placement, Schedule, device_of, job_strings
 
 #: the most jobs a schedule file may describe (header shape: pp x vpp x microbatches forward jobs)
@@ -199,32 +198,6 @@ def from_csv(text: str) -> Schedule:
         raise
     except ValueError as e:
         raise ScheduleFormatError(f"CSV header: {e}") from None
-
-
-def save(schedule: Schedule, path: str) -> None:
-    text = to_csv(schedule) if str(path).lower().endswith(".csv") else to_json(schedule)
-    write_text(path, text)
-
-
-def load(path: str) -> Schedule:
-    """Read a .json or .csv schedule (other names: JSON if the text starts with '{', else CSV).
-    Every error names the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ScheduleFormatError(f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ScheduleFormatError(f"cannot read {path}: not a text file (expected a schedule as UTF-8 JSON "
-                                  f"or CSV, as written by 'pipeloom plan -o')") from None
-    try:
-        if str(path).lower().endswith(".csv"):
-            return from_csv(text)
-        if str(path).lower().endswith(".json"):
-            return from_json(text)
-        return from_json(text) if text.lstrip().startswith("{") else from_csv(text)
-    except ScheduleFormatError as e:
-        raise ScheduleFormatError(f"{path}: {e}") from None
 
 
 def _check_size(pp: int, vpp: int, microbatches: int, jobs: int, where: str) -> None:
