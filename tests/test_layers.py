@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trace",),       # run logs: format, reader, check, synthetic logs
     ("runtime",),     # torch.distributed executor, driver, launch
     ("memory",),      # analytic and traced memory
+    ("integrations",),  # other frameworks' runtimes (torch.distributed.pipelining)
     ("api",),         # the facade for users; nothing inside the library imports it
     ("cli", "demo"),  # the command line and the demo on top
     ("__init__", "__main__"),

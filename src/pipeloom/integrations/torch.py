@@ -1,0 +1,131 @@
+"""pipeloom plans in torch.distributed.pipelining, and torch's schedules as pipeloom schedules (imports torch).
+
+* :func:`to_torch_actions` - a pipeloom :class:`Schedule` as torch's per-rank ``_Action`` lists
+  (the vocabulary and the microbatch renumbering are those of :mod:`pipeloom.schedule.io.torch_csv`).
+* :func:`from_torch_order` - torch's ``pipeline_order`` (or any per-rank action lists) as a pipeloom schedule.
+* :func:`torch_builtin` - the order one of torch's schedule classes generates for a shape, built without
+  processes (the classes are given light stand-ins for their stages, which is all they read to plan).
+* :func:`build_torch_schedule` - a ``_PipelineScheduleRuntime`` with a pipeloom plan loaded, ready for
+  ``.step()``: a torchtitan-style loop runs a pipeloom plan without files.
+
+What torch assumes, checked against torch 2.13's ``schedules.py``:
+
+* the last stage's losses are kept in the order that stage runs its forwards and looked up by microbatch
+  index, so that order must be 0, 1, 2, ... (export renumbers microbatches to make it so);
+* ``Schedule1F1B.pipeline_order`` (the order torch draws and dumps) is off by one on the last rank: it
+  forwards microbatches 1..m and never 0 (its warm-up counter starts at 0 and is incremented before the
+  first steady-state forward). The order ``Schedule1F1B`` *executes* (``_step_microbatches``) is
+  warm-up ``min(m, pp - stage)`` forwards, then backward/forward pairs, then the remaining backwards;
+  :func:`torch_builtin` returns that executed order for ``1F1B`` and says so in ``meta``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch.nn as nn
+from torch.distributed.pipelining import schedules as _ts
+
+from ..core.errors import ScheduleError
+from ..core.ir import BW, F, Placement, Schedule, make_schedule
+from ..schedule.io.torch_csv import from_torch_rows, to_torch_rows
+from ..schedule.validate import summary, validate
+
+#: torch's schedule classes pipeloom can read, by the name ``-s torch:NAME`` takes
+BUILTINS = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+_V_STYLE = ("ZBVZeroBubble", "DualPipeV")
+
+
+def to_torch_actions(schedule: Schedule) -> dict[int, list]:
+    """torch's ``pipeline_order`` of ``schedule``: per rank a list of ``_Action`` (composites for overlapped pairs)."""
+    return {r: [_ts._Action.from_str(c) for c in row] for r, row in enumerate(to_torch_rows(schedule))}
+
+
+def from_torch_order(order: dict[int, list], *, name: str = "torch") -> Schedule:
+    """A pipeloom schedule from torch's per-rank action lists (``None`` = idle; comm actions are dropped)."""
+    ranks = sorted(order)
+    if ranks != list(range(len(ranks))):
+        raise ScheduleError(f"torch order names ranks {ranks}; expected 0..{len(ranks) - 1}")
+    return from_torch_rows([["" if a is None else str(a) for a in order[r]] for r in ranks], name=name)
+
+
+class _StageStandIn:
+    """What torch's schedule classes read from a stage while planning (no module, no process group)."""
+
+    def __init__(self, index: int, num_stages: int, pp: int, rank: int):
+        self.stage_index, self.num_stages, self.group_size, self.group_rank = index, num_stages, pp, rank
+        self.is_first, self.is_last = index == 0, index == num_stages - 1
+        self.submod = nn.Identity()
+
+
+def _executed_1f1b(pp: int, m: int) -> Schedule:
+    """The order ``Schedule1F1B._step_microbatches`` runs (see the module docstring)."""
+    devices = []
+    for d in range(pp):
+        w = min(m, pp - d)
+        seq = [F(i, d) for i in range(w)]
+        for i in range(m):
+            seq.append(BW(i, d))
+            if w + i < m:
+                seq.append(F(w + i, d))
+        devices.append(seq)
+    return make_schedule("torch:1F1B", pp, 1, m, Placement.INTERLEAVED, devices, source="torch",
+                         note="the order Schedule1F1B executes; its pipeline_order is off by one on the last rank")
+
+
+def torch_builtin(name: str, pp: int, microbatches: int, vpp: int | None = None) -> Schedule:
+    """The schedule torch's class ``name`` (one of :data:`BUILTINS`) generates for ``pp`` ranks and
+    ``microbatches``, as a validated pipeloom schedule. ``vpp``: stages per rank for the multi-stage
+    classes (default 2; ZBVZeroBubble and DualPipeV take exactly 2; GPipe and 1F1B take 1)."""
+    key = {b.lower(): b for b in BUILTINS}.get(name.lower())
+    if key is None:
+        raise ScheduleError(f"unknown torch schedule {name!r}; choose one of: {', '.join(BUILTINS)}")
+    cls = _ts.get_schedule_class(key)
+    multi = issubclass(cls, _ts.PipelineScheduleMulti)
+    v = (vpp or 2) if multi else (vpp or 1)
+    if not multi and v != 1:
+        raise ScheduleError(f"torch:{key} runs one stage per rank; got vpp={v}")
+    if key in _V_STYLE and v != 2:
+        raise ScheduleError(f"torch:{key} needs exactly 2 stages per rank; got vpp={v}")
+    if key == "1F1B":
+        sched = _executed_1f1b(pp, microbatches)
+    else:
+        n = pp * v
+        if multi:
+            if key in _V_STYLE:
+                idx = [0, 2 * pp - 1]
+            else:
+                idx = [k * pp for k in range(v)]
+            stages = [_StageStandIn(i, n, pp, 0) for i in idx]
+            try:
+                obj = cls(stages, microbatches, loss_fn=_no_loss)
+            except (ValueError, AssertionError, RuntimeError) as e:
+                raise ScheduleError(f"torch:{key} cannot plan pp={pp} vpp={v} m={microbatches}: "
+                                    f"{str(e).strip().splitlines()[0]}") from None
+        else:
+            obj = cls(_StageStandIn(0, pp, pp, 0), microbatches, loss_fn=_no_loss)
+        sched = from_torch_order(obj.pipeline_order, name=f"torch:{key}")
+        sched = Schedule(sched.name, sched.pp, sched.vpp, microbatches, sched.placement, sched.devices,
+                         sched.overlapped, meta={"source": "torch", "class": cls.__name__})
+    problems = validate(sched)
+    if problems:
+        raise ScheduleError(f"torch:{key}'s own order for pp={pp} vpp={v} m={microbatches} is invalid: "
+                            f"{summary(problems)}")
+    return sched
+
+
+def _no_loss(output, target):  # torch needs a loss_fn to plan the backward; never called here
+    raise RuntimeError("planning only")
+
+
+def build_torch_schedule(schedule: Schedule, stages: list, loss_fn: Callable, **kw) -> "_ts._PipelineScheduleRuntime":
+    """torch's ``_PipelineScheduleRuntime`` for this rank's ``stages`` with ``schedule`` loaded (validated by
+    pipeloom first, then by torch, and lowered with torch's own send/recv pass), ready for ``.step()``.
+    ``kw`` goes to the runtime's constructor (e.g. ``scale_grads``)."""
+    problems = validate(schedule)
+    if problems:
+        raise ScheduleError(f"cannot hand an invalid schedule to torch: {summary(problems)}")
+    runtime = _ts._PipelineScheduleRuntime(stages, schedule.microbatches, loss_fn=loss_fn, **kw)
+    runtime.pipeline_order = to_torch_actions(schedule)
+    runtime._validate_and_set_stage_mapping(runtime.pipeline_order)
+    runtime._prepare_schedule_with_comms(runtime.pipeline_order)
+    return runtime
