@@ -136,8 +136,7 @@ def families_table(rows: list[dict]) -> str:
 LAYERS = [
     ("core", "core/", "schedule value (ir), dependency + memory rules, costs, errors"),
     ("sim", "sim/", "event simulator, metrics, replay of measured orders"),
-    ("schedule", "schedule/", "registry, validator, planning, families; search/ (greedy, lock-step, "
-                              "polish, C pass); io/ (CSV/JSON, official format)"),
+    ("schedule", "schedule/", "registry, validator, planning, families; search/ engines + C pass; io/ file formats"),
     ("models", "models/", "what pipeloom knows of a model; the built-in tiny Llama and slicing (torch)"),
     ("partition", "partition/", "layers -> devices x chunks, per-chunk costs, balancing"),
     ("viz", "viz/", "drawing only: Gantt PNG/SVG, HTML, Perfetto trace, text Gantt"),

@@ -91,6 +91,11 @@ def test_readme_picture_is_what_the_script_draws(tmp_path):
     a, b = mpimg.imread(gen.README_PNG), mpimg.imread(fresh)
     assert a.shape == b.shape and (a == b).all(), (
         f"{gen.README_PNG.relative_to(ROOT)} is stale: run 'python docs/gen_pictures.py --readme' and commit it")
+    # the caption's numbers are the two plans' makespans
+    spans = [gen._plan(name, gen.PP, gen.M, vpp, "1p", {})[2].makespan for name, vpp in (("1f1b", 1), ("zbv", 2))]
+    caption = f"from {spans[0]:g} to {spans[1]:g} cost units"
+    for page in (README, DOCS / "index.md"):
+        assert caption in " ".join(page.read_text().split()), f"{page.name}: the picture's caption should say '{caption}'"
 
 
 def _nav_pages() -> set[str]:
