@@ -26,7 +26,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not dist"
 
-# pictures by pipeloom itself (docs/gen/, docs/img/), then the site into site/; --strict: a broken link or
+# pictures by pipeloom itself (docs/gen/), then the site into site/; --strict: a broken link or
 # anchor, a missing picture or an API page naming a module that is gone fails the build
 docs: $(STAMP)
 	$(BIN)/python docs/gen_pictures.py

@@ -2,13 +2,14 @@
 
 Run by ``make docs`` (and ``make test``) before ``mkdocs build``::
 
-    python docs/gen_pictures.py            # site pictures into docs/gen/ (gitignored) + docs/img/zbv-vs-1f1b.png
-    python docs/gen_pictures.py --readme   # only the README picture
+    python docs/gen_pictures.py            # the site's pictures and table into docs/gen/ (gitignored)
+    python docs/gen_pictures.py --readme   # redraw the README picture docs/img/zbv-vs-1f1b.png (then commit it)
 
 Writes:
 
-* ``docs/img/zbv-vs-1f1b.png`` -- the README picture (committed, because GitHub shows the README
-  without building anything; ``tests/test_docs.py`` redraws it and fails when it differs);
+* ``docs/img/zbv-vs-1f1b.png`` (``--readme`` only) -- the README picture, committed because GitHub shows
+  the README without building anything; ``tests/test_docs.py`` redraws it into a temporary folder and
+  fails when it differs from the committed one (so the build never overwrites it);
 * ``docs/gen/families/<name>.png`` -- one Gantt chart per schedule family, pp 4, m 8;
 * ``docs/gen/families.md`` -- the table of those plans' makespan, bubble, peak memory and
   point-to-point transfers, included by ``docs/schedules.md``;
@@ -186,14 +187,15 @@ def layer_diagram(path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--readme", action="store_true", help="draw only the README picture")
+    ap.add_argument("--readme", action="store_true", help="redraw the committed README picture instead")
     args = ap.parse_args(argv)
-    readme_picture()
-    if not args.readme:
-        rows = family_pictures(GEN / "families")
-        (GEN / "families.md").write_text(families_table(rows))
-        layer_diagram(GEN / "layers.png")
-    print(f"wrote {README_PNG.relative_to(DOCS.parent)}" + ("" if args.readme else f" and {GEN.relative_to(DOCS.parent)}/"))
+    if args.readme:
+        print(f"wrote {readme_picture().relative_to(DOCS.parent)}")
+        return 0
+    rows = family_pictures(GEN / "families")
+    (GEN / "families.md").write_text(families_table(rows))
+    layer_diagram(GEN / "layers.png")
+    print(f"wrote {GEN.relative_to(DOCS.parent)}/ ({len(rows)} family charts, their table, the layer diagram)")
     return 0
 
 
