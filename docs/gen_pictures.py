@@ -144,6 +144,7 @@ LAYERS = [
     ("trace", "trace/", "job-log writer/reader, bubble check, synthetic runs"),
     ("runtime", "runtime/", "torch.distributed executor, driver, launch, p2p, comm plan (torch)"),
     ("memory", "memory/", "analytic estimator; traced estimator (torch)"),
+    ("integrations", "integrations/", "other runtimes: pipeloom plans in torch.distributed.pipelining (torch)"),
     ("api", "api.py", "the facade: the few calls users start from"),
     ("cli", "cli/, demo.py", "one module per command: parse, call one library function, print; make demo"),
 ]

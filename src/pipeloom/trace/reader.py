@@ -3,7 +3,7 @@
 Layouts (seed 003): ``LOGDIR/workerlog.<rank>`` (what ``pipeloom run --log-dir`` writes) or
 ``LOGDIR/machine<k>/workerlog.<rank>`` (logs copied from several machines). Each line is a
 JSON object (``meta``, ``profile_start``, ``sync``, ``job``, ``step_end``, ``profile_stop``;
-see docs/readme/80-visualise.md) or the seed-003 text form
+see docs/visualise.md) or the seed-003 text form
 ``Profiler Info: Job (3), type = F, micro_batch_id = 3, job_start_time = S, job_end_time = E[, chunk = 1]``.
 Malformed or truncated lines are counted and reported, never fatal; other text is ignored.
 
