@@ -2,6 +2,8 @@
 loss and every gradient equal to one process (fp32)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -125,3 +127,78 @@ def test_without_renumbering_torch_cannot_run_the_plan(base):
     s = _relabel(plan(base, make_spec(**kw)), {0: 3, 1: 0, 2: 2, 3: 1})
     with pytest.raises(RankFailure, match="Loss for microbatch 3 is not available|Failed to run stage backward"):
         _run(s, raw=True)
+
+
+class _Slow(nn.Module):
+    """A chunk whose forward takes ``delay`` seconds longer (the straggler of the profiler test)."""
+
+    def __init__(self, inner: nn.Module, delay: float):
+        super().__init__()
+        self.inner, self.delay = inner, delay
+
+    def forward(self, x):
+        import time
+        time.sleep(self.delay)
+        return self.inner(x)
+
+
+def _profiled(plan_dict: dict, out_dir: str, slow_rank: int, steps: int):
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    s = schedule_io.from_dict(plan_dict)
+    rank = dist.get_rank()
+    chunks = _chunks(s.num_chunks)
+    mine = s.chunks_of(rank)
+    mods = {c: _Slow(chunks[c], 0.03 if rank == slow_rank else 0.0) for c in mine}
+    stages = [PipelineStage(mods[c], c, s.num_chunks, torch.device("cpu")) for c in mine]
+    runtime = build_torch_schedule(s, stages, _loss)
+    x, y = _data(s.microbatches)
+    first, last = 0 in mine, s.num_chunks - 1 in mine
+
+    def step():
+        runtime.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
+        for m in mods.values():
+            m.zero_grad()
+    step()  # warm-up, not profiled
+    for it in range(1, steps + 1):
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        d = os.path.join(out_dir, f"iteration_{it}")
+        os.makedirs(d, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(d, f"rank{rank}_trace.json"))
+    return rank
+
+
+def test_torch_profiler_traces_of_a_torch_run_are_checked_like_pipeloom_logs(tmp_path):
+    """torch's runtime under torch.profiler, rank 2 of 4 slowed: `pipeloom check` on the trace directory names it.
+    (With pp 2, a straggler lengthens both ranks' steps alike and the check calls the run UNSTEADY, naming
+    no one: with two ranks there is no majority to compare against.)"""
+    import json
+
+    from pipeloom.cli import main
+
+    s = plan("zbv", make_spec(pp=4, microbatches=8, vpp=2))
+    spawn(_profiled, 4, (schedule_io.to_dict(s), str(tmp_path), 2, 2), timeout_s=180)
+    assert sorted(os.listdir(tmp_path)) == ["iteration_1", "iteration_2"]
+    from pipeloom.trace.reader import read_logs
+    run = read_logs(str(tmp_path))
+    assert run.steps == [1, 2] and run.pp == 4 and run.schedule.placement.value == "v"
+    assert run.schedule.devices == s.devices  # the order torch ran is the plan
+    assert sum(len(r.jobs) for r in run.ranks) == 2 * s.num_jobs
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["check", str(tmp_path), "--json"])
+    rep = json.loads(buf.getvalue())
+    assert rc in (0, 1) and 2 in rep["stragglers"], rep
+
+
+def test_a_trace_without_pipeline_spans_is_a_one_line_error(tmp_path):
+    from pipeloom.trace.reader import LogError, read_logs
+    (tmp_path / "rank0_trace.json").write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2}]}')
+    with pytest.raises(LogError, match="rank0_trace.json holds no pipeline actions"):
+        read_logs(str(tmp_path))

@@ -25,14 +25,15 @@ import math
 import os
 import re
 import statistics
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict
 
-from ..core.ir import Job, Kind, Placement, Schedule
+from ..core.ir import Placement, Schedule
 from ..core.errors import ScheduleFormatError
 from ..core.costs import Costs
 from ..sim.replay import dependencies, produces
 from ..schedule import io as schedule_io
+from . import torch_profile
+from .run import LogError, LogJob, RankLog, RunLog
 from .writer import LOG_NAME
 
 _TEXT_RE = re.compile(
@@ -44,111 +45,6 @@ _TYPE_MAP = {"f": "F", "forward": "F", "b": "B", "backward_b": "B", "w": "W", "b
 _FILE_RE = re.compile("^" + re.escape(LOG_NAME.format(rank="@")).replace("@", r"(\d+)") + "$")
 _MACHINE_RE = re.compile(r"^machine(\d+)$")
 MAX_EXAMPLES = 5
-
-
-@dataclass(slots=True)
-class LogJob:
-    """One executed job as logged (times in seconds; aligned after :func:`read_logs`)."""
-
-    kind: str
-    mb: int
-    chunk: int
-    """global chunk id when known; for text logs the local chunk until resolved"""
-    start: float
-    end: float
-    step: int
-    rank: int = 0
-    wait: float = 0.0
-    """seconds cut from the front of the logged interval because the job's input did not exist yet
-    (a runtime that starts its timer before the receive); see :func:`clip_waits`"""
-
-    def job(self) -> Job:
-        return Job(Kind(self.kind), self.mb, self.chunk)
-
-
-@dataclass(slots=True)
-class RankLog:
-    path: str
-    rank: int
-    machine: int
-    local_rank: int
-    pp_rank: int | None = None
-    dp_rank: int = 0
-    host: str = ""
-    meta: dict | None = None
-    jobs: list[LogJob] = field(default_factory=list)
-    syncs: dict[int, float] = field(default_factory=dict)
-    step_ends: dict[int, float] = field(default_factory=dict)
-    window: tuple[int, int] | None = None
-    """profiled steps [start, stop) from the meta line or the profile_start/stop events"""
-    malformed: int = 0
-    examples: list[str] = field(default_factory=list)
-    unknown_events: Counter = field(default_factory=Counter)
-    dropped_jobs: int = 0
-    """well-formed jobs outside the profiled window"""
-    text_form: bool = False
-
-    @property
-    def domain(self) -> str:
-        return f"machine{self.machine}"
-
-
-@dataclass(slots=True)
-class RunLog:
-    """Every rank of one run, clocks aligned."""
-
-    root: str
-    ranks: list[RankLog]
-    schedule: Schedule | None
-    costs: Costs | None
-    pp: int
-    dp: int
-    steps: list[int]
-    offsets: dict[str, float]
-    alignment: str
-    """how clocks were aligned: 'sync', 'p2p', 'single clock' or 'none'"""
-    warnings: list[str] = field(default_factory=list)
-    schedule_inferred: bool = False
-    clipped_jobs: int = 0
-    clipped_s: float = 0.0
-
-    @property
-    def malformed(self) -> int:
-        return sum(r.malformed for r in self.ranks)
-
-    @property
-    def machines(self) -> list[int]:
-        return sorted({r.machine for r in self.ranks})
-
-    def jobs(self):
-        for r in self.ranks:
-            yield from r.jobs
-
-    def t0(self) -> float:
-        return min((j.start for j in self.jobs()), default=0.0)
-
-    def summary(self) -> dict:
-        return {
-            "logdir": self.root,
-            "ranks": len(self.ranks),
-            "machines": len(self.machines),
-            "pp": self.pp,
-            "dp": self.dp,
-            "schedule": self.schedule.name if self.schedule else None,
-            "schedule_inferred": self.schedule_inferred,
-            "steps": self.steps,
-            "jobs": sum(len(r.jobs) for r in self.ranks),
-            "dropped_jobs_outside_window": sum(r.dropped_jobs for r in self.ranks),
-            "malformed_lines": self.malformed,
-            "clock_alignment": self.alignment,
-            "clock_offsets_s": self.offsets,
-            "waits_clipped": {"jobs": self.clipped_jobs, "seconds": self.clipped_s},
-            "warnings": self.warnings,
-        }
-
-
-class LogError(ValueError):
-    """The log directory cannot be read at all (no worker logs, no jobs)."""
 
 
 # ---------------------------------------------------------------------------------------- files
@@ -172,7 +68,8 @@ def find_worker_logs(root: str) -> list[tuple[int | None, int, str]]:
                 if f2 and os.path.isfile(os.path.join(p, sub)):
                     out.append((int(mm.group(1)), int(f2.group(1)), os.path.join(p, sub)))
     if not out:
-        raise LogError(f"no worker logs in {root}: expected files workerlog.<rank> or machine<k>/workerlog.<rank>")
+        raise LogError(f"no worker logs in {root}: expected files workerlog.<rank> or machine<k>/workerlog.<rank> "
+                       f"(pipeloom run --log-dir), or torch profiler traces (*.json, *.json.gz)")
     return out
 
 
@@ -308,8 +205,7 @@ def _steps_from_text(log: RankLog, jobs: list[tuple[str, int, int | None, float,
 # ---------------------------------------------------------------------------------------- run
 def read_logs(root: str, *, align: bool = True) -> RunLog:
     """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks."""
-    files = find_worker_logs(root)
-    ranks = [parse_file(p, mach, r) for mach, r, p in files]
+    ranks, source = _read_ranks(root)
     _check_one_run(ranks, root)
     warnings: list[str] = []
     # global ranks: from meta; text logs without meta get (machine, file rank) order
@@ -328,7 +224,7 @@ def read_logs(root: str, *, align: bool = True) -> RunLog:
                        + "; run with profiling on (pipeloom run --log-dir DIR --profile-steps A:B)")
     schedule, costs, inferred = _plan_from_meta(ranks, warnings)
     if schedule is None:
-        schedule = _infer_schedule(ranks)
+        schedule = torch_profile.infer_schedule(ranks) if source == "torch" else _infer_schedule(ranks)
         inferred = True
     pp = schedule.pp
     for r in ranks:
@@ -345,6 +241,20 @@ def read_logs(root: str, *, align: bool = True) -> RunLog:
         if r.malformed:
             warnings.append(f"{r.path}: {r.malformed} malformed line(s) skipped")
     return run
+
+
+def _read_ranks(root: str) -> tuple[list[RankLog], str]:
+    """Every rank's log under ``root`` and where they came from: "pipeloom" (job logs and seed 003's text
+    lines) or "torch" (torch profiler traces, when there are no worker logs)."""
+    if os.path.isfile(root) and torch_profile.find_traces(root):
+        return torch_profile.read_traces(root), "torch"
+    try:
+        files = find_worker_logs(root)
+    except LogError:
+        if os.path.isdir(root) and torch_profile.find_traces(root):
+            return torch_profile.read_traces(root), "torch"
+        raise
+    return [parse_file(p, mach, r) for mach, r, p in files], "pipeloom"
 
 
 def _run_of(r: RankLog) -> tuple:

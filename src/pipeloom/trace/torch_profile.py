@@ -1,0 +1,171 @@
+"""Read torch profiler traces of a torch.distributed.pipelining run as a pipeloom run (no torch needed).
+
+torch's pipelining runtime wraps every action in ``record_function("PP:<action>")`` (``PP:1F0`` =
+forward of microbatch 0 on stage 1, ``PP:0I3``, ``PP:(0F3;3B1)OVERLAP_F_B``); the single-stage
+``ScheduleGPipe`` and ``Schedule1F1B`` label theirs ``Forward {i}`` / ``Backward {i}`` (stage = the
+rank's pipeline rank). A torch profiler run writes one Chrome/Kineto trace JSON per rank per profiled
+step (torchtitan: ``profile_trace/iteration_<N>/rank<R>_trace.json``), plain or ``.gz``.
+
+:func:`find_traces` finds them under a directory: the rank comes from the trace's
+``distributedInfo.rank``, else from ``rank<R>`` in the file name; the step from an ``iteration_<N>``
+folder, else from the job order (a step starts at stage 0's forward of microbatch 0 once a backward
+was seen, seed 003's rule). :func:`read_trace` turns one file into a :class:`~pipeloom.trace.reader.RankLog`
+of jobs in pipeloom's vocabulary (torch ``I`` = pipeloom ``B``, ``B`` = ``BW``), so that
+:func:`pipeloom.trace.reader.read_logs` gives the same run model, pictures and checks as for
+pipeloom's own logs. Other events are ignored.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+
+from ..core.ir import Placement, Schedule, device_of
+from .run import LogError, LogJob, RankLog
+
+_PP = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
+_PP_OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
+_SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
+_KIND = {"F": "F", "I": "B", "W": "W", "B": "BW"}
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
+_ITERATION = re.compile(r"^iteration_(\d+)$")
+_TRACE_NAME = re.compile(r"\.json(\.gz)?$", re.I)
+
+
+def _load(path: str) -> dict:
+    try:
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError) as e:
+        raise LogError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise LogError(f"{path} is not a torch profiler trace (not JSON: {str(e)[:60]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise LogError(f"{path} is not a torch profiler trace (no traceEvents list)")
+    return data
+
+
+def find_traces(root: str) -> list[tuple[str, int | None]]:
+    """``(path, step or None)`` of every ``*.json``/``*.json.gz`` file under ``root`` (and its ``iteration_<N>``
+    folders) that looks like a trace; an empty list when there is none."""
+    if os.path.isfile(root):
+        return [(root, None)] if _TRACE_NAME.search(root) else []
+    out = []
+    for dirpath, dirnames, files in os.walk(root):
+        depth = os.path.relpath(dirpath, root).count(os.sep)
+        if depth >= 2:
+            dirnames[:] = []
+        m = _ITERATION.match(os.path.basename(dirpath))
+        step = int(m.group(1)) if m else None
+        out += [(os.path.join(dirpath, f), step) for f in sorted(files) if _TRACE_NAME.search(f)]
+    return sorted(out)
+
+
+def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float]]:
+    """(kind, mb, chunk, start s, end s) of the pipeline actions among ``events``."""
+    out = []
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        name = ev.get("name")
+        if not isinstance(name, str):
+            continue
+        try:
+            t0, dur = float(ev["ts"]) * 1e-6, float(ev.get("dur", 0.0)) * 1e-6
+        except (KeyError, TypeError, ValueError):
+            continue
+        parts = []
+        m = _PP_OVERLAP.match(name)
+        if m:  # one span for the pair: both jobs share it
+            parts = [_PP.match("PP:" + p.strip()) for p in m.group(1).split(";")]
+        elif _PP.match(name):
+            parts = [_PP.match(name)]
+        else:
+            s = _SINGLE.match(name)
+            if s:
+                kind = "F" if s.group(1) == "Forward" else "BW"
+                out.append((kind, int(s.group(2)), pp_rank, t0, t0 + dur))
+            continue
+        for p in parts:
+            if p:
+                out.append((_KIND[p.group(2)], int(p.group(3)), int(p.group(1)), t0, t0 + dur))
+    return out
+
+
+def read_trace(path: str, step: int | None, order: int) -> RankLog:
+    """One rank's trace as a :class:`RankLog` (``order``: its position among the files, the rank of last resort)."""
+    data = _load(path)
+    info = data.get("distributedInfo") or {}
+    rank = info.get("rank") if isinstance(info.get("rank"), int) else None
+    if rank is None:
+        m = _RANK_IN_NAME.search(os.path.basename(path))
+        rank = int(m.group(1)) if m else order
+    base = data.get("baseTimeNanoseconds")
+    offset = float(base) * 1e-9 if isinstance(base, (int, float)) else 0.0  # ts are microseconds after it
+    host = str(data.get("host_name") or data.get("hostname") or "")
+    log = RankLog(path=path, rank=rank, machine=0, local_rank=rank, host=host)
+    jobs = [(k, mb, c, s + offset, e + offset) for k, mb, c, s, e in _jobs(data["traceEvents"], rank)]
+    if not jobs:
+        raise LogError(f"{path} holds no pipeline actions (no 'PP:<action>' spans, nor 'Forward i'/'Backward i'); "
+                       f"profile the step of a torch.distributed.pipelining schedule")
+    jobs.sort(key=lambda t: t[3])
+    if step is not None:
+        log.jobs = [LogJob(k, mb, c, s, e, step, rank) for k, mb, c, s, e in jobs]
+    else:  # steps from the order: a new one at stage 0's F of microbatch 0 once a backward was seen
+        cur, seen_backward = -1, True
+        for k, mb, c, s, e in jobs:
+            if k == "F" and mb == 0 and seen_backward and c == min(j[2] for j in jobs):
+                cur += 1
+                seen_backward = False
+            if k != "F":
+                seen_backward = True
+            log.jobs.append(LogJob(k, mb, c, s, e, max(cur, 0), rank))
+    return log
+
+
+def read_traces(root: str) -> list[RankLog]:
+    """Every rank's jobs from the traces under ``root``; files of one rank (one per profiled step) are merged."""
+    found = find_traces(root)
+    if not found:
+        raise LogError(f"no torch profiler traces (*.json, *.json.gz) under {root}")
+    by_rank: dict[int, RankLog] = {}
+    for i, (path, step) in enumerate(found):
+        log = read_trace(path, step, i)
+        if log.rank in by_rank:
+            prev = by_rank[log.rank]
+            if step is None:
+                raise LogError(f"{root} holds two traces of rank {log.rank} outside iteration_<N> folders: "
+                               f"{prev.path} and {path}")
+            prev.jobs += log.jobs
+        else:
+            by_rank[log.rank] = log
+    ranks = sorted(by_rank.values(), key=lambda r: r.rank)
+    hosts = sorted({r.host for r in ranks})
+    for r in ranks:
+        r.machine = hosts.index(r.host)
+        r.jobs.sort(key=lambda j: (j.start, j.end))
+    return ranks
+
+
+def infer_schedule(ranks: list[RankLog]) -> Schedule:
+    """The plan a torch run followed: each rank's job order in its first profiled step (stages are global,
+    so the placement and the stages per rank are read from where each stage ran)."""
+    pp = len(ranks)
+    for i, r in enumerate(sorted(ranks, key=lambda r: r.rank)):
+        r.pp_rank = i
+    devices = []
+    for r in sorted(ranks, key=lambda r: r.pp_rank):
+        first = min((j.step for j in r.jobs), default=0)
+        devices.append([j.job() for j in r.jobs if j.step == first])
+    home = {j.chunk: d for d, seq in enumerate(devices) for j in seq}
+    nc = max(home) + 1
+    placement = next((p for p in (Placement.INTERLEAVED, Placement.V)
+                      if all(device_of(c, pp, p) == d for c, d in home.items())), None)
+    if placement is None or nc % pp:
+        raise LogError(f"the traces place stages {sorted(home)} on {pp} ranks neither interleaved nor in a V; "
+                       f"pipeloom cannot replay that plan")
+    m = 1 + max((j.mb for r in ranks for j in r.jobs), default=0)
+    return Schedule("torch-measured-order", pp, nc // pp, m, placement, devices,
+                    meta={"inferred": "from the first profiled step of torch profiler traces"})
