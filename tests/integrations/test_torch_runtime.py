@@ -202,3 +202,71 @@ def test_a_trace_without_pipeline_spans_is_a_one_line_error(tmp_path):
     (tmp_path / "rank0_trace.json").write_text('{"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1, "dur": 2}]}')
     with pytest.raises(LogError, match="rank0_trace.json holds no pipeline actions"):
         read_logs(str(tmp_path))
+
+
+class _Live:
+    """Counts the bytes autograd keeps saved for backward, and their peak (per process)."""
+
+    now = 0
+    peak = 0
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        _Live.now += nbytes
+        _Live.peak = max(_Live.peak, _Live.now)
+
+    def __del__(self):
+        _Live.now -= self.nbytes
+
+
+def _pack(t):
+    if isinstance(t, nn.Parameter):
+        return t
+    return (_Live(t.numel() * t.element_size()), t)
+
+
+def _unpack(x):
+    return x[1] if isinstance(x, tuple) else x
+
+
+def _inflight(plan_dict: dict):
+    """Peak saved-activation bytes of this rank during one step, in units of one full-stage microbatch."""
+    s = schedule_io.from_dict(plan_dict)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    chunks = [nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for _ in range(s.num_chunks)]  # equal chunks
+    # one chunk's forward of one microbatch, measured the same way
+    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+        _Live.now = _Live.peak = 0
+        out = chunks[0](torch.randn(ROWS_PER_MB, DIM, requires_grad=True))
+        per_chunk = _Live.now
+        del out
+    mine = s.chunks_of(rank)
+    stages = [PipelineStage(chunks[c], c, s.num_chunks, torch.device("cpu")) for c in mine]
+    runtime = build_torch_schedule(s, stages, lambda o, t: nn.functional.mse_loss(o, t))
+    x, _ = _data(s.microbatches)
+    y = torch.zeros(s.microbatches * ROWS_PER_MB, DIM)
+    first, last = 0 in mine, s.num_chunks - 1 in mine
+    args = ((x,) if first else ()), ({"target": y, "losses": []} if last else {})
+    runtime.step(*args[0], **args[1])  # warm-up (shape inference)
+    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+        _Live.now = _Live.peak = 0
+        runtime.step(*args[0], **args[1])
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, _Live.peak / per_chunk / s.vpp)
+    return out
+
+
+def test_a_plan_for_torch_stays_within_its_limit_as_torch_holds_memory():
+    """torch's I frees nothing (the graph lives until W): planned with pipeloom's default model (B frees half)
+    a zbv plan at 1p holds up to 3 microbatches' activations in torch; planned with the torch runtime's model
+    (B frees 0) it holds at most 2 = 1p, measured from autograd's saved tensors on every rank."""
+    from pipeloom.core.costs import MemModel, runtime_mem_model
+
+    peaks = {}
+    for name, mem in (("default", MemModel()), ("torch", runtime_mem_model("torch"))):
+        s = plan("zbv", make_spec(pp=2, microbatches=8, vpp=2, mem=mem, mem_limit="1p"))
+        peaks[name] = spawn(_inflight, 2, (schedule_io.to_dict(s),), timeout_s=120)
+    slack = 0.2  # the loss's own saved tensors on the last stage
+    assert max(peaks["torch"]) <= 2 + slack, peaks
+    assert max(peaks["default"]) > 2 + slack, peaks  # the trap is real

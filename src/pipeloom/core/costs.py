@@ -146,6 +146,21 @@ class MemModel:
         return cls(**kw)
 
 
+#: the memory model of each runtime that can execute a plan: pipeloom's own executor frees the input-gradient
+#: part at B (half, by default); torch.distributed.pipelining keeps a chunk's whole autograd graph until W (its
+#: ``I`` frees nothing, and stage 0's ``I`` is a no-op whose ``W`` runs the full backward), so B frees 0 there.
+RUNTIMES = ("pipeloom", "torch")
+
+
+def runtime_mem_model(runtime: str, a: PerChunk | None = None) -> "MemModel":
+    """The :class:`MemModel` of plans that ``runtime`` (one of :data:`RUNTIMES`) will execute."""
+    if runtime == "pipeloom":
+        return MemModel(a=a)
+    if runtime == "torch":
+        return MemModel(a=a, b=0.0)
+    raise ValueError(f"unknown runtime {runtime!r}; choose one of: {', '.join(RUNTIMES)}")
+
+
 _LIMIT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*p\s*$", re.I)
 
 
