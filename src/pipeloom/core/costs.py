@@ -20,6 +20,10 @@ from typing import Sequence, Union
 Num = Union[float, int]
 PerChunk = Union[Num, Sequence[Num]]
 
+#: the largest duration or comm latency a cost may have. Costs are relative (only their ratios matter), and
+#: with this cap a schedule of 10^7 jobs still sums to a finite makespan; 1e308 would overflow to infinity.
+MAX_COST = 1e12
+
 
 def _expand(value: PerChunk, num_chunks: int, what: str) -> list[float]:
     if isinstance(value, (int, float)):
@@ -31,6 +35,9 @@ def _expand(value: PerChunk, num_chunks: int, what: str) -> list[float]:
     for v in vals:
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{what} must be finite and >= 0, got {v}")
+        if v > MAX_COST:
+            raise ValueError(f"{what} = {v:g} is above {MAX_COST:g}; costs are relative, so scale them down "
+                             f"(sums of larger ones can overflow)")
     return vals
 
 
@@ -52,6 +59,7 @@ class Costs:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.comm) and self.comm >= 0):
             raise ValueError(f"comm must be a finite number >= 0, got {self.comm}")
+        _expand(self.comm, 1, "comm")
         if not (0.0 <= self.overlap <= 1.0):
             raise ValueError(f"overlap must lie in [0, 1], got {self.overlap}")
         for name in ("F", "B", "W"):
@@ -93,6 +101,8 @@ class Costs:
             vals = kw[key] if isinstance(kw[key], tuple) else (kw[key],)
             if any(x < 0 or not math.isfinite(x) for x in vals):
                 raise ValueError(f"cost {k} must be finite and >= 0, got {v}")
+            if key != "overlap":
+                _expand(vals, len(vals), f"cost {k}")
             if key in ("F", "B", "W") and not any(vals):
                 zero.add(key)
         if zero == {"F", "B", "W"}:  # (the defaults are 1: a duration left out is not 0)
