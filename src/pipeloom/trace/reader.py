@@ -34,7 +34,7 @@ from ..sim.replay import dependencies, produces
 from ..schedule import io as schedule_io
 from . import torch_profile
 from .run import LogError, LogJob, RankLog, RunLog
-from .writer import LOG_NAME
+from .writer import LOG_NAME, PARTIAL_SUFFIX
 
 _TEXT_RE = re.compile(
     r"Profiler Info:\s*Job\s*\((?P<id>-?\d+)\)\s*,\s*type\s*=\s*(?P<type>\w+)\s*,\s*micro_batch_id\s*=\s*(?P<mb>-?\d+)"
@@ -42,7 +42,8 @@ _TEXT_RE = re.compile(
     r"(?:\s*,\s*chunk\s*=\s*(?P<chunk>\d+))?")
 _TYPE_MAP = {"f": "F", "forward": "F", "b": "B", "backward_b": "B", "w": "W", "backward_w": "W",
              "bw": "BW", "backward": "BW"}
-_FILE_RE = re.compile("^" + re.escape(LOG_NAME.format(rank="@")).replace("@", r"(\d+)") + "$")
+_FILE_RE = re.compile("^" + re.escape(LOG_NAME.format(rank="@")).replace("@", r"(\d+)")
+                      + "(" + re.escape(PARTIAL_SUFFIX) + ")?$")
 _MACHINE_RE = re.compile(r"^machine(\d+)$")
 MAX_EXAMPLES = 5
 
@@ -67,6 +68,13 @@ def find_worker_logs(root: str) -> list[tuple[int | None, int, str]]:
                 f2 = _FILE_RE.match(sub)
                 if f2 and os.path.isfile(os.path.join(p, sub)):
                     out.append((int(mm.group(1)), int(f2.group(1)), os.path.join(p, sub)))
+    # a rank's log and its .partial: keep the newer (a killed rank of a rerun leaves only a .partial)
+    best: dict[tuple, tuple[int | None, int, str]] = {}
+    for item in out:
+        key = (item[0], item[1])
+        if key not in best or os.path.getmtime(item[2]) > os.path.getmtime(best[key][2]):
+            best[key] = item
+    out = [best[k] for k in sorted(best, key=lambda k: (k[0] or 0, k[1]))]
     if not out:
         raise LogError(f"no worker logs in {root}: expected files workerlog.<rank> or machine<k>/workerlog.<rank> "
                        f"(pipeloom run --log-dir), or torch profiler traces (*.json, *.json.gz)")
@@ -207,7 +215,8 @@ def read_logs(root: str, *, align: bool = True) -> RunLog:
     """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks."""
     ranks, source = _read_ranks(root)
     _check_one_run(ranks, root)
-    warnings: list[str] = []
+    warnings: list[str] = [f"{r.path}: rank {r.rank}'s log is incomplete (the rank stopped before closing it)"
+                           for r in ranks if r.path.endswith(PARTIAL_SUFFIX)]
     # global ranks: from meta; text logs without meta get (machine, file rank) order
     if len({r.rank for r in ranks}) != len(ranks):
         for i, r in enumerate(sorted(ranks, key=lambda r: (r.machine, r.local_rank))):

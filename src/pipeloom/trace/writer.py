@@ -24,6 +24,9 @@ import time
 
 #: a rank's log file in a log directory (``machine<k>/`` subfolders hold logs copied from several machines)
 LOG_NAME = "workerlog.{rank}"
+#: the name a log has while its rank writes it; renamed to :data:`LOG_NAME` when the rank closes it, so a
+#: rank that was killed leaves ``workerlog.<rank>.partial`` (read, with a warning) instead of a cut-off log
+PARTIAL_SUFFIX = ".partial"
 
 
 def log_name(rank: int) -> str:
@@ -51,7 +54,8 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
 
 
 class JobLog:
-    """Writes ``workerlog.<rank>``; a no-op when ``log_dir`` is None."""
+    """Writes ``workerlog.<rank>`` (as ``workerlog.<rank>.partial`` until :meth:`close`); a no-op when
+    ``log_dir`` is None. A failed write raises an :class:`OSError` naming the file."""
 
     def __init__(self, log_dir: str | None, *, rank: int, local_rank: int, world_size: int, pp: int, dp: int,
                  pp_rank: int, dp_rank: int, schedule: dict, costs: dict | None,
@@ -61,8 +65,12 @@ class JobLog:
         self._open_window = False
         if log_dir is None:
             return
-        os.makedirs(log_dir, exist_ok=True)
-        self.f = open(os.path.join(log_dir, log_name(rank)), "w")
+        self.path = os.path.join(log_dir, log_name(rank))
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            self.f = open(self.path + PARTIAL_SUFFIX, "w")
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, self.path) from None
         self._write({"event": "meta", "rank": rank, "local_rank": local_rank, "world_size": world_size,
                      "pp": pp, "dp": dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
                      "host": socket.gethostname(), "schedule": schedule, "costs": costs,
@@ -109,10 +117,20 @@ class JobLog:
     def close(self, last_step: int | None = None) -> None:
         if self.f is None:
             return
-        if self._open_window:
-            self._close_window(last_step + 1 if last_step is not None else self.window[1])
-        self.f.close()
-        self.f = None
+        try:
+            if self._open_window:
+                self._close_window(last_step + 1 if last_step is not None else self.window[1])
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+            os.replace(self.path + PARTIAL_SUFFIX, self.path)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, self.path) from None
+        finally:
+            self.f = None
 
     def _write(self, obj: dict) -> None:
-        self.f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        try:
+            self.f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, self.path) from None
