@@ -133,3 +133,56 @@ def test_real_schedule_replay_matches_estimate(name, vpp):
                                 loss_fn=llama.loss_fn, activation=((b, cfg.max_seq_len, cfg.dim), torch.float32))
         dev = rep.devices[d]
         assert dev.activations_bytes + dev.transient_bytes == pytest.approx(real, rel=0.03)
+
+
+class _Spy(nn.Module):
+    """Records what ``nn.Linear.forward`` is (on the class) every time it runs inside a forward."""
+
+    seen: list = []
+
+    def forward(self, x):
+        _Spy.seen.append(nn.Linear.forward)
+        return x
+
+
+def test_schedule_replay_leaves_no_class_or_instance_state():
+    """The replay defers weight grads with the runtime's per-instance hooks: nn.Linear itself is
+    never touched (neither while tracing nor after) and the modules come back without hooks."""
+    from pipeloom.core.ir import Job, Kind, Schedule
+    from pipeloom.memory.traced import measure_schedule
+
+    original = nn.Linear.forward
+    torch.manual_seed(0)
+    mod = nn.Sequential(nn.Linear(6, 6), _Spy(), nn.Linear(6, 3))
+    other = nn.Linear(6, 6)  # not in the replay: a class-level patch would change it too
+    F0, B0, W0 = Job(Kind.F, 0, 0), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)
+    sched = Schedule("t", 1, 1, 1, "interleaved", ((F0, B0, W0),))
+    mse = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+    _Spy.seen = []
+    x, y = torch.randn(4, 6), torch.randn(4, 3)
+    measure_schedule(sched, 0, {0: mod}, inputs=[x], targets=[y], loss_fn=mse,
+                     activation=((4, 6), torch.float32))
+    assert _Spy.seen == [original]
+    assert nn.Linear.forward is original
+    for sub in list(mod.modules()) + [other]:
+        assert "forward" not in sub.__dict__ and not sub._forward_hooks
+    # W really ran: the deferred linears' grads equal one plain backward's
+    want = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 3))
+    want.load_state_dict({"0.weight": mod[0].weight, "0.bias": mod[0].bias, "1.weight": mod[2].weight,
+                          "1.bias": mod[2].bias})
+    mse(want(x), y).backward()
+    torch.testing.assert_close(mod[0].weight.grad, want[0].weight.grad)
+    torch.testing.assert_close(mod[2].weight.grad, want[1].weight.grad)
+    torch.testing.assert_close(mod[2].bias.grad, want[1].bias.grad)
+
+
+def test_schedule_replay_refuses_a_job_before_its_local_input():
+    from pipeloom.core.ir import Job, Kind, Schedule
+    from pipeloom.memory.traced import measure_schedule
+
+    mod = nn.Linear(6, 3)
+    # W before B: the GRAD event it needs (rules.needs) was not made on this device yet
+    sched = Schedule("t", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0), Job(Kind.W, 0, 0), Job(Kind.B, 0, 0)),))
+    with pytest.raises(ValueError, match="needs GRAD of \\(mb 0, chunk 0\\)"):
+        measure_schedule(sched, 0, {0: mod}, inputs=[torch.randn(2, 6)], targets=[torch.randn(2, 3)],
+                         loss_fn=lambda o, t: ((o - t) ** 2).mean(), activation=((2, 6), torch.float32))
