@@ -186,3 +186,20 @@ def test_schedule_replay_refuses_a_job_before_its_local_input():
     with pytest.raises(ValueError, match="needs GRAD of \\(mb 0, chunk 0\\)"):
         measure_schedule(sched, 0, {0: mod}, inputs=[torch.randn(2, 6)], targets=[torch.randn(2, 3)],
                          loss_fn=lambda o, t: ((o - t) ** 2).mean(), activation=((2, 6), torch.float32))
+
+
+@pytest.mark.parametrize("name,vpp", [("zbh1", 1), ("zbv", 2), ("1f1b", 1)])
+def test_traced_activation_peak_equals_analytic_device_activations(name, vpp):
+    from pipeloom.memory.traced import traced_activation_peak
+
+    cfg = llama.LlamaConfig(n_layers=4)
+    pp, m, b = 2, 4, 2
+    tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=b, dtype="fp32", impl="eager")
+    rep = an.estimate(an.from_llama_config(cfg), tr, schedule=name, pp=pp, vpp=vpp, microbatches=m)
+    split = llama.even_layer_split(cfg.n_layers, pp * vpp)
+    x, y = llama.synthetic_batch(cfg, b)
+    traced = trace_chunks(llama.build_chunk_modules(cfg, split), x, target=y, loss_fn=llama.loss_fn)
+    for d in range(pp):
+        got = traced_activation_peak(rep.schedule, d, {c: traced[c] for c in rep.schedule.chunks_of(d)})
+        # the loss keeps one more fp32 scalar than the analytic list (4 bytes per live last-chunk microbatch)
+        assert got == pytest.approx(rep.devices[d].activations_bytes, abs=4 * m)

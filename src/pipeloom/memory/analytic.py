@@ -607,21 +607,13 @@ def activation_trace(schedule, a: Sequence[float], b: Sequence[float]) -> tuple[
     (:func:`pipeloom.sim.simulate.memory_profile`) when ``0 <= b <= a``; otherwise the same walk with
     ``b`` outside that range (B allocating more than it frees, e.g. full recompute + B/W split)."""
     from ..core.costs import MemModel
+    from ..core.rules import peak_memory
     from ..sim.simulate import memory_profile
-    from ..core.ir import Kind
 
     if all(0.0 <= y <= x + 1e-12 for x, y in zip(a, b)):
         return memory_profile(schedule, MemModel(a=tuple(a), b=tuple(b)))
-    peaks, traces = [], []
-    for seq in schedule.devices:
-        cur, peak, tr = 0.0, 0.0, []
-        for kind, _mb, c in seq:
-            cur += {Kind.F: a[c], Kind.B: -b[c], Kind.W: -(a[c] - b[c]), Kind.BW: -a[c]}[kind]
-            peak = max(peak, cur)
-            tr.append(cur)
-        peaks.append(peak)
-        traces.append(tr)
-    return peaks, traces
+    walks = [peak_memory(seq, a, b) for seq in schedule.devices]  # the rules' deltas, any sign of b
+    return [p for p, _ in walks], [t for _, t in walks]
 
 
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*$", re.I)

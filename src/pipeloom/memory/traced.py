@@ -316,6 +316,28 @@ def measure_chunk(module: nn.Module, example_input: torch.Tensor, *, target: tor
 
 
 # ------------------------------------------------------------------------------------- a real schedule
+def traced_activation_peak(schedule, device: int, chunks: dict[int, TracedChunk]) -> int:
+    """Peak activation bytes of ``device`` over its job list, from traced chunks.
+
+    The memory rules are :mod:`pipeloom.core.rules`' (:func:`~pipeloom.core.rules.peak_memory`):
+    F holds the chunk's ``activation_bytes`` (A), B leaves ``H = w_held_bytes`` (the GEMM inputs
+    and output grads W needs), so it frees ``A - H``; W frees ``H``, BW frees A. ``chunks`` maps each global chunk of the device to its
+    :class:`TracedChunk` (one microbatch). Transient working memory is not included.
+    """
+    from ..core.rules import peak_memory
+
+    seq = schedule.devices[device]
+    missing = sorted({c for _, _, c in seq} - set(chunks))
+    if missing:
+        raise ValueError(f"device {device} runs chunks {missing} that have no traced figures")
+    a = [0.0] * schedule.num_chunks
+    b = [0.0] * schedule.num_chunks
+    for c, t in chunks.items():
+        a[c], b[c] = t.activation_bytes, t.activation_bytes - t.w_held_bytes
+    return int(round(peak_memory(seq, a, b)[0]))
+
+
+
 def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, inputs: Sequence[torch.Tensor],
                      targets: Sequence[torch.Tensor], loss_fn: Callable, activation: tuple[tuple[int, ...], torch.dtype],
                      seed: int = 0) -> int:
