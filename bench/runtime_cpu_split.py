@@ -53,7 +53,7 @@ def _worker(opts: dict):
     nc = sched.num_chunks
     cfg = LlamaConfig(n_layers=max(opts["layers"], nc), dim=opts["dim"], max_seq_len=opts["seq"],
                       n_heads=opts["heads"], n_kv_heads=opts["heads"] // 2)
-    split, mine = even_layer_split(cfg.n_layers, nc), sched.chunks_of(rank)
+    split, mine = even_layer_split(cfg.layers, nc), sched.chunks_of(rank)
     x, y = synthetic_batch(cfg, m * opts["mbs"], opts["seq"], seed=1)
     xs, ys = list(x.chunk(m)), list(y.chunk(m))
     tmods = build_chunk_modules(cfg, split, 0, chunks=mine)

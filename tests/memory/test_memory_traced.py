@@ -59,12 +59,12 @@ def test_w_split_on_linears(fake):
 @pytest.mark.parametrize("dtype,name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 def test_tiny_llama_traced_equals_analytic(dtype, name):
     cfg = llama.LlamaConfig()
-    split = llama.even_layer_split(cfg.n_layers, 4)
+    split = llama.even_layer_split(cfg.layers, 4)
     mods = llama.build_chunk_modules(cfg, split, dtype=dtype)
     x, y = llama.synthetic_batch(cfg, 2)
     traced = trace_chunks(mods, x, target=y, loss_fn=llama.loss_fn)
-    model = an.from_llama_config(cfg)
-    chunks = an.chunk_memory(model, an.TrainConfig(seq=cfg.max_seq_len, micro_batch=2, dtype=name, impl="eager"),
+    model = cfg
+    chunks = an.chunk_memory(model, an.TrainConfig(seq=cfg.seq, micro_batch=2, dtype=name, impl="eager"),
                              [len(c) for c in split])
     for t, a in zip(traced, chunks):
         assert t.params == a.params
@@ -83,7 +83,7 @@ def test_meta_built_llama_layer_traces_without_memory():
     x = torch.empty(1, 4096, 4096, dtype=torch.bfloat16, device="meta")
     tc = trace_chunk(chunk, x)
     tr = an.TrainConfig(seq=4096, micro_batch=1, dtype="bf16", impl="eager")
-    model = an.from_llama_config(cfg)
+    model = cfg
     want = sum(i.bytes for i in an.layer_activations(model, tr)) + an.chunk_input_bytes(model, tr)
     assert an.chunk_input_bytes(model, tr) == 2 * 4096 * 4096
     assert tc.activation_bytes == pytest.approx(want, rel=1e-9)
@@ -94,8 +94,8 @@ def test_real_cpu_run_matches_traced():
     cfg = llama.LlamaConfig(n_layers=2)
     mods = llama.build_chunk_modules(cfg, [[0], [1]])
     x, y = llama.synthetic_batch(cfg, 2)
-    model = an.from_llama_config(cfg)
-    tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=2, dtype="fp32", impl="eager")
+    model = cfg
+    tr = an.TrainConfig(seq=cfg.seq, micro_batch=2, dtype="fp32", impl="eager")
     for i, m in enumerate(mods):
         last = i == 1
         kw = dict(target=y, loss_fn=llama.loss_fn) if last else {}
@@ -120,17 +120,17 @@ def test_real_schedule_replay_matches_estimate(name, vpp):
 
     cfg = llama.LlamaConfig(n_layers=4)
     pp, m, b = 2, 4, 2
-    model = an.from_llama_config(cfg)
-    tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=b, dtype="fp32", impl="eager")
+    model = cfg
+    tr = an.TrainConfig(seq=cfg.seq, micro_batch=b, dtype="fp32", impl="eager")
     rep = an.estimate(model, tr, schedule=name, pp=pp, vpp=vpp, microbatches=m)
     sched = rep.schedule
     batches = [llama.synthetic_batch(cfg, b, seed=i) for i in range(m)]
-    split = llama.even_layer_split(cfg.n_layers, pp * vpp)
+    split = llama.even_layer_split(cfg.layers, pp * vpp)
     for d in range(pp):
         chunks = sched.chunks_of(d)
         mods = dict(zip(chunks, llama.build_chunk_modules(cfg, split, chunks=chunks)))
         real = measure_schedule(sched, d, mods, inputs=[x for x, _ in batches], targets=[y for _, y in batches],
-                                loss_fn=llama.loss_fn, activation=((b, cfg.max_seq_len, cfg.dim), torch.float32))
+                                loss_fn=llama.loss_fn, activation=((b, cfg.seq, cfg.hidden), torch.float32))
         dev = rep.devices[d]
         assert dev.activations_bytes + dev.transient_bytes == pytest.approx(real, rel=0.03)
 
@@ -194,9 +194,9 @@ def test_traced_activation_peak_equals_analytic_device_activations(name, vpp):
 
     cfg = llama.LlamaConfig(n_layers=4)
     pp, m, b = 2, 4, 2
-    tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=b, dtype="fp32", impl="eager")
-    rep = an.estimate(an.from_llama_config(cfg), tr, schedule=name, pp=pp, vpp=vpp, microbatches=m)
-    split = llama.even_layer_split(cfg.n_layers, pp * vpp)
+    tr = an.TrainConfig(seq=cfg.seq, micro_batch=b, dtype="fp32", impl="eager")
+    rep = an.estimate(cfg, tr, schedule=name, pp=pp, vpp=vpp, microbatches=m)
+    split = llama.even_layer_split(cfg.layers, pp * vpp)
     x, y = llama.synthetic_batch(cfg, b)
     traced = trace_chunks(llama.build_chunk_modules(cfg, split), x, target=y, loss_fn=llama.loss_fn)
     for d in range(pp):

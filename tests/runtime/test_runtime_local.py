@@ -43,7 +43,7 @@ def _data(m: int, seed: int = 0):
 
 
 def _run(sched: Schedule, seed: int = 0, **kw):
-    split = even_layer_split(CFG.n_layers, sched.num_chunks)
+    split = even_layer_split(CFG.layers, sched.num_chunks)
     mods = build_chunk_modules(CFG, split, seed=seed)
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0], **kw)
     xs, ys = _data(sched.microbatches, seed)
@@ -72,7 +72,7 @@ def test_random_orders_match_reference(vpp, m, seed, split):
 def test_w_really_is_deferred():
     # B then W: after B only the non-linear params (norms, embedding) have their grads
     sched = Schedule("t", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
-    mods = build_chunk_modules(CFG, [list(range(CFG.n_layers))])
+    mods = build_chunk_modules(CFG, [list(range(CFG.layers))])
     ex = PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
     xs, ys = _data(1)
     ex._inputs, ex._targets = xs, ys
@@ -96,7 +96,7 @@ def test_linears_are_hooked_only_in_chunks_with_w_jobs():
     # by forward hooks on the instances: no forward is replaced, on the instances or on the class
     F0, F1 = Job(Kind.F, 0, 0), Job(Kind.F, 0, 1)
     sched = Schedule("t", 1, 2, 1, "interleaved", ((F0, F1, Job(Kind.BW, 0, 1), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
-    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.layers, 2))
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0])
     lin = [[sub for sub in m.modules() if isinstance(sub, nn.Linear)] for m in mods]
     assert lin[0] and all(sub._forward_hooks for sub in lin[0])
@@ -168,7 +168,7 @@ def test_failed_step_gives_back_the_grads_unchanged():
 
 def test_nan_loss_is_reported_with_microbatch():
     sched = random_plan(1, 2, 3, seed=2)
-    split = even_layer_split(CFG.n_layers, 2)
+    split = even_layer_split(CFG.layers, 2)
     mods = build_chunk_modules(CFG, split)
     calls = []
 
@@ -215,7 +215,7 @@ def test_run_config_rejects_a_profile_window_that_logs_nothing(kw, match):
 
 def test_rejects_wrong_modules_and_invalid_schedule():
     sched = random_plan(1, 2, 2, seed=0)
-    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.layers, 2))
     with pytest.raises(ValueError, match="holds chunks"):
         PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
     bad = Schedule("bad", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0),),))
@@ -269,7 +269,7 @@ def test_executor_runs_chunks_cut_by_a_partition():
     from pipeloom.partition import uniform
     from pipeloom.models.llama import LlamaChunk
 
-    part = uniform(CFG.n_layers, 1, 3)
+    part = uniform(CFG.layers, 1, 3)
     sched = random_plan(1, 3, 2, seed=9, split=0.5)
     full = build_reference(CFG, seed=2)
     ref_grads = _ref(2, *_data(2, 2))[1]
@@ -300,7 +300,7 @@ def test_executor_runs_chunks_cut_by_a_partition():
             return self.blk(x, full.rope_cos[:s], full.rope_sin[:s])
 
     assert isinstance(full, LlamaChunk)
-    layers = [Layer(full.layers[str(i)]) for i in range(CFG.n_layers)]
+    layers = [Layer(full.layers[str(i)]) for i in range(CFG.layers)]
     mods = chunk_modules(layers, part.chunks, range(3), pre=Pre(full.embed), post=Post(full.norm, full.head))
     ex = PipelineExecutor(sched, mods, loss_fn, pp_rank=0, pp_ranks=[0])
     ex.step(*_data(2, 2))
@@ -352,7 +352,7 @@ def test_reducer_sees_chunk_done_after_each_chunks_last_weight_grad_job(split):
         events.append(("job", job))
         run(job)
 
-    split_ = even_layer_split(CFG.n_layers, sched.num_chunks)
+    split_ = even_layer_split(CFG.layers, sched.num_chunks)
     mods = build_chunk_modules(CFG, split_)
     fake = _FakeReducer(events)
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0], reducer=fake,
@@ -378,14 +378,14 @@ def test_reducer_sees_chunk_done_after_each_chunks_last_weight_grad_job(split):
 
 def test_unknown_reducer_is_named():
     sched = random_plan(1, 1, 1, seed=0)
-    mods = build_chunk_modules(CFG, [list(range(CFG.n_layers))])
+    mods = build_chunk_modules(CFG, [list(range(CFG.layers))])
     with pytest.raises(ValueError, match="unknown gradient reducer 'zero9'; choose one of: allreduce"):
         PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0], reducer="zero9")
 
 
 def test_on_job_wraps_every_handler_and_can_skip_it():
     sched = random_plan(1, 2, 2, seed=3, split=0.5)
-    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.layers, 2))
     seen = []
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0],
                           on_job=lambda job, run: (seen.append(job), run(job)))

@@ -159,7 +159,7 @@ def worker(cfg: RunConfig) -> dict:
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
-    split = even_layer_split(mcfg.n_layers, sched.num_chunks)
+    split = even_layer_split(mcfg.layers, sched.num_chunks)
     mine = sched.chunks_of(pp_rank)
     mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
