@@ -130,3 +130,10 @@ def test_bad_split_and_seq():
         build_chunk_modules(CFG, [[0, 1], [3, 4, 5]])
     with pytest.raises(ValueError, match="max_seq_len"):
         synthetic_batch(CFG, 1, 17)
+
+
+def test_the_torch_llama_refuses_what_it_cannot_build():
+    from pipeloom.models.presets import preset
+
+    with pytest.raises(ValueError, match="mlp='gelu', norm='layernorm', bias=True, tied_embeddings=True"):
+        build_chunk_modules(preset("gpt3-125m"), [list(range(12))])
