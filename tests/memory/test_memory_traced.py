@@ -203,3 +203,26 @@ def test_traced_activation_peak_equals_analytic_device_activations(name, vpp):
         got = traced_activation_peak(rep.schedule, d, {c: traced[c] for c in rep.schedule.chunks_of(d)})
         # the loss keeps one more fp32 scalar than the analytic list (4 bytes per live last-chunk microbatch)
         assert got == pytest.approx(rep.devices[d].activations_bytes, abs=4 * m)
+
+
+class Tied(nn.Module):
+    """A head tied to the embedding: the runtime does not defer it, so neither does the tracer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.emb(x)))
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_tied_head_is_not_a_deferred_gemm(fake):
+    x = torch.randint(0, 10, (3, 5))
+    tc = trace_chunk(Tied(), x, fake=fake)
+    assert tc.w_input_bytes == 0 and tc.w_grad_bytes == 0
+    every = trace_chunk(Tied(), x, fake=fake, gemm_types=(nn.Linear,))
+    assert every.w_grad_bytes == 3 * 5 * 10 * 4  # the head's output grad, when asked to count every Linear
+    assert every.w_input_bytes == 3 * 5 * 8 * 4  # tanh output, the head's input

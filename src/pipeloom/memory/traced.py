@@ -12,8 +12,10 @@ Counting rules:
 * Dedupe by storage: views (``reshape``, ``transpose``, slices) and a tensor saved by several
   ops count once, at its storage's full size.
 * Parameters and buffers (and views of them) are not activations.
-* W split: the weight gradient of a GEMM ``y = x W^T`` (every :class:`torch.nn.Linear`, or any
-  module type passed in ``gemm_types``) is ``dW = dy^T x``. Saved storages that are inputs of such
+* W split: the weight gradient of a GEMM ``y = x W^T`` is ``dW = dy^T x``. The GEMMs are the
+  linears the runtime defers (:func:`pipeloom.runtime.splitgrad.deferrable_linears`: every
+  :class:`torch.nn.Linear` but one tied to an embedding), or every module of the types passed in
+  ``gemm_types``. Saved storages that are inputs of such
   a GEMM stay alive until W (``w_input_bytes``); B also makes ``dy`` of the shape of each GEMM's
   output and keeps it for W (``w_grad_bytes``). The rest of the saved bytes are freed by B.
   So a microbatch holds ``activation_bytes`` after F, ``w_held_bytes = w_input_bytes +
@@ -91,7 +93,7 @@ def _unique_param_stats(module: nn.Module) -> tuple[int, int]:
 
 def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None = None,
                 loss_fn: Callable | None = None, fake: bool = True, device: str = "cpu",
-                gemm_types: Sequence[type] = (nn.Linear,)) -> TracedChunk:
+                gemm_types: Sequence[type] | None = None) -> TracedChunk:
     """Trace one forward of ``module`` on ``example_input`` (a tensor: token ids or hidden states).
 
     With ``loss_fn`` and ``target`` the loss is computed too (last chunk), so what the loss keeps
@@ -140,7 +142,12 @@ def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None
         if isinstance(output, torch.Tensor) and output.requires_grad:
             gemm_out[0] += output.numel() * output.element_size()
 
-    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, tuple(gemm_types))]
+    if gemm_types is None:  # the linears the runtime's split backward defers (not a tied head)
+        from ..runtime.splitgrad import deferrable_linears
+        gemms = deferrable_linears(module)
+    else:
+        gemms = [m for m in module.modules() if isinstance(m, tuple(gemm_types))]
+    handles = [m.register_forward_hook(hook) for m in gemms]
     try:
         ctx = mode if mode is not None else _Null()
         with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -220,7 +227,7 @@ class _Null:
 
 def trace_chunks(modules: Sequence[nn.Module], example_input: torch.Tensor, *, target: torch.Tensor | None = None,
                  loss_fn: Callable | None = None, fake: bool = True, device: str = "cpu",
-                 gemm_types: Sequence[type] = (nn.Linear,)) -> list[TracedChunk]:
+                 gemm_types: Sequence[type] | None = None) -> list[TracedChunk]:
     """Trace every chunk of a pipeline in order; chunk k+1's example input has chunk k's output shape."""
     out = []
     x = example_input
