@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..models.config import ModelConfig
-from ..models.presets import PRESETS, preset
+from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
 from ..models.slicing import even_layer_split
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -35,7 +35,6 @@ from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ..core.ir import Job, Kind, Schedule
