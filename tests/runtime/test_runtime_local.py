@@ -87,6 +87,9 @@ def test_w_really_is_deferred():
     emb = mods[0].embed.weight
     assert ex.grads[wq].abs().sum() == 0 and ex.grads[emb].abs().sum() > 0
     assert len(ex._stash[(0, 0)]) > 0
+    # the stash keeps data, not autograd history (that would hold the chunk's graph from B until W)
+    assert all(x.grad_fn is None and not x.requires_grad for _, x, _dy in ex._stash[(0, 0)])
+    assert all(dy is not None for _, _x, dy in ex._stash[(0, 0)])
     ex._run_w(Job(Kind.W, 0, 0))
     assert ex.grads[wq].abs().sum() > 0 and (0, 0) not in ex._stash
 
