@@ -20,6 +20,7 @@ Four sections, all on CPU (no GPU in this run):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import sys
 import time
@@ -53,13 +54,13 @@ def section_analytic_vs_traced() -> tuple[str, float]:
     rows, worst = [], 0.0
     # tiny Llama, pp 4 (2 layers per chunk), both dtypes
     cfg = llama.LlamaConfig()
-    split = llama.even_layer_split(cfg.n_layers, 4)
+    split = llama.even_layer_split(cfg.layers, 4)
     x, y = llama.synthetic_batch(cfg, 2)
     for dt in ("fp32", "bf16"):
         mods = llama.build_chunk_modules(cfg, split, dtype=DT[dt])
         traced = trace_chunks(mods, x, target=y, loss_fn=llama.loss_fn)
-        tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=2, dtype=dt, impl="eager")
-        chunks = an.chunk_memory(an.from_llama_config(cfg, "llama-tiny"), tr, [len(c) for c in split])
+        tr = an.TrainConfig(seq=cfg.seq, micro_batch=2, dtype=dt, impl="eager")
+        chunks = an.chunk_memory(dataclasses.replace(cfg, name="llama-tiny"), tr, [len(c) for c in split])
         for t, a in zip(traced, chunks):
             e1, e2 = (a.activation_bytes - t.activation_bytes) / t.activation_bytes, \
                 (a.w_held_bytes - t.w_held_bytes) / t.w_held_bytes
@@ -72,7 +73,7 @@ def section_analytic_vs_traced() -> tuple[str, float]:
            ("llama3-8b", dict(dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256), 8192, 1)]
     for name, kw, seq, b in big:
         cfg = llama.LlamaConfig(n_layers=3, max_seq_len=seq, **kw)
-        model = an.from_llama_config(cfg, name)
+        model = dataclasses.replace(cfg, name=name)
         tr = an.TrainConfig(seq=seq, micro_batch=b, dtype="bf16", impl="eager")
         chunks = an.chunk_memory(model, tr, [1, 1, 1])
         for c, (first, last) in enumerate([(True, False), (False, False), (False, True)]):
@@ -82,7 +83,7 @@ def section_analytic_vs_traced() -> tuple[str, float]:
             if first:
                 inp = torch.zeros(b, seq, dtype=torch.long, device="meta")
             else:
-                inp = torch.empty(b, seq, cfg.dim, dtype=torch.bfloat16, device="meta")
+                inp = torch.empty(b, seq, cfg.hidden, dtype=torch.bfloat16, device="meta")
             tgt = torch.zeros(b, seq, dtype=torch.long, device="meta") if last else None
             t = trace_chunk(m, inp, target=tgt, loss_fn=llama.loss_fn if last else None)
             a = chunks[c]
@@ -105,11 +106,11 @@ def section_traced_vs_real() -> tuple[str, float, float]:
                                                 max_seq_len=256), 2)]
     for name, cfg, b in shapes:
         for dt in ("fp32", "bf16"):
-            split = llama.even_layer_split(cfg.n_layers, 2)
+            split = llama.even_layer_split(cfg.layers, 2)
             mods = llama.build_chunk_modules(cfg, split, dtype=DT[dt])
             x, y = llama.synthetic_batch(cfg, b)
-            tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=b, dtype=dt, impl="eager")
-            model = an.from_llama_config(cfg, name)
+            tr = an.TrainConfig(seq=cfg.seq, micro_batch=b, dtype=dt, impl="eager")
+            model = dataclasses.replace(cfg, name=name)
             chunks = an.chunk_memory(model, tr, [len(c) for c in split])
             for i, m in enumerate(mods):
                 last = i == len(mods) - 1
@@ -124,7 +125,7 @@ def section_traced_vs_real() -> tuple[str, float, float]:
                 e2 = (pred_peak - real.peak_bytes) / real.peak_bytes
                 worst_act = max(worst_act, abs(e1))
                 worst = max(worst, abs(e2))
-                rows.append([f"{name} {dt} chunk {i}/2 (s={cfg.max_seq_len}, b={b})", kb(traced_new),
+                rows.append([f"{name} {dt} chunk {i}/2 (s={cfg.seq}, b={b})", kb(traced_new),
                              kb(real.activation_bytes), err(traced_new, real.activation_bytes),
                              kb(pred_peak), kb(real.peak_bytes), err(pred_peak, real.peak_bytes)])
                 with torch.no_grad():
@@ -137,20 +138,20 @@ def section_traced_vs_real() -> tuple[str, float, float]:
 # ------------------------------------------------------------------------ 3. whole schedule
 def replay_device(sched, d: int, mods: dict, cfg, b: int, dtype, batches) -> int:
     return measure_schedule(sched, d, mods, inputs=[x for x, _ in batches], targets=[y for _, y in batches],
-                            loss_fn=llama.loss_fn, activation=((b, cfg.max_seq_len, cfg.dim), dtype), seed=d)
+                            loss_fn=llama.loss_fn, activation=((b, cfg.seq, cfg.hidden), dtype), seed=d)
 
 
 def section_schedule() -> tuple[str, float]:
     rows, worst = [], 0.0
     cfg = llama.LlamaConfig(dim=128, n_layers=8, n_heads=4, n_kv_heads=2, vocab_size=512, max_seq_len=128)
     b, pp, m = 2, 4, 8
-    model = an.from_llama_config(cfg, "llama-small")
+    model = dataclasses.replace(cfg, name="llama-small")
     batches = [llama.synthetic_batch(cfg, b, seed=i) for i in range(m)]
     for sched_name, vpp in (("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv", 2)):
         for dt in ("fp32", "bf16"):
-            tr = an.TrainConfig(seq=cfg.max_seq_len, micro_batch=b, dtype=dt, impl="eager")
+            tr = an.TrainConfig(seq=cfg.seq, micro_batch=b, dtype=dt, impl="eager")
             rep = an.estimate(model, tr, schedule=sched_name, pp=pp, vpp=vpp, microbatches=m)
-            split = llama.even_layer_split(cfg.n_layers, pp * vpp)
+            split = llama.even_layer_split(cfg.layers, pp * vpp)
             sched = rep.schedule  # built with the analytic a/b, as the estimate used it
             for d in (0, pp - 1):
                 chunks = sched.chunks_of(d)

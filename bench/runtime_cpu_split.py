@@ -53,7 +53,7 @@ def _worker(opts: dict):
     nc = sched.num_chunks
     cfg = LlamaConfig(n_layers=max(opts["layers"], nc), dim=opts["dim"], max_seq_len=opts["seq"],
                       n_heads=opts["heads"], n_kv_heads=opts["heads"] // 2)
-    split, mine = even_layer_split(cfg.n_layers, nc), sched.chunks_of(rank)
+    split, mine = even_layer_split(cfg.layers, nc), sched.chunks_of(rank)
     x, y = synthetic_batch(cfg, m * opts["mbs"], opts["seq"], seed=1)
     xs, ys = list(x.chunk(m)), list(y.chunk(m))
     tmods = build_chunk_modules(cfg, split, 0, chunks=mine)
@@ -66,20 +66,19 @@ def _worker(opts: dict):
     acc: dict[tuple[str, str], list[float]] = {}
     current = [None]
 
+    def timed_call(cat: str, fn, *a, **k):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            if current[0] is not None:
+                d = acc.setdefault((current[0], cat), [0.0, 0.0])
+                d[0] += time.perf_counter() - w0
+                d[1] += time.thread_time() - c0
+
     def timed(obj, attr: str, cat: str) -> None:
         fn = getattr(obj, attr)
-
-        @functools.wraps(fn)
-        def wrapper(*a, **k):
-            w0, c0 = time.perf_counter(), time.thread_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                if current[0] is not None:
-                    d = acc.setdefault((current[0], cat), [0.0, 0.0])
-                    d[0] += time.perf_counter() - w0
-                    d[1] += time.thread_time() - c0
-        setattr(obj, attr, wrapper)
+        setattr(obj, attr, functools.wraps(fn)(lambda *a, **k: timed_call(cat, fn, *a, **k)))
 
     for st in stages:
         timed(st, "forward_one_chunk", "F")
@@ -104,9 +103,13 @@ def _worker(opts: dict):
     for name, cls in execs:
         ex = cls(sched, dict(zip(mine, build_chunk_modules(cfg, split, 0, chunks=mine))), loss_fn,
                  pp_rank=rank, pp_ranks=list(range(pp)))
-        for attr, cat in (("_run_f", "F"), ("_run_b", "B"), ("_run_w", "W")):
-            timed(ex, attr, cat)
-        ex._handlers = {Kind.F: ex._run_f, Kind.B: ex._run_b, Kind.W: ex._run_w, Kind.BW: ex._run_b}
+        if hasattr(ex, "on_job"):  # time every job through the executor's public hook
+            cats = {Kind.F: "F", Kind.B: "B", Kind.W: "W", Kind.BW: "B"}
+            ex.on_job = lambda job, run: timed_call(cats[job.kind], run, job)
+        else:  # an --old executor from before on_job
+            for attr, cat in (("_run_f", "F"), ("_run_b", "B"), ("_run_w", "W")):
+                timed(ex, attr, cat)
+            ex._handlers = {Kind.F: ex._run_f, Kind.B: ex._run_b, Kind.W: ex._run_w, Kind.BW: ex._run_b}
         timed(ex.p2p, "recv", "wait")
         timed(ex.p2p, "advance", "post")
         timed(ex.p2p, "poll_sends", "post")

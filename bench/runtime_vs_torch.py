@@ -66,7 +66,7 @@ def _worker(opts: dict) -> list[dict] | None:
         nc = sched.num_chunks
         cfg = LlamaConfig(n_layers=max(opts["layers"], nc), dim=opts["dim"], max_seq_len=opts["seq"],
                           n_heads=opts["heads"], n_kv_heads=opts["heads"] // 2)
-        split = even_layer_split(cfg.n_layers, nc)
+        split = even_layer_split(cfg.layers, nc)
         mine = sched.chunks_of(rank)
         x, y = synthetic_batch(cfg, m * opts["mbs"], opts["seq"], seed=1)
         xs, ys = list(x.chunk(m)), list(y.chunk(m))

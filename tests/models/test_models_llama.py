@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeloom.memory.analytic import total_params
 from pipeloom.models.llama import (LlamaConfig, apply_rope, build_chunk_modules, build_reference,
                                    even_layer_split, loss_fn, synthetic_batch)
 
@@ -41,7 +42,7 @@ def test_seed_split_example():
 
 @pytest.mark.parametrize("nchunks", [1, 2, 3, 6])
 def test_chunks_compose_to_reference_forward_and_grads(nchunks):
-    split = even_layer_split(CFG.n_layers, nchunks)
+    split = even_layer_split(CFG.layers, nchunks)
     chunks = build_chunk_modules(CFG, split, seed=7)
     ref = build_reference(CFG, seed=7)
     x, y = synthetic_batch(CFG, 3, 12, seed=1)
@@ -62,7 +63,7 @@ def test_chunks_compose_to_reference_forward_and_grads(nchunks):
 
 
 def test_subset_build_is_identical_and_independent_of_global_rng():
-    split = even_layer_split(CFG.n_layers, 3)
+    split = even_layer_split(CFG.layers, 3)
     torch.manual_seed(123)
     full = build_chunk_modules(CFG, split, seed=3)
     torch.manual_seed(999)
@@ -74,15 +75,16 @@ def test_subset_build_is_identical_and_independent_of_global_rng():
 
 
 def test_first_and_last_chunk_roles():
-    chunks = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 3))
+    chunks = build_chunk_modules(CFG, even_layer_split(CFG.layers, 3))
     assert chunks[0].is_first and not chunks[0].is_last
     assert chunks[-1].is_last and not chunks[-1].is_first
     assert not chunks[1].is_first and not chunks[1].is_last
-    assert sum(p.numel() for c in chunks for p in c.parameters()) == CFG.num_params()
+    # the torch model has exactly the parameters the analytic model counts for the same description
+    assert sum(p.numel() for c in chunks for p in c.parameters()) == total_params(CFG)
 
 
 def test_bf16_build_is_rounded_fp32():
-    split = even_layer_split(CFG.n_layers, 2)
+    split = even_layer_split(CFG.layers, 2)
     a = build_chunk_modules(CFG, split, seed=1)[0]
     b = build_chunk_modules(CFG, split, seed=1, dtype=torch.bfloat16)[0]
     for pa, pb in zip(a.parameters(), b.parameters()):
@@ -93,7 +95,7 @@ def test_causal():
     ref = build_reference(CFG, seed=0)
     x, _ = synthetic_batch(CFG, 1, 10, seed=0)
     x2 = x.clone()
-    x2[0, 7:] = (x2[0, 7:] + 1) % CFG.vocab_size
+    x2[0, 7:] = (x2[0, 7:] + 1) % CFG.vocab
     torch.testing.assert_close(ref(x)[:, :7], ref(x2)[:, :7])
     assert not torch.allclose(ref(x)[:, 7:], ref(x2)[:, 7:])
 
@@ -111,8 +113,8 @@ def test_synthetic_batch_is_shifted_progression():
     x, y = synthetic_batch(CFG, 4, 9, seed=5)
     assert x.shape == y.shape == (4, 9)
     torch.testing.assert_close(x[:, 1:], y[:, :-1])
-    step = (x[:, 1] - x[:, 0]) % CFG.vocab_size
-    assert torch.equal((x[:, 2] - x[:, 1]) % CFG.vocab_size, step)
+    step = (x[:, 1] - x[:, 0]) % CFG.vocab
+    assert torch.equal((x[:, 2] - x[:, 1]) % CFG.vocab, step)
     assert torch.equal(synthetic_batch(CFG, 4, 9, seed=5)[0], x)
 
 
@@ -128,3 +130,10 @@ def test_bad_split_and_seq():
         build_chunk_modules(CFG, [[0, 1], [3, 4, 5]])
     with pytest.raises(ValueError, match="max_seq_len"):
         synthetic_batch(CFG, 1, 17)
+
+
+def test_the_torch_llama_refuses_what_it_cannot_build():
+    from pipeloom.models.presets import preset
+
+    with pytest.raises(ValueError, match="mlp='gelu', norm='layernorm', bias=True, tied_embeddings=True"):
+        build_chunk_modules(preset("gpt3-125m"), [list(range(12))])

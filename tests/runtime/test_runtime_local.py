@@ -23,6 +23,7 @@ from pipeloom.core.ir import Job, Kind, Schedule
 from pipeloom.schedule import io as schedule_io
 
 CFG = LlamaConfig(n_layers=6, dim=32, n_heads=4, n_kv_heads=2, max_seq_len=8)
+ORIGINAL_LINEAR_FORWARD = nn.Linear.forward
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,7 +43,7 @@ def _data(m: int, seed: int = 0):
 
 
 def _run(sched: Schedule, seed: int = 0, **kw):
-    split = even_layer_split(CFG.n_layers, sched.num_chunks)
+    split = even_layer_split(CFG.layers, sched.num_chunks)
     mods = build_chunk_modules(CFG, split, seed=seed)
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0], **kw)
     xs, ys = _data(sched.microbatches, seed)
@@ -71,34 +72,40 @@ def test_random_orders_match_reference(vpp, m, seed, split):
 def test_w_really_is_deferred():
     # B then W: after B only the non-linear params (norms, embedding) have their grads
     sched = Schedule("t", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
-    mods = build_chunk_modules(CFG, [list(range(CFG.n_layers))])
+    mods = build_chunk_modules(CFG, [list(range(CFG.layers))])
     ex = PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
     xs, ys = _data(1)
     ex._inputs, ex._targets = xs, ys
     ex._negotiate_shapes()
     ex._inp, ex._out, ex._local, ex._stash, ex._outbox = {}, {}, {}, {}, []
     ex._losses = torch.zeros(1)
-    ex._flat.zero_()
-    ex._lend_grads()  # as step() does: autograd accumulates fp32 grads into the step buffer
+    ex.grads.reset()
+    ex.grads.lend()  # as step() does: autograd accumulates fp32 grads into the step buffer
     ex._run_f(Job(Kind.F, 0, 0))
     ex._run_b(Job(Kind.B, 0, 0))
     wq = mods[0].layers["0"].attn.wq.weight
     emb = mods[0].embed.weight
-    assert ex._gbuf[wq].abs().sum() == 0 and ex._gbuf[emb].abs().sum() > 0
+    assert ex.grads[wq].abs().sum() == 0 and ex.grads[emb].abs().sum() > 0
     assert len(ex._stash[(0, 0)]) > 0
+    # the stash keeps data, not autograd history (that would hold the chunk's graph from B until W)
+    assert all(x.grad_fn is None and not x.requires_grad for _, x, _dy in ex._stash[(0, 0)])
+    assert all(dy is not None for _, _x, dy in ex._stash[(0, 0)])
     ex._run_w(Job(Kind.W, 0, 0))
-    assert ex._gbuf[wq].abs().sum() > 0 and (0, 0) not in ex._stash
+    assert ex.grads[wq].abs().sum() > 0 and (0, 0) not in ex._stash
 
 
-def test_linears_are_patched_only_in_chunks_with_w_jobs():
-    # chunk 0 splits its backward (B + W), chunk 1 runs BW: only chunk 0's linears are deferred
+def test_linears_are_hooked_only_in_chunks_with_w_jobs():
+    # chunk 0 splits its backward (B + W), chunk 1 runs BW: only chunk 0's linears are deferred,
+    # by forward hooks on the instances: no forward is replaced, on the instances or on the class
     F0, F1 = Job(Kind.F, 0, 0), Job(Kind.F, 0, 1)
     sched = Schedule("t", 1, 2, 1, "interleaved", ((F0, F1, Job(Kind.BW, 0, 1), Job(Kind.B, 0, 0), Job(Kind.W, 0, 0)),))
-    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.layers, 2))
     ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0])
     lin = [[sub for sub in m.modules() if isinstance(sub, nn.Linear)] for m in mods]
-    assert lin[0] and all("forward" in sub.__dict__ for sub in lin[0])
-    assert lin[1] and all("forward" not in sub.__dict__ for sub in lin[1])
+    assert lin[0] and all(sub._forward_hooks for sub in lin[0])
+    assert lin[1] and not any(sub._forward_hooks for sub in lin[1])
+    assert not any("forward" in sub.__dict__ for sub in lin[0] + lin[1])
+    assert nn.Linear.forward is ORIGINAL_LINEAR_FORWARD
     xs, ys = _data(1)
     loss = ex.step(xs, ys)
     ref_loss, ref = _ref(0, xs, ys)
@@ -164,7 +171,7 @@ def test_failed_step_gives_back_the_grads_unchanged():
 
 def test_nan_loss_is_reported_with_microbatch():
     sched = random_plan(1, 2, 3, seed=2)
-    split = even_layer_split(CFG.n_layers, 2)
+    split = even_layer_split(CFG.layers, 2)
     mods = build_chunk_modules(CFG, split)
     calls = []
 
@@ -211,7 +218,7 @@ def test_run_config_rejects_a_profile_window_that_logs_nothing(kw, match):
 
 def test_rejects_wrong_modules_and_invalid_schedule():
     sched = random_plan(1, 2, 2, seed=0)
-    mods = build_chunk_modules(CFG, even_layer_split(CFG.n_layers, 2))
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.layers, 2))
     with pytest.raises(ValueError, match="holds chunks"):
         PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0])
     bad = Schedule("bad", 1, 1, 1, "interleaved", ((Job(Kind.F, 0, 0),),))
@@ -236,15 +243,14 @@ def test_split_backward_of_a_chunk_made_only_of_linears():
     ref_loss, ref = reference_step(full, mse, xs, ys)
     for split in (1.0, 0.5, 0.0):
         full.zero_grad(set_to_none=True)
-        for m in mods.values():  # un-patch: the next executor decides afresh
-            for sub in m.modules():
-                sub.__dict__.pop("forward", None)
         ex = PipelineExecutor(random_plan(1, 2, 3, seed=1, split=split), mods, mse, pp_rank=0, pp_ranks=[0])
         assert len(ex.parameters()) == len(list(full.parameters()))  # the shared one once
         loss = ex.step(xs, ys)
         assert abs(loss - ref_loss) < 1e-6
         for name, p in full.named_parameters():
             torch.testing.assert_close(p.grad, ref[name], atol=1e-6, rtol=1e-5)
+        ex.close()  # hooks off: the next executor decides afresh
+        assert not any(sub._forward_hooks for m in mods.values() for sub in m.modules())
 
 
 def test_chunk_modules_from_layers():
@@ -266,7 +272,7 @@ def test_executor_runs_chunks_cut_by_a_partition():
     from pipeloom.partition import uniform
     from pipeloom.models.llama import LlamaChunk
 
-    part = uniform(CFG.n_layers, 1, 3)
+    part = uniform(CFG.layers, 1, 3)
     sched = random_plan(1, 3, 2, seed=9, split=0.5)
     full = build_reference(CFG, seed=2)
     ref_grads = _ref(2, *_data(2, 2))[1]
@@ -297,7 +303,7 @@ def test_executor_runs_chunks_cut_by_a_partition():
             return self.blk(x, full.rope_cos[:s], full.rope_sin[:s])
 
     assert isinstance(full, LlamaChunk)
-    layers = [Layer(full.layers[str(i)]) for i in range(CFG.n_layers)]
+    layers = [Layer(full.layers[str(i)]) for i in range(CFG.layers)]
     mods = chunk_modules(layers, part.chunks, range(3), pre=Pre(full.embed), post=Post(full.norm, full.head))
     ex = PipelineExecutor(sched, mods, loss_fn, pp_rank=0, pp_ranks=[0])
     ex.step(*_data(2, 2))
@@ -320,3 +326,76 @@ def test_rank_failure_puts_the_root_cause_first():
     # a rank's own error (a dead process, a NaN) still comes before any wait
     dead = (3, "process exited with code -9 without reporting")
     assert root_cause_first([coll] + chain + [dead])[0] == dead
+
+
+class _FakeReducer:
+    """Records the executor's calls into a shared event list (and checks what it is handed)."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self.buffer = None
+
+    def start(self, buffer) -> None:
+        self.buffer = buffer
+        self.events.append(("start",))
+
+    def chunk_done(self, chunk: int) -> None:
+        self.events.append(("chunk_done", chunk))
+
+    def finish(self) -> None:
+        self.events.append(("finish",))
+
+
+@pytest.mark.parametrize("split", [0.0, 0.6, 1.0])
+def test_reducer_sees_chunk_done_after_each_chunks_last_weight_grad_job(split):
+    sched = random_plan(1, 3, 3, seed=4, split=split)
+    events: list = []
+
+    def on_job(job, run):
+        events.append(("job", job))
+        run(job)
+
+    split_ = even_layer_split(CFG.layers, sched.num_chunks)
+    mods = build_chunk_modules(CFG, split_)
+    fake = _FakeReducer(events)
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0], reducer=fake,
+                          on_job=on_job)
+    xs, ys = _data(sched.microbatches)
+    ex.step(xs, ys)
+    # expected, from the job list: every job in order; after the last W/BW of a chunk, its chunk_done
+    jobs = list(sched.devices[0])
+    want: list = [("start",)]
+    for i, j in enumerate(jobs):
+        want.append(("job", j))
+        if j.kind in (Kind.W, Kind.BW) and not any(
+                later.chunk == j.chunk and later.kind in (Kind.W, Kind.BW) for later in jobs[i + 1:]):
+            want.append(("chunk_done", j.chunk))
+    want.append(("finish",))
+    assert events == want
+    assert fake.buffer is ex.grads
+    # chunk_done(k) really comes when chunk k's gradients are complete: they equal the reference's
+    ref_loss, ref = _ref(0, xs, ys)
+    for n, p in ex.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-5)
+
+
+def test_unknown_reducer_is_named():
+    sched = random_plan(1, 1, 1, seed=0)
+    mods = build_chunk_modules(CFG, [list(range(CFG.layers))])
+    with pytest.raises(ValueError, match="unknown gradient reducer 'zero9'; choose one of: allreduce"):
+        PipelineExecutor(sched, {0: mods[0]}, loss_fn, pp_rank=0, pp_ranks=[0], reducer="zero9")
+
+
+def test_on_job_wraps_every_handler_and_can_skip_it():
+    sched = random_plan(1, 2, 2, seed=3, split=0.5)
+    mods = build_chunk_modules(CFG, even_layer_split(CFG.layers, 2))
+    seen = []
+    ex = PipelineExecutor(sched, dict(enumerate(mods)), loss_fn, pp_rank=0, pp_ranks=[0],
+                          on_job=lambda job, run: (seen.append(job), run(job)))
+    xs, ys = _data(2)
+    loss = ex.step(xs, ys)
+    assert seen == list(sched.devices[0])
+    assert abs(loss - _ref(0, xs, ys)[0]) < 1e-5
+    assert set(ex.handlers) == set(Kind)
+    ex.on_job = lambda job, run: None  # no handler runs: no microbatch is computed
+    assert ex.step(xs, ys) == 0.0

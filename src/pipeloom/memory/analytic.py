@@ -63,78 +63,24 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
+
+from ..models.config import ModelConfig
+from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
+from ..models.slicing import even_layer_split
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 1024 ** 3
 
 
 class MemoryConfigError(ValueError):
-    """Bad model/training configuration (the message says what is wrong and what is allowed)."""
+    """Bad training configuration, or a model and training that do not fit together (the message says
+    what is wrong and what is allowed). A bad model alone raises
+    :class:`pipeloom.models.config.ModelConfigError`; both are ``ValueError``."""
 
 
 # ------------------------------------------------------------------------------------- configs
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelConfig:
-    """Shape of a decoder-only transformer (published hyper-parameters for the presets)."""
-
-    name: str = "custom"
-    """label shown in reports"""
-    hidden: int
-    """model width h"""
-    layers: int
-    """number of transformer layers L"""
-    heads: int
-    """attention (query) heads a"""
-    kv_heads: int | None = None
-    """key/value heads (GQA); None = heads (multi-head attention)"""
-    ffn: int
-    """MLP inner width (11008 for Llama-2 7B; 4h for GPT-3)"""
-    vocab: int
-    """vocabulary size V"""
-    seq: int = 2048
-    """default training sequence length (the published context length)"""
-    mlp: str = "swiglu"
-    """'swiglu' (gate and up GEMMs, Llama) or 'gelu' (GPT)"""
-    norm: str = "rmsnorm"
-    """'rmsnorm' or 'layernorm'"""
-    bias: bool = False
-    """biases on the linear layers (GPT-3: yes, Llama: no)"""
-    tied_embeddings: bool = False
-    """the output head shares the input embedding matrix (GPT-3: yes)"""
-    learned_positions: bool = False
-    """learned absolute position embeddings of ``seq`` rows (GPT-3); False = rotary (no params)"""
-    dropout: float = 0.0
-    """hidden/attention dropout probability used in training (adds 1-byte masks when > 0)"""
-
-    def __post_init__(self) -> None:
-        for f in ("hidden", "layers", "heads", "ffn", "vocab", "seq"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MemoryConfigError(f"model {f} must be an integer >= 1, got {v!r}")
-        kv = self.heads if self.kv_heads is None else self.kv_heads
-        if not isinstance(kv, int) or kv < 1 or self.heads % kv:
-            raise MemoryConfigError(f"kv_heads must be an integer >= 1 dividing heads={self.heads}, got {kv!r}")
-        object.__setattr__(self, "kv_heads", kv)
-        if self.hidden % self.heads:
-            raise MemoryConfigError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
-        if self.mlp not in ("swiglu", "gelu"):
-            raise MemoryConfigError(f"mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
-        if self.norm not in ("rmsnorm", "layernorm"):
-            raise MemoryConfigError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise MemoryConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     """How the model is trained: shapes, precision, parallelism, recompute."""
@@ -202,54 +148,6 @@ def check_tp(model: ModelConfig, train: TrainConfig) -> None:
 def _divisors(model: ModelConfig) -> list[int]:
     g = math.gcd(math.gcd(model.heads, model.kv_heads), math.gcd(model.ffn, model.hidden))
     return [d for d in range(1, min(g, 64) + 1) if g % d == 0]
-
-
-# ------------------------------------------------------------------------------------- presets
-def _llama(name, h, L, a, kv, f, V, s):
-    return ModelConfig(name=name, hidden=h, layers=L, heads=a, kv_heads=kv, ffn=f, vocab=V, seq=s)
-
-
-def _gpt3(name, h, L, a):
-    # Brown et al. 2020, Table 2.1: n_ctx 2048, GPT-2 BPE vocabulary (50257), ffn = 4h,
-    # learned positions, tied input/output embeddings; dropout 0.1 as in Megatron's GPT recipes.
-    return ModelConfig(name=name, hidden=h, layers=L, heads=a, ffn=4 * h, vocab=50257, seq=2048, mlp="gelu",
-                       norm="layernorm", bias=True, tied_embeddings=True, learned_positions=True, dropout=0.1)
-
-
-PRESETS: dict[str, ModelConfig] = {
-    # Touvron et al. 2023 (Llama 2) and the released config.json files
-    "llama2-7b": _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000, 4096),
-    "llama2-13b": _llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000, 4096),
-    "llama2-70b": _llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000, 4096),
-    # Llama 3 (Meta 2024) released config.json: GQA with 8 KV heads, 128256-token vocabulary
-    "llama3-8b": _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192),
-    "llama3-70b": _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192),
-    # GPT-3 (Brown et al. 2020, Table 2.1). The table's head counts for 1.3B (24 heads of 128) and its
-    # width for 13B (5140) are inconsistent with d_model = heads * d_head; we use 16 heads and 5120.
-    "gpt3-125m": _gpt3("gpt3-125m", 768, 12, 12),
-    "gpt3-350m": _gpt3("gpt3-350m", 1024, 24, 16),
-    "gpt3-760m": _gpt3("gpt3-760m", 1536, 24, 16),
-    "gpt3-1.3b": _gpt3("gpt3-1.3b", 2048, 24, 16),
-    "gpt3-2.7b": _gpt3("gpt3-2.7b", 2560, 32, 32),
-    "gpt3-6.7b": _gpt3("gpt3-6.7b", 4096, 32, 32),
-    "gpt3-13b": _gpt3("gpt3-13b", 5120, 40, 40),
-    "gpt3-175b": _gpt3("gpt3-175b", 12288, 96, 96),
-    # the built-in tiny Llama of pipeloom.models.llama (LlamaConfig defaults)
-    "llama-tiny": _llama("llama-tiny", 64, 8, 4, 2, 176, 256, 32),
-}
-
-
-def preset(name: str) -> ModelConfig:
-    try:
-        return PRESETS[name.lower()]
-    except KeyError:
-        raise MemoryConfigError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
-
-
-def from_llama_config(cfg, name: str = "llama") -> ModelConfig:
-    """A :class:`ModelConfig` for a :class:`pipeloom.models.llama.LlamaConfig` (duck-typed, no torch)."""
-    return ModelConfig(name=name, hidden=cfg.dim, layers=cfg.n_layers, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
-                       ffn=cfg.ffn_dim, vocab=cfg.vocab_size, seq=cfg.max_seq_len)
 
 
 # ------------------------------------------------------------------------------------- parameters
@@ -428,11 +326,12 @@ def head_w_grads(model: ModelConfig, train: TrainConfig) -> float:
 
 # ------------------------------------------------------------------------------------- per chunk
 def split_layers(layers: int, num_chunks: int) -> list[int]:
-    """Layers per global chunk, filled round-robin (``seg_layer_num[j % num_chunks] += 1``)."""
+    """Layers per global chunk, filled round-robin: the counts of
+    :func:`pipeloom.models.slicing.even_layer_split`, the split the runtime builds."""
     if layers < num_chunks:
         raise MemoryConfigError(f"{layers} layers cannot fill {num_chunks} chunks (pp*vpp) with at least one "
                                 f"layer each; lower pp or vpp")
-    return [layers // num_chunks + (1 if c < layers % num_chunks else 0) for c in range(num_chunks)]
+    return [len(c) for c in even_layer_split(layers, num_chunks)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,21 +506,13 @@ def activation_trace(schedule, a: Sequence[float], b: Sequence[float]) -> tuple[
     (:func:`pipeloom.sim.simulate.memory_profile`) when ``0 <= b <= a``; otherwise the same walk with
     ``b`` outside that range (B allocating more than it frees, e.g. full recompute + B/W split)."""
     from ..core.costs import MemModel
+    from ..core.rules import peak_memory
     from ..sim.simulate import memory_profile
-    from ..core.ir import Kind
 
     if all(0.0 <= y <= x + 1e-12 for x, y in zip(a, b)):
         return memory_profile(schedule, MemModel(a=tuple(a), b=tuple(b)))
-    peaks, traces = [], []
-    for seq in schedule.devices:
-        cur, peak, tr = 0.0, 0.0, []
-        for kind, _mb, c in seq:
-            cur += {Kind.F: a[c], Kind.B: -b[c], Kind.W: -(a[c] - b[c]), Kind.BW: -a[c]}[kind]
-            peak = max(peak, cur)
-            tr.append(cur)
-        peaks.append(peak)
-        traces.append(tr)
-    return peaks, traces
+    walks = [peak_memory(seq, a, b) for seq in schedule.devices]  # the rules' deltas, any sign of b
+    return [p for p, _ in walks], [t for _, t in walks]
 
 
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*$", re.I)
@@ -766,22 +657,3 @@ def mem_limit_units(model: ModelConfig | str, train: TrainConfig | None = None, 
     U = sum(c.activation_bytes for c in chunks) / pp
     return _available_units(model, train, chunks, pp, vpp, placement, parse_bytes(gpu_bytes),
                             parse_bytes(reserve_bytes), U)
-
-
-def korthikanti_layer_bytes(model: ModelConfig, train: TrainConfig) -> float:
-    """Korthikanti et al. 2022 closed form per layer (16-bit), for cross-checking :func:`layer_activations`."""
-    s, b, h, a, t = train.seq or model.seq, train.micro_batch, model.hidden, model.heads, train.tp
-    sbh = s * b * h
-    if train.recompute == "full":
-        return 2 * sbh / (t if train.sequence_parallel else 1)
-    if train.recompute == "selective":
-        return sbh * 34 / t if train.sequence_parallel else sbh * (10 + 24 / t)
-    if train.sequence_parallel:
-        return sbh * (34 / t + 5 * a * s / (h * t))
-    return sbh * (10 + 24 / t + 5 * a * s / (h * t))
-
-
-def with_overrides(model: ModelConfig, **kw) -> ModelConfig:
-    """A copy of ``model`` with some fields replaced (None values are ignored)."""
-    kw = {k: v for k, v in kw.items() if v is not None}
-    return replace(model, **kw) if kw else model

@@ -12,8 +12,10 @@ Counting rules:
 * Dedupe by storage: views (``reshape``, ``transpose``, slices) and a tensor saved by several
   ops count once, at its storage's full size.
 * Parameters and buffers (and views of them) are not activations.
-* W split: the weight gradient of a GEMM ``y = x W^T`` (every :class:`torch.nn.Linear`, or any
-  module type passed in ``gemm_types``) is ``dW = dy^T x``. Saved storages that are inputs of such
+* W split: the weight gradient of a GEMM ``y = x W^T`` is ``dW = dy^T x``. The GEMMs are the
+  linears the runtime defers (:func:`pipeloom.runtime.splitgrad.deferrable_linears`: every
+  :class:`torch.nn.Linear` but one tied to an embedding), or every module of the types passed in
+  ``gemm_types``. Saved storages that are inputs of such
   a GEMM stay alive until W (``w_input_bytes``); B also makes ``dy`` of the shape of each GEMM's
   output and keeps it for W (``w_grad_bytes``). The rest of the saved bytes are freed by B.
   So a microbatch holds ``activation_bytes`` after F, ``w_held_bytes = w_input_bytes +
@@ -91,7 +93,7 @@ def _unique_param_stats(module: nn.Module) -> tuple[int, int]:
 
 def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None = None,
                 loss_fn: Callable | None = None, fake: bool = True, device: str = "cpu",
-                gemm_types: Sequence[type] = (nn.Linear,)) -> TracedChunk:
+                gemm_types: Sequence[type] | None = None) -> TracedChunk:
     """Trace one forward of ``module`` on ``example_input`` (a tensor: token ids or hidden states).
 
     With ``loss_fn`` and ``target`` the loss is computed too (last chunk), so what the loss keeps
@@ -140,7 +142,12 @@ def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None
         if isinstance(output, torch.Tensor) and output.requires_grad:
             gemm_out[0] += output.numel() * output.element_size()
 
-    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, tuple(gemm_types))]
+    if gemm_types is None:  # the linears the runtime's split backward defers (not a tied head)
+        from ..runtime.splitgrad import deferrable_linears
+        gemms = deferrable_linears(module)
+    else:
+        gemms = [m for m in module.modules() if isinstance(m, tuple(gemm_types))]
+    handles = [m.register_forward_hook(hook) for m in gemms]
     try:
         ctx = mode if mode is not None else _Null()
         with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -220,7 +227,7 @@ class _Null:
 
 def trace_chunks(modules: Sequence[nn.Module], example_input: torch.Tensor, *, target: torch.Tensor | None = None,
                  loss_fn: Callable | None = None, fake: bool = True, device: str = "cpu",
-                 gemm_types: Sequence[type] = (nn.Linear,)) -> list[TracedChunk]:
+                 gemm_types: Sequence[type] | None = None) -> list[TracedChunk]:
     """Trace every chunk of a pipeline in order; chunk k+1's example input has chunk k's output shape."""
     out = []
     x = example_input
@@ -316,21 +323,26 @@ def measure_chunk(module: nn.Module, example_input: torch.Tensor, *, target: tor
 
 
 # ------------------------------------------------------------------------------------- a real schedule
-class _DeferredLinear(torch.autograd.Function):
-    """``y = x W^T + b`` whose backward (B) returns dx and db and stashes ``(x, dy)`` for W."""
+def traced_activation_peak(schedule, device: int, chunks: dict[int, TracedChunk]) -> int:
+    """Peak activation bytes of ``device`` over its job list, from traced chunks.
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, mod, stash):
-        ctx.save_for_backward(x, weight)
-        ctx.mod, ctx.stash, ctx.has_bias = mod, stash, bias is not None
-        return torch.nn.functional.linear(x, weight, bias)
+    The memory rules are :mod:`pipeloom.core.rules`' (:func:`~pipeloom.core.rules.peak_memory`):
+    F holds the chunk's ``activation_bytes`` (A), B leaves ``H = w_held_bytes`` (the GEMM inputs
+    and output grads W needs), so it frees ``A - H``; W frees ``H``, BW frees A. ``chunks`` maps each global chunk of the device to its
+    :class:`TracedChunk` (one microbatch). Transient working memory is not included.
+    """
+    from ..core.rules import peak_memory
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        ctx.stash.append((ctx.mod, x.detach(), dy))  # detached: the stash keeps no graph alive
-        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
-        return dy.matmul(weight), None, db, None, None
+    seq = schedule.devices[device]
+    missing = sorted({c for _, _, c in seq} - set(chunks))
+    if missing:
+        raise ValueError(f"device {device} runs chunks {missing} that have no traced figures")
+    a = [0.0] * schedule.num_chunks
+    b = [0.0] * schedule.num_chunks
+    for c, t in chunks.items():
+        a[c], b[c] = t.activation_bytes, t.activation_bytes - t.w_held_bytes
+    return int(round(peak_memory(seq, a, b)[0]))
+
 
 
 def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, inputs: Sequence[torch.Tensor],
@@ -340,69 +352,92 @@ def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, in
 
     ``modules`` maps each global chunk of the device to its module; ``inputs``/``targets`` are per
     microbatch (token ids of chunk 0, loss targets of the last chunk); ``activation`` is the
-    (shape, dtype) of what chunks pass each other: received activations and gradients are made
-    on the fly (random), as a receive would allocate them. A sent output's data is freed at once
-    (Megatron's ``deallocate_output_tensor``), parameter gradients are preallocated (static, not in
-    the peak). For a pair the schedule splits into B and W, every ``nn.Linear`` of the chunk runs
-    as a deferred GEMM during F: B computes input grads (and the grads of other parameters) and
-    stashes ``(x, dy)``; W computes ``dW = dy^T x`` and frees the stash. Uses the profiler's
-    allocator records (:func:`live_bytes`).
+    (shape, dtype) of what chunks pass each other.
+
+    What a job waits for and what it makes are :mod:`pipeloom.core.rules`' (``needs``,
+    ``PRODUCES``): an event another device makes is a receive, made on the fly (random, as a
+    receive allocates it); one this device made is handed over locally, as the runtime does (the
+    activation of chunk k-1 becomes chunk k's input, the input gradient of chunk k+1 seeds chunk
+    k's backward); a job whose local input does not exist yet is refused. A sent output's data is
+    freed at once (Megatron's ``deallocate_output_tensor``); parameter gradients are preallocated
+    (static, not in the peak). A pair the schedule splits into B and W runs with the runtime's own
+    split backward (:class:`pipeloom.runtime.splitgrad.SplitGrad`): during F every deferrable
+    ``nn.Linear`` stashes its input, B differentiates only the chunk input and the other
+    parameters (the linears' ``dy`` land in the stash), W adds ``dW = dy^T x`` and frees the stash.
+    Uses the profiler's allocator records (:func:`live_bytes`).
     """
     from torch.autograd import Variable
     from torch.profiler import ProfilerActivity, profile
 
-    from ..core.ir import Kind
+    from ..core.ir import Kind, device_of
+    from ..core.rules import ACT, EVENT_NAMES, GRAD, PRODUCES, needs
+    from ..runtime.splitgrad import SplitGrad, weight_grads
 
-    nc = schedule.num_chunks
+    nc, pp, placement = schedule.num_chunks, schedule.pp, schedule.placement
     split = {(mb, c) for seq in schedule.devices for kind, mb, c in seq if kind is Kind.B}
+    here = set(modules)
     for m in modules.values():
         for p in m.parameters():
             p.grad = torch.zeros_like(p)
+    done: set[tuple[int, int, int]] = set()      # events (rules.ACT/GRAD/WGRAD, mb, chunk) made here
+    handed: dict[tuple[int, int, int], torch.Tensor] = {}  # local hand-offs: event -> tensor
     state: dict = {}
     stashes: dict = {}
     gen = torch.Generator().manual_seed(seed)
     shape, dtype = activation
-    orig = nn.Linear.forward
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for kind, mb, c in schedule.devices[device]:
-            mod = modules[c]
-            if kind is Kind.F:
-                if c == 0:
-                    x = inputs[mb]
-                else:  # activation received from chunk c-1
-                    x = torch.randn(shape, generator=gen).to(dtype).requires_grad_(True)
-                if (mb, c) in split:
-                    stash = stashes.setdefault((mb, c), [])
 
-                    def deferred(self, inp, _s=stash):
-                        return _DeferredLinear.apply(inp, self.weight, self.bias, self, _s)
-                    nn.Linear.forward = deferred
-                try:
-                    out = mod(x)
-                finally:
-                    nn.Linear.forward = orig
-                if c == nc - 1:
-                    out = loss_fn(out, targets[mb])
-                else:
-                    out.data = torch.empty((1,), dtype=out.dtype)  # sent: free the data, keep the graph
-                state[(mb, c)] = (x, out)
-                del x, out
-            elif kind is Kind.W:
-                items = stashes.pop((mb, c))
-                with torch.no_grad():
-                    for lin, xx, dy in items:
-                        lin.weight.grad.addmm_(dy.reshape(-1, dy.shape[-1]).t().to(lin.weight.dtype),
-                                               xx.reshape(-1, xx.shape[-1]).to(lin.weight.dtype))
-                    items.clear()
-                del items
-            else:  # B or BW
-                x, out = state.pop((mb, c))
-                if c == nc - 1:
-                    grad = torch.ones((), dtype=out.dtype)
-                else:  # gradient received from chunk c+1
-                    grad = torch.randn(shape, generator=gen).to(dtype)
-                Variable._execution_engine.run_backward(
-                    tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False, inputs=(),
-                    allow_unreachable=True, accumulate_grad=True)
-                del x, out, grad
+    def take(ev: int, mb: int, c: int, job) -> torch.Tensor | None:
+        """The tensor of a needed event: local hand-off, else a receive (random)."""
+        if device_of(c, pp, placement) == device:
+            if (ev, mb, c) not in done:
+                raise ValueError(f"job {job} of device {device} needs {EVENT_NAMES[ev]} of (mb {mb}, chunk {c}), "
+                                 "which this device has not made yet")
+            return handed.pop((ev, mb, c), None)
+        return torch.randn(shape, generator=gen).to(dtype)
+
+    sgs = {c: SplitGrad(modules[c]) for c in here if any(cc == c for _, cc in split)}
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for job in schedule.devices[device]:
+                kind, mb, c = job
+                mod = modules[c]
+                got = {ev: take(ev, emb, ec, job) for ev, emb, ec in needs(kind, mb, c, nc)
+                       if (ev, emb, ec) != (ACT, mb, c)}
+                if kind is Kind.F:
+                    x = inputs[mb] if c == 0 else got[ACT].detach().requires_grad_(True)
+                    if (mb, c) in split:
+                        with sgs[c].deferring(stashes.setdefault((mb, c), [])):
+                            out = mod(x)
+                    else:
+                        out = mod(x)
+                    if c == nc - 1:
+                        out = loss_fn(out, targets[mb])
+                    elif device_of(c + 1, pp, placement) == device:
+                        handed[(ACT, mb, c)] = out.detach()  # the next chunk's input, kept here
+                    else:
+                        out.data = torch.empty((1,), dtype=out.dtype)  # sent: free the data, keep the graph
+                    state[(mb, c)] = (x, out)
+                    del x, out
+                elif kind is Kind.W:
+                    weight_grads(stashes.pop((mb, c)), lambda p: p.grad)
+                else:  # B or BW
+                    x, out = state.pop((mb, c))
+                    grad = torch.ones((), dtype=out.dtype) if c == nc - 1 else got[GRAD]
+                    params = [p for p in mod.parameters() if p.requires_grad]
+                    wrt = ([x] if x.requires_grad else []) + (sgs[c].kept(params) if kind is Kind.B else params)
+                    # the engine directly: a sent output's data is a stub, its shape no longer checks
+                    # out. Only deferred weights to differentiate (B): run it for the stash's dy and
+                    # drop the grads (the runtime's autograd.grad); else accumulate into .grad
+                    only_deferred = kind is Kind.B and not wrt
+                    Variable._execution_engine.run_backward(
+                        tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False,
+                        inputs=tuple(params if only_deferred else wrt), allow_unreachable=True,
+                        accumulate_grad=not only_deferred)
+                    if c > 0 and device_of(c - 1, pp, placement) == device:
+                        handed[(GRAD, mb, c)] = x.grad  # the previous chunk's output gradient, kept here
+                    del x, out, grad
+                done.update((ev, mb, c) for ev in PRODUCES[kind])
+    finally:
+        for sg in sgs.values():
+            sg.close()
     return live_bytes(prof)[1]

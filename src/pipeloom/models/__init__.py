@@ -1,7 +1,11 @@
 """Models: what pipeloom knows of a model, and the small torch models it runs.
 
-    slicing  cut a model's layers into the schedule's chunks (torch)
+    config   ModelConfig: THE description of a decoder-only transformer (no torch), read by the
+             memory model, the partitioner's layer costs and the torch Llama
+    presets  published shapes (Llama 2/3, GPT-3, llama-tiny) as ModelConfig (no torch)
+    slicing  cut a model's layers into the schedule's chunks (even_layer_split: no torch;
+             chunk_modules: torch)
     llama    the built-in tiny Llama used by the demo, the tests and the benchmarks (torch)
 
-Importing this package imports nothing heavy; the torch modules are imported by name.
+Importing this package imports nothing heavy; the modules are imported by name.
 """

@@ -1,6 +1,10 @@
 """A small Llama-style decoder in pure torch, built chunk by chunk for pipeline parallelism.
 
-Architecture (Touvron et al. 2023, "LLaMA"): token embedding, ``n_layers`` pre-norm blocks
+The model is described by a :class:`pipeloom.models.config.ModelConfig` (the one description the
+memory model and the partitioner read too); :func:`LlamaConfig` makes one from the usual Llama
+argument names (``dim``, ``n_layers``, ...), with the ``llama-tiny`` example as defaults.
+
+Architecture (Touvron et al. 2023, "LLaMA"): token embedding, ``layers`` pre-norm blocks
 ``x = x + Attn(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x))``, final RMSNorm and a vocabulary head.
 
 * RMSNorm (Zhang & Sennrich 2019): ``y = x / sqrt(mean(x^2) + eps) * g``.
@@ -26,15 +30,18 @@ weights of its chunks, and the reference built by :func:`build_reference` holds 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import ModelConfig, ModelConfigError
+from .slicing import even_layer_split
+
 __all__ = [
     "LlamaConfig",
+    "check_llama",
     "RMSNorm",
     "Attention",
     "FeedForward",
@@ -48,58 +55,42 @@ __all__ = [
 ]
 
 
-@dataclass(kw_only=True, slots=True)
-class LlamaConfig:
-    """Shape of the decoder. The defaults are the ``llama-tiny`` example (about 0.4 M parameters)."""
+def LlamaConfig(*, vocab_size: int = 256, dim: int = 64, n_layers: int = 8, n_heads: int = 4, n_kv_heads: int = 2,
+                ffn_dim: int | None = None, max_seq_len: int = 32, norm_eps: float = 1e-5, rope_theta: float = 10000.0,
+                init_std: float = 0.02, name: str = "llama") -> ModelConfig:
+    """A Llama-shaped :class:`~pipeloom.models.config.ModelConfig` from the usual Llama argument names.
 
-    vocab_size: int = 256
-    """number of token ids"""
-    dim: int = 64
-    """model (residual stream) width"""
-    n_layers: int = 8
-    """number of decoder blocks"""
-    n_heads: int = 4
-    """query heads; ``dim`` must be divisible by it"""
-    n_kv_heads: int = 2
-    """key/value heads (grouped-query attention); must divide ``n_heads``"""
-    ffn_dim: int | None = None
-    """SwiGLU hidden size; None = 8*dim/3 rounded up to a multiple of 16"""
-    max_seq_len: int = 32
-    """longest sequence the rotary tables cover"""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon"""
-    rope_theta: float = 10000.0
-    """rotary base"""
-    init_std: float = 0.02
-    """std of the normal init of every matrix (output projections are scaled by 1/sqrt(2*n_layers))"""
+    The defaults are the ``llama-tiny`` example (about 0.4 M parameters). The result uses the one
+    set of field names: ``vocab``, ``hidden``, ``layers``, ``heads``, ``kv_heads``, ``ffn``, ``seq``.
+    ``ffn_dim`` None = ``8*dim/3`` rounded up to a multiple of 16.
+    """
+    for arg, v in (("vocab_size", vocab_size), ("dim", dim), ("n_layers", n_layers), ("n_heads", n_heads),
+                   ("n_kv_heads", n_kv_heads), ("max_seq_len", max_seq_len)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ModelConfigError(f"LlamaConfig.{arg} must be an integer >= 1, got {v!r}")
+    if dim % n_heads:
+        raise ModelConfigError(f"LlamaConfig.dim={dim} must be divisible by n_heads={n_heads}")
+    if n_heads % n_kv_heads:
+        raise ModelConfigError(f"LlamaConfig.n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+    cfg = ModelConfig(name=name, vocab=vocab_size, hidden=dim, layers=n_layers, heads=n_heads, kv_heads=n_kv_heads,
+                      ffn=ffn_dim, seq=max_seq_len, norm_eps=norm_eps, rope_theta=rope_theta, init_std=init_std)
+    check_llama(cfg)
+    return cfg
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"LlamaConfig.{name} must be an integer >= 1, got {v!r}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"LlamaConfig.dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim = dim/n_heads = {self.head_dim} must be even for rotary embeddings")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"LlamaConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
-        if self.ffn_dim is None:
-            self.ffn_dim = 16 * math.ceil(8 * self.dim / 3 / 16)
-        elif not isinstance(self.ffn_dim, int) or self.ffn_dim < 1:
-            raise ValueError(f"LlamaConfig.ffn_dim must be an integer >= 1 or None, got {self.ffn_dim!r}")
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def num_params(self) -> int:
-        """Total parameter count of the full model (embedding and head are not tied)."""
-        kv = self.n_kv_heads * self.head_dim
-        attn = self.dim * self.dim * 2 + self.dim * kv * 2
-        ffn = 3 * self.dim * self.ffn_dim
-        layer = attn + ffn + 2 * self.dim
-        return self.vocab_size * self.dim * 2 + self.n_layers * layer + self.dim
+def check_llama(cfg: ModelConfig) -> None:
+    """Refuse, in one line, a model this torch Llama cannot build (it has SwiGLU, RMSNorm, rotary
+    positions, untied embeddings, no biases and no dropout; rotary needs an even head size)."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"expected a pipeloom.models.config.ModelConfig, got {type(cfg).__name__}")
+    if cfg.head_dim % 2:
+        raise ModelConfigError(f"head_dim = hidden/heads = {cfg.head_dim} must be even for rotary embeddings")
+    other = [f"{f}={getattr(cfg, f)!r}" for f, llama in (("mlp", "swiglu"), ("norm", "rmsnorm"), ("bias", False),
+                                                         ("tied_embeddings", False), ("learned_positions", False),
+                                                         ("dropout", 0.0)) if getattr(cfg, f) != llama]
+    if other:
+        raise ModelConfigError(f"model {cfg.name!r} has {', '.join(other)}; the torch Llama builds only SwiGLU, "
+                               "RMSNorm, rotary, untied, bias-free models without dropout")
 
 
 # --------------------------------------------------------------------------------- blocks
@@ -136,13 +127,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     """Causal multi-head attention with rotary embeddings and grouped-query key/value heads."""
 
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.n_heads, self.n_kv, self.hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.hidden, cfg.heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -160,11 +151,11 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
 
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -173,11 +164,11 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm decoder block: ``x + attn(norm(x))`` then ``x + ffn(norm(x))``."""
 
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.attn = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -193,16 +184,17 @@ class LlamaChunk(nn.Module):
     head, else hidden states. A chunk with every layer, the embedding and the head is the full model.
     """
 
-    def __init__(self, cfg: LlamaConfig, layers: Sequence[int], *, first: bool, last: bool) -> None:
+    def __init__(self, cfg: ModelConfig, layers: Sequence[int], *, first: bool, last: bool) -> None:
         super().__init__()
+        check_llama(cfg)
         self.cfg = cfg
         self.layer_ids = list(layers)
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim) if first else None
+        self.embed = nn.Embedding(cfg.vocab, cfg.hidden) if first else None
         # keyed by the GLOBAL layer index, so parameter names match the full model
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in self.layer_ids})
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps) if last else None
-        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False) if last else None
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.norm = RMSNorm(cfg.hidden, cfg.norm_eps) if last else None
+        self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False) if last else None
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -238,7 +230,7 @@ def _generator(seed: int, tag: int) -> torch.Generator:
 
 
 @torch.no_grad()
-def _init_(module: nn.Module, gen: torch.Generator, cfg: LlamaConfig) -> None:
+def _init_(module: nn.Module, gen: torch.Generator, cfg: ModelConfig) -> None:
     """Normal(0, init_std) for matrices (wo, w2 scaled by 1/sqrt(2*n_layers), GPT-2 style), ones for norms."""
     for name, p in module.named_parameters():  # registration order: deterministic
         if p.ndim == 1:
@@ -246,12 +238,12 @@ def _init_(module: nn.Module, gen: torch.Generator, cfg: LlamaConfig) -> None:
             continue
         std = cfg.init_std
         if name.endswith(("wo.weight", "w2.weight")):
-            std = std / math.sqrt(2 * cfg.n_layers)
+            std = std / math.sqrt(2 * cfg.layers)
         val = torch.randn(p.shape, generator=gen, dtype=torch.float32) * std
         p.copy_(val.to(p.dtype))
 
 
-def _make_chunk(cfg: LlamaConfig, layers: Sequence[int], first: bool, last: bool, seed: int,
+def _make_chunk(cfg: ModelConfig, layers: Sequence[int], first: bool, last: bool, seed: int,
                 device, dtype) -> LlamaChunk:
     with torch.device("cpu"):
         m = LlamaChunk(cfg, layers, first=first, last=last)
@@ -272,39 +264,24 @@ def _make_chunk(cfg: LlamaConfig, layers: Sequence[int], first: bool, last: bool
     return m
 
 
-def _check_split(cfg: LlamaConfig, layers_per_chunk: Sequence[Sequence[int]]) -> list[list[int]]:
+def _check_split(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence[int]]) -> list[list[int]]:
     split = [list(map(int, c)) for c in layers_per_chunk]
     if not split:
         raise ValueError("layers_per_chunk is empty; give one list of layer indices per chunk")
     flat = [i for c in split for i in c]
-    if flat != list(range(cfg.n_layers)):
+    if flat != list(range(cfg.layers)):
         raise ValueError(
-            f"layers_per_chunk must list every layer 0..{cfg.n_layers - 1} once, in order, split into "
-            f"contiguous chunks (e.g. {even_layer_split(cfg.n_layers, min(len(split), cfg.n_layers))}); "
+            f"layers_per_chunk must list every layer 0..{cfg.layers - 1} once, in order, split into "
+            f"contiguous chunks (e.g. {even_layer_split(cfg.layers, min(len(split), cfg.layers))}); "
             f"got {split}")
     for k, c in enumerate(split):
         if not c:
             raise ValueError(f"chunk {k} has no layers; every chunk needs at least one "
-                             f"(n_layers={cfg.n_layers}, chunks={len(split)})")
+                             f"(n_layers={cfg.layers}, chunks={len(split)})")
     return split
 
 
-def even_layer_split(n_layers: int, n_chunks: int) -> list[list[int]]:
-    """Contiguous split of ``n_layers`` into ``n_chunks``; sizes filled round-robin
-    (``size[j % n_chunks] += 1``, MISSION capability 5), so earlier chunks get the extra layers."""
-    if n_chunks < 1 or n_layers < n_chunks:
-        raise ValueError(f"cannot split {n_layers} layers into {n_chunks} chunks of at least one layer each")
-    sizes = [0] * n_chunks
-    for j in range(n_layers):
-        sizes[j % n_chunks] += 1
-    out, start = [], 0
-    for s in sizes:
-        out.append(list(range(start, start + s)))
-        start += s
-    return out
-
-
-def build_chunk_modules(cfg: LlamaConfig, layers_per_chunk: Sequence[Sequence[int]], seed: int = 0, *,
+def build_chunk_modules(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence[int]], seed: int = 0, *,
                         chunks: Iterable[int] | None = None, device=None,
                         dtype: torch.dtype | None = None) -> list[LlamaChunk]:
     """One :class:`LlamaChunk` per pipeline chunk.
@@ -324,28 +301,28 @@ def build_chunk_modules(cfg: LlamaConfig, layers_per_chunk: Sequence[Sequence[in
     return [_make_chunk(cfg, split[c], c == 0, c == n - 1, seed, device, dtype) for c in which]
 
 
-def build_reference(cfg: LlamaConfig, seed: int = 0, *, device=None, dtype: torch.dtype | None = None) -> LlamaChunk:
+def build_reference(cfg: ModelConfig, seed: int = 0, *, device=None, dtype: torch.dtype | None = None) -> LlamaChunk:
     """The full model in one module (same weights and parameter names as the chunks)."""
-    return _make_chunk(cfg, list(range(cfg.n_layers)), True, True, seed, device, dtype)
+    return _make_chunk(cfg, list(range(cfg.layers)), True, True, seed, device, dtype)
 
 
 # --------------------------------------------------------------------------------- data, loss
-def synthetic_batch(cfg: LlamaConfig, batch: int, seq: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(cfg: ModelConfig, batch: int, seq: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A learnable synthetic language-modelling batch: ``(tokens, targets)``, both (batch, seq) int64.
 
     Each row is an arithmetic progression ``x_t = (a + b*t) mod vocab`` with a random start ``a``
     and a random step ``b`` in [1, 8); targets are the tokens shifted by one, so a model can learn
     to infer the step in context. Deterministic in ``seed``.
     """
-    seq = cfg.max_seq_len if seq is None else seq
+    seq = cfg.seq if seq is None else seq
     if batch < 1 or seq < 1:
         raise ValueError(f"batch and seq must be >= 1, got batch={batch}, seq={seq}")
-    if seq > cfg.max_seq_len:
-        raise ValueError(f"seq={seq} exceeds the model's max_seq_len={cfg.max_seq_len}")
+    if seq > cfg.seq:
+        raise ValueError(f"seq={seq} exceeds the model's max_seq_len={cfg.seq}")
     g = torch.Generator().manual_seed(int(seed))
-    a = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g)
+    a = torch.randint(0, cfg.vocab, (batch, 1), generator=g)
     b = torch.randint(1, 8, (batch, 1), generator=g)
-    x = (a + b * torch.arange(seq + 1)[None, :]) % cfg.vocab_size
+    x = (a + b * torch.arange(seq + 1)[None, :]) % cfg.vocab
     return x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
 

@@ -47,6 +47,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from ..core.costs import Costs, MemModel
+from ..models.config import ModelConfig
 from .layout import Partition, PartitionError
 
 
@@ -167,8 +168,17 @@ def head_ratios(vocab: int, hidden: int, seq: int | None = None) -> tuple[float,
 
 
 def default_layer_costs(num_layers: int, num_chunks: int, base: Costs | None = None, *, vocab: int | None = None,
-                        hidden: int | None = None, seq: int | None = None) -> LayerCosts:
-    """Identical layers whose average chunk costs ``base``'s F/B/W; optional head from vocab/hidden."""
+                        hidden: int | None = None, seq: int | None = None,
+                        model: ModelConfig | None = None) -> LayerCosts:
+    """Identical layers whose average chunk costs ``base``'s F/B/W; optional head from vocab/hidden.
+
+    ``model`` (a :class:`~pipeloom.models.config.ModelConfig`, e.g. a preset) gives ``vocab``,
+    ``hidden`` and ``seq`` in one argument instead of the three keywords.
+    """
+    if model is not None:
+        if (vocab, hidden, seq) != (None, None, None):
+            raise PartitionError("give the model or vocab/hidden/seq, not both")
+        vocab, hidden, seq = model.vocab, model.hidden, model.seq
     base = base or Costs()
     if not base.is_uniform():
         raise PartitionError("--costs gives per-chunk F/B/W lists, which a layer partition replaces; give scalar "

@@ -3,17 +3,23 @@
 Importing this package imports torch. Main pieces:
 
 * :class:`PipelineExecutor` (executor.py): runs one rank's job list (F, B, W, BW) of any valid
-  schedule; split backward, link-ordered batched P2P, grads reduced once over DP.
+  schedule; link-ordered batched P2P; ``on_job`` observes or wraps every job.
+* :mod:`.splitgrad`: the split backward (weight grads of the linears deferred from B to W), by
+  forward hooks on module instances; the memory tracer replays schedules with it too.
+* :mod:`.grads`: the step's flat fp32 gradient buffer and the :class:`GradReducer` seam
+  (default: one all-reduce over data parallelism after accumulation).
 * :mod:`.commplan`: the messages of a schedule and the per-link order both ends agree on (no torch).
 * :mod:`.launch`: spawn local ranks or join torchrun.
 * :mod:`.example`: the ``llama-tiny`` example behind ``pipeloom run``.
 """
 from .commplan import build_comm_plan
 from .executor import NonFiniteLossError, PipelineExecutor, ScheduleRuntimeError, reference_step
+from .grads import AllReduceAfterAccumulation, GradBuffer, GradReducer
+from .splitgrad import SplitGrad
 from ..trace.writer import JobLog, parse_profile_steps
 from .launch import RankFailure, spawn
 from .p2p import PeerError
 from ..models.slicing import chunk_modules
 
 __all__ = ["PipelineExecutor", "NonFiniteLossError", "ScheduleRuntimeError", "PeerError", "RankFailure",
-           "JobLog", "build_comm_plan", "chunk_modules", "parse_profile_steps", "reference_step", "spawn"]
+           "AllReduceAfterAccumulation", "GradBuffer", "GradReducer", "SplitGrad", "JobLog", "build_comm_plan", "chunk_modules", "parse_profile_steps", "reference_step", "spawn"]

@@ -159,7 +159,7 @@ def worker(cfg: RunConfig) -> dict:
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
-    split = even_layer_split(mcfg.n_layers, sched.num_chunks)
+    split = even_layer_split(mcfg.layers, sched.num_chunks)
     mine = sched.chunks_of(pp_rank)
     mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
@@ -181,9 +181,9 @@ def worker(cfg: RunConfig) -> dict:
             return loss * float("nan") if ex.step_count == 0 and ex.current_job.mb == cfg.fault_nan_mb else loss
         ex.loss_fn = poisoned
     if cfg.fault_exit_rank == rank:
-        def dead(job):
+        def dead(job, run):
             os._exit(3)  # a crash without any report, like a killed process
-        ex._handlers = {k: dead for k in ex._handlers}
+        ex.on_job = dead
     opt = torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
     losses, times, waits = [], [], []
     verify = None

@@ -6,7 +6,7 @@ job list with a dispatch table ``Kind -> handler`` (F, B, W, BW). Per (microbatc
     F(m,k)   x = input (tokens for chunk 0, else the activation from chunk k-1, received or local);
              y = module_k(x); the last chunk also computes loss_m = loss_fn(y, target_m).
              If the schedule splits this pair's backward (B and W jobs) every nn.Linear runs as a
-             *deferred* linear: its backward computes only the input grad and stashes (x, dy).
+             *deferred* linear (:mod:`.splitgrad`): B computes only its input grad, (x, dy) wait in a stash.
     B(m,k)   autograd.grad of y (or loss_m / M) w.r.t. the chunk input and its parameters, with the
              incoming output grad; deferred linears contribute only dx, other parameters (norms,
              embeddings) get their grads here. The graph is freed; the input grad goes to chunk k-1.
@@ -14,10 +14,12 @@ job list with a dispatch table ``Kind -> handler`` (F, B, W, BW). Per (microbatc
              the stash is freed.
     BW(m,k)  = B with nothing deferred: input and all weight grads in one pass.
 
-Gradients accumulate in one flat fp32 buffer per rank (so bf16 parameters get fp32 "master"
-grads: products are computed from upcast operands and summed in fp32, never rounded to bf16 in
-between), are all-reduced ONCE over the data-parallel group after the last microbatch (reduce
-after accumulation, MISSION seed 001), and are then installed as ``.grad`` of the parameters (fp32)
+Gradients accumulate in one flat fp32 buffer per rank (:class:`~.grads.GradBuffer`; so bf16
+parameters get fp32 "master" grads: products are computed from upcast operands and summed in
+fp32, never rounded to bf16 in between), are made to agree over the data-parallel group by a
+:class:`~.grads.GradReducer` (default: all-reduced ONCE after the last microbatch, reduce after
+accumulation, MISSION seed 001; the reducer is told when each chunk's last W/BW has run), and are
+then installed as ``.grad`` of the parameters (fp32)
 or of the fp32 master copies (bf16), ready for any torch optimizer. With fp32 parameters the
 ``.grad`` of every parameter IS its view of the buffer during the step, so autograd's AccumulateGrad
 adds each gradient as soon as the backward computes it (no second pass over cold gradients).
@@ -33,7 +35,6 @@ from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ..core.ir import Job, Kind, Schedule
@@ -41,6 +42,8 @@ from ..schedule.validate import summary, validate
 from .commplan import Msg, build_comm_plan, needed, produced
 from ..trace.writer import JobLog
 from .p2p import P2P, PeerError
+from .grads import GradBuffer, GradReducer, make_reducer
+from .splitgrad import SplitGrad, weight_grads
 
 
 class NonFiniteLossError(RuntimeError):
@@ -49,39 +52,6 @@ class NonFiniteLossError(RuntimeError):
 
 class ScheduleRuntimeError(RuntimeError):
     """The executor met a job it cannot run (unknown kind, missing input, wrong rank)."""
-
-
-# ------------------------------------------------------------------------ deferred weight grads
-# A split forward runs every deferrable nn.Linear as usual (F.linear, autograd's own backward node)
-# but stashes an entry [module, x, dy]: x now, dy by a tensor hook on the output when B's backward
-# reaches it. B asks autograd only for the chunk input and the OTHER parameters, so the engine
-# prunes the weight-gradient products of the linears (no dW = dy^T x in B); W later adds them
-# from the stash. No Python autograd.Function per linear: F costs what an ordinary forward costs.
-class _Deferral:
-    """Holds the stash that patched nn.Linear modules write into during a split forward."""
-
-    stash: list | None = None
-
-
-def _patched_linear_forward(deferral: _Deferral):
-    def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        stash = deferral.stash
-        if stash is not None and y.requires_grad:
-            entry = [self, x, None]
-            stash.append(entry)
-            y.register_hook(lambda g, e=entry: e.__setitem__(2, g))
-        return y
-    return forward
-
-
-def _deferrable_linears(module: nn.Module) -> list[nn.Linear]:
-    """The nn.Linear sub-modules whose parameters no other (non-Linear) sub-module also owns (a
-    weight tied to an embedding must get its whole gradient in B, so its linear is not deferred)."""
-    other = {id(p) for sub in module.modules() if not isinstance(sub, nn.Linear)
-             for p in sub.parameters(recurse=False)}
-    return [sub for sub in module.modules() if isinstance(sub, nn.Linear)
-            and not any(id(p) in other for p in sub.parameters(recurse=False))]
 
 
 # ------------------------------------------------------------------------ timers
@@ -162,13 +132,20 @@ class PipelineExecutor:
         strict_p2p: one op order per link for both directions (default: True on NCCL, where P2P
             pairs in issue order; False on gloo, where receives may be posted further ahead).
         recv_lookahead: receives posted ahead per peer in relaxed mode.
+        reducer: how the data-parallel replicas' gradients are made to agree: a name from
+            :data:`pipeloom.runtime.grads.REDUCERS` (``"allreduce"``: one all-reduce after
+            accumulation) or any :class:`~pipeloom.runtime.grads.GradReducer`.
+        on_job: observe or wrap every job: called as ``on_job(job, run)`` instead of the job's
+            handler, where ``run(job)`` runs the handler (time it, log it, or, in fault tests, do
+            not call it). Also settable later as the ``on_job`` attribute.
     """
 
     def __init__(self, schedule: Schedule, modules: dict[int, nn.Module], loss_fn: Callable, *, pp_rank: int,
                  pp_ranks: Sequence[int], dp_group=None, device: torch.device | str | None = None,
                  param_dtype: torch.dtype | None = None, timeout_s: float = 300.0, inject_delay_s: float = 0.0,
                  log: JobLog | None = None, check: bool = True, strict_p2p: bool | None = None,
-                 recv_lookahead: int = 4) -> None:
+                 recv_lookahead: int = 4, reducer: str | GradReducer = "allreduce",
+                 on_job: Callable[[Job, Callable[[Job], None]], None] | None = None) -> None:
         if check:
             v = validate(schedule)
             if v:
@@ -203,23 +180,17 @@ class PipelineExecutor:
         self._handlers: dict[Kind, Callable[[Job], None]] = {
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
         }
-        # deferred linears: patch the instance forward of every nn.Linear in this rank's chunks,
-        # only where some job of this rank is a W (otherwise the modules keep their own forward)
-        self._deferral = _Deferral()
-        fwd = _patched_linear_forward(self._deferral)
-        deferred: dict[int, set[int]] = {}  # chunk -> ids of the parameters whose grads W computes
-        for k, m in self.modules.items():
-            if not any(c == k for _, c in split):
-                continue
-            for sub in _deferrable_linears(m):
-                sub.forward = fwd.__get__(sub, nn.Linear)
-                deferred.setdefault(k, set()).update(id(p) for p in sub.parameters(recurse=False))
+        self.on_job = on_job
+        # deferred linears (.splitgrad): forward hooks on the nn.Linear instances of the chunks that
+        # some W job of this rank splits (the other chunks' modules run exactly as given)
+        self._splitgrad: dict[int, SplitGrad] = {k: SplitGrad(m) for k, m in self.modules.items()
+                                                 if any(c == k for _, c in split)}
         # parameters, master copies, flat fp32 grad buffer
         self.params: dict[int, list[nn.Parameter]] = {k: [p for p in m.parameters() if p.requires_grad]
                                                       for k, m in self.modules.items()}
         # B of a split pair differentiates only w.r.t. the parameters that are not deferred to W
         self._b_params: dict[int, list[nn.Parameter]] = {
-            k: [p for p in ps if id(p) not in deferred.get(k, ())] for k, ps in self.params.items()}
+            k: (self._splitgrad[k].kept(ps) if k in self._splitgrad else ps) for k, ps in self.params.items()}
         allp = list(dict.fromkeys(p for k in mine for p in self.params[k]))  # once each, even if shared
         self.param_dtype = param_dtype
         self.master: dict[nn.Parameter, torch.Tensor] = {}
@@ -236,7 +207,11 @@ class PipelineExecutor:
         # buffer (the parameters' .grad are views of it during a step) while the gradient is
         # still hot in cache, as torch does; bf16 parameters get fp32 master grads added by hand
         self._direct = not self.master and all(p.dtype == torch.float32 for p in allp)
-        self._new_grad_buffer()
+        self.grads = GradBuffer(allp, self.params, self.device)
+        self.reducer = make_reducer(reducer, dp_group)
+        # after the last W/BW of a chunk on this rank: tell the reducer (job index -> chunk)
+        last_wgrad = {j.chunk: i for i, j in enumerate(self.jobs) if j.kind in (Kind.W, Kind.BW)}
+        self._chunk_done_after = {i: k for k, i in last_wgrad.items()}
         # communication
         plan = build_comm_plan(schedule)
         self.p2p = P2P(plan.ops(pp_rank), self.pp_ranks, pp_rank, device=self.device, timeout_s=timeout_s,
@@ -276,6 +251,17 @@ class PipelineExecutor:
         for p, mp in self.master.items():
             p.copy_(mp.to(p.dtype))
 
+    @property
+    def handlers(self) -> dict[Kind, Callable[[Job], None]]:
+        """The dispatch table (a copy): job kind -> the handler that runs it."""
+        return dict(self._handlers)
+
+    def close(self) -> None:
+        """Remove the split-backward hooks from the modules (they run as given again)."""
+        for sg in self._splitgrad.values():
+            sg.close()
+        self._splitgrad.clear()
+
     def step(self, inputs: Sequence[torch.Tensor] | torch.Tensor | None = None,
              targets: Sequence[torch.Tensor] | torch.Tensor | None = None) -> float:
         """Run one schedule (all microbatches); return the mean loss; leave grads on the parameters.
@@ -299,12 +285,10 @@ class PipelineExecutor:
         self._stash: dict[tuple[int, int], list] = {}
         self._outbox: list[tuple[Msg, torch.Tensor]] = []
         self._losses = torch.zeros(M, dtype=torch.float32, device=self.device)
-        if self._flat_given:
-            self._new_grad_buffer()
-        else:
-            self._flat.zero_()
+        self.grads.reset()
+        self.reducer.start(self.grads)
         self.p2p.reset()
-        user_grads = self._lend_grads() if self._direct else None
+        user_grads = self.grads.lend() if self._direct else None
         records: list[tuple[Job, float, float, float, float]] = []
         t0 = time.perf_counter()
         cpu_log = profiled and not self._timer.cuda  # ready/done are host times: CPU devices only
@@ -326,15 +310,12 @@ class PipelineExecutor:
             if bad:
                 raise NonFiniteLossError(f"step {step}: loss is {losses[bad[0]]} at microbatch {bad[0]}"
                                          + (f" (and {len(bad) - 1} more microbatches)" if len(bad) > 1 else ""))
-            # gradients: reduce once after accumulation, then install
-            if self.dp_group is not None and self.dp > 1:
-                dist.all_reduce(self._flat, group=self.dp_group)
-                self._flat.div_(self.dp)
+            # gradients: the reducer completes its work (default: one all-reduce), then install
+            self.reducer.finish()
         finally:
             if user_grads is not None:  # the step's grads are in the buffer: the user's come back as they were
-                for p, g in zip(self._allp, user_grads):
-                    p.grad = g
-        self._install_grads()
+                self.grads.restore(user_grads)
+        self.grads.install(self.master)
         loss = sum(losses) / M
         if self.log is not None:
             for j, s, e, *rd in records:
@@ -352,11 +333,12 @@ class PipelineExecutor:
         if self._early_loss and self._loss_after < 0:
             self._loss_work = dist.all_reduce(self._losses, async_op=True)
         self.p2p.advance(where=f"step {self.step_count}, before the first job")  # post the first receives
+        handlers, on_job, chunk_done = self._handlers, self.on_job, self._chunk_done_after
         for i, job in enumerate(self.jobs):
-            handler = self._handlers.get(job.kind)
+            handler = handlers.get(job.kind)
             if handler is None:
                 raise ScheduleRuntimeError(f"rank {dist.get_rank()}: no handler for job {job} (kind {job.kind!r}); "
-                                           f"known kinds: {', '.join(str(k) for k in self._handlers)}")
+                                           f"known kinds: {', '.join(str(k) for k in handlers)}")
             self.current_job = job
             # Job boundaries (docs/bench/runtime.md): the job is READY when its network input is in
             # hand (the blocking wait for a peer ends here: that wait is bubble, not the job's time);
@@ -368,8 +350,13 @@ class PipelineExecutor:
             c0 = time.perf_counter()
             if self.delay:  # straggler injection: the job's outputs come late by this much
                 time.sleep(self.delay)
-            handler(job)
+            if on_job is None:
+                handler(job)
+            else:
+                on_job(job, handler)
             compute += time.perf_counter() - c0
+            if i in chunk_done:
+                self.reducer.chunk_done(chunk_done[i])
             if profiled:
                 self._timer.stop(ts, lambda s, e, j=job, r=ready: records.append((j, s, e, r)))
             if self._outbox:
@@ -397,11 +384,11 @@ class PipelineExecutor:
             x = self._take(Msg("act", m, k - 1), job).detach()
             if x.is_floating_point():
                 x.requires_grad_(True)
-        self._deferral.stash = self._stash.setdefault((m, k), []) if (m, k) in self._split else None
-        try:
+        if (m, k) in self._split:
+            with self._splitgrad[k].deferring(self._stash.setdefault((m, k), [])):
+                y = self.modules[k](x)
+        else:
             y = self.modules[k](x)
-        finally:
-            self._deferral.stash = None
         if k == self.nc - 1:
             loss = self.loss_fn(y, self._targets[m].to(self.device, non_blocking=True))
             self._losses[m] = loss.detach().float()
@@ -453,7 +440,7 @@ class PipelineExecutor:
             grads = torch.autograd.grad(y, wrt, grad_outputs=dy, allow_unused=True)
             for p, g in zip(params, grads[1 if want_dx else 0:]):
                 if g is not None:
-                    self._gbuf[p].add_(g)
+                    self.grads[p].add_(g)
         else:
             grads = [None] * len(wrt)
         del y, dy
@@ -468,16 +455,7 @@ class PipelineExecutor:
         if stash is None:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} has nothing to do: F{m}.{k} ran "
                                        "without deferral or B has not run")
-        for mod, x, dy in stash:
-            if dy is None:  # this linear's output did not reach the loss
-                continue
-            dy2 = dy.reshape(-1, dy.shape[-1]).float()
-            x2 = x.reshape(-1, x.shape[-1]).float()
-            if mod.weight.requires_grad:
-                self._gbuf[mod.weight].addmm_(dy2.t(), x2)
-            if mod.bias is not None and mod.bias.requires_grad:
-                self._gbuf[mod.bias].add_(dy2.sum(0))
-        stash.clear()
+        weight_grads(stash, self.grads.views.get)
 
     # ------------------------------------------------------------------ messages
     def _receive(self, job: Job) -> None:
@@ -529,42 +507,6 @@ class PipelineExecutor:
             dst = self.sched.device_of(k + 1)
             if dst != self.me:
                 self.p2p.send_header(dst, y.shape, y.dtype)
-
-    # ------------------------------------------------------------------ grads
-    def _new_grad_buffer(self) -> None:
-        """A fresh zeroed flat fp32 buffer and the per-parameter views into it."""
-        self._flat = torch.zeros(sum(p.numel() for p in self._allp), dtype=torch.float32, device=self.device)
-        self._flat_given = False  # True once views of it were installed as .grad (then it is the user's)
-        self._gbuf: dict[nn.Parameter, torch.Tensor] = {}
-        off = 0
-        for p in self._allp:
-            self._gbuf[p] = self._flat[off:off + p.numel()].view(p.shape)
-            off += p.numel()
-
-    def _lend_grads(self) -> list:
-        """For a step: point every parameter's ``.grad`` at its view of the step's fp32 buffer, so
-        that autograd accumulates into it; return the grads the parameters had before."""
-        before = [p.grad for p in self._allp]
-        for p in self._allp:
-            p.grad = self._gbuf[p]
-        return before
-
-    @torch.no_grad()
-    def _install_grads(self) -> None:
-        """Leave the step's gradients in ``.grad``. A parameter without a grad gets a view of the
-        step's fp32 buffer (no copy; the next step then accumulates into a new buffer, so grads
-        handed out are never overwritten); an existing grad is added to."""
-        for p in self._allp:  # a parameter two chunks share has ONE accumulated grad
-            target = self.master.get(p, p)
-            g = self._gbuf[p]
-            if target.grad is None:
-                if target.dtype == g.dtype:
-                    target.grad = g
-                    self._flat_given = True
-                else:
-                    target.grad = g.to(target.dtype, copy=True)
-            else:
-                target.grad.add_(g.to(target.grad.dtype))
 
     @staticmethod
     def _split_mb(x, M: int, what: str) -> list[torch.Tensor]:
