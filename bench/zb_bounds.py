@@ -2,7 +2,7 @@
 """Makespan lower bounds for the official zero-bubble reference cases (bench/data/zb_bounds.json).
 
 For every case of ../shared/reference/official_zb.json (except 1f1b, a fixed schedule) this
-computes pipeloom's analytic lower bound (:func:`pipeloom.schedule.search.polish.lower_bound`: critical
+computes pipeloom's analytic lower bound (:func:`pipeloom.schedule.search.bounds.lower_bound`: critical
 path, device load and the two memory terms) and, where that bound is below the best makespan
 known (ours and the official one), runs the exact CP-SAT model of ``optimal`` on the full problem
 from the best known schedule (one worker, fixed seed, deterministic time limit ``--det-time``),
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule.io.official import BUILDER_OF, case_costs, load_reference, official_schedule
-from pipeloom.schedule.search.polish import graph_bound
+from pipeloom.schedule.search.bounds import graph_bound
 from pipeloom.core.ir import Placement
 from pipeloom.schedule.optimal import _hint_starts, _relabel_hint, job_graph, solve_graph
 from pipeloom.sim.simulate import simulate

@@ -28,7 +28,7 @@ from pathlib import Path
 from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule import registry
 from pipeloom.schedule.io.official import BUILDER_OF, case_costs, load_reference, official_schedule
-from pipeloom.schedule.search.polish import lower_bound
+from pipeloom.schedule.search.bounds import lower_bound
 from pipeloom.core.ir import Placement
 from pipeloom.sim.simulate import simulate
 

@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeloom.schedule.planning import make_spec, plan
-from pipeloom.schedule.search.polish import lower_bound, polish
+from pipeloom.schedule.search.bounds import lower_bound
+from pipeloom.schedule.search.polish import polish
 from pipeloom.core.ir import Placement
 from pipeloom.schedule.optimal import min_feasible_limit
 from pipeloom.core.errors import ScheduleError

@@ -51,6 +51,7 @@ from ..core.ir import Placement, make_schedule
 from .registry import PlanSpec, int_option, register
 from ..core.errors import ScheduleError
 from .search import greedy as _greedy
+from .search import polish as _polish
 
 #: default greedy work budget (job placements summed over all policies tried)
 DEFAULT_BUDGET = 60_000
@@ -89,8 +90,6 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         meta["target"] = target
     if polish_det is None:  # large shape: no bound, no polish (the greedy path is all there is)
         return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
-    from .search import polish as _polish
-
     pspec = spec if spec.mem_limit == limit else replace(spec, mem_limit=limit)
     sched = make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
     res = _polish.polish(pspec, sched, polish_det)
@@ -103,7 +102,7 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         # result (a different start helps CP-SAT: pp 4, m 8, F/B/W/comm 4/6/3/1 at 1p: the greedy's 240
         # -> 238 by insertion -> 237 by the polish, about 1 s in all)
         seqs = _greedy.insertion_search(prob, [list(d) for d in sched.devices], DEFAULT_INSERT_BUDGET // njobs)
-        r = _greedy._result_of(prob, seqs, best.policy)
+        r = _greedy.result_of(prob, seqs, best.policy)
         if r is not None and r.makespan < res.makespan - 1e-9 and r.makespan > res.bound + 1e-9:
             again = _polish.polish(pspec, make_schedule(name, pp, vpp, m, placement, r.seqs), polish_det)
             sched = again.schedule or make_schedule(name, pp, vpp, m, placement, r.seqs)

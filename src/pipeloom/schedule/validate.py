@@ -20,6 +20,7 @@ from ..core.costs import Costs, MemModel
 from ..core.errors import DeadlockError, ValidationError, Violation
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Kind, Schedule, device_of
+from .search import greedy
 
 _EPS = 1e-9
 #: schedules with fewer jobs are always checked job by job (fast enough; keeps messages one code path)
@@ -128,16 +129,8 @@ def _proven_valid(schedule: Schedule, mem: MemModel, mem_limit: float | None) ->
     True only if every rule holds (see ``proven_valid`` in ``_accel.c``); False, or no C
     extension, sends the caller down the job-by-job checks.
     """
-    from .search.greedy import _accel, accelerated
-
-    if not accelerated() or schedule.overlapped:
-        return False
-    pp, vpp, m = schedule.pp, schedule.vpp, schedule.microbatches
-    nc = pp * vpp
-    a, b = mem.per_chunk(nc, vpp)
-    home = [device_of(c, pp, schedule.placement) for c in range(nc)]
-    return _accel.proven_valid(schedule.devices, schedule.witness, (pp, vpp, m), home,
-                               (Kind.F, Kind.B, Kind.W, Kind.BW), a, b, mem_limit)
+    a, b = mem.per_chunk(schedule.num_chunks, schedule.vpp)
+    return greedy.witness_check(schedule, a, b, mem_limit)
 
 
 def _key_str(key: int, m: int, nc: int) -> str:

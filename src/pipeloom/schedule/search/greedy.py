@@ -50,7 +50,9 @@ from itertools import product
 
 from ...core.costs import Costs, MemModel
 from . import lockstep as _vlockstep
-from ...core.ir import Job, Kind, Placement, device_of
+from ...core.errors import DeadlockError
+from ...core.ir import Job, Kind, Placement, device_of, make_schedule
+from ...sim.simulate import simulate
 
 try:  # optional C transcription of the greedy pass (setup.py builds it; identical results, ~20x faster)
     from . import _accel
@@ -171,6 +173,18 @@ class PassResult:
 
     def to_jobs(self) -> list[list[Job]]:
         return [list(seq) for seq in self.seqs]
+
+
+def witness_check(schedule, a: list[float], b: list[float], mem_limit: float | None) -> bool:
+    """Every rule of the validator checked in one pass of the C extension, with ``schedule.witness`` as the
+    deadlock proof (see ``proven_valid`` in ``_accel.c``). False when the extension is absent or off, or when
+    any rule fails: the caller then checks job by job."""
+    if not accelerated() or schedule.witness is None or schedule.overlapped:
+        return False
+    pp = schedule.pp
+    home = [device_of(c, pp, schedule.placement) for c in range(schedule.num_chunks)]
+    return _accel.proven_valid(schedule.devices, schedule.witness, (pp, schedule.vpp, schedule.microbatches), home,
+                               (Kind.F, Kind.B, Kind.W, Kind.BW), a, b, mem_limit)
 
 
 def accelerated() -> bool:
@@ -495,7 +509,7 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
         # variants x 2 refinements)
         lbest: PassResult | None = None
         for seqs, lpol in _vlockstep.candidates(prob, budget_jobs // 4):
-            r = _result_of(prob, seqs, lpol)
+            r = result_of(prob, seqs, lpol)
             if r is not None and (lbest is None or _better(r, lbest, prob)):
                 lbest = r
         if lbest is not None:
@@ -507,7 +521,7 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
     evals = insert_budget // max(njobs, 1)
     if evals >= 1:
         seqs = insertion_search(prob, best.seqs, evals)
-        r = _result_of(prob, seqs, best.policy)
+        r = result_of(prob, seqs, best.policy)
         if r is not None and r.makespan < best.makespan - _EPS:
             best = r
             best.improved = True
@@ -543,14 +557,14 @@ def _polish(prob: Problem, best: PassResult, ls_budget: int) -> PassResult:
     evals = ls_budget // max(3 * prob.m * prob.nc, 1)
     if evals >= 20:
         seqs = local_search(prob, best.seqs, evals)
-        r = _result_of(prob, seqs, best.policy)
+        r = result_of(prob, seqs, best.policy)
         if r is not None and r.makespan < best.makespan - _EPS:
             r.improved = True
             return r
     return best
 
 
-def _result_of(prob: Problem, seqs: list[list[Job]], policy) -> PassResult | None:
+def result_of(prob: Problem, seqs: list[list[Job]], policy) -> PassResult | None:
     """Time and check job lists made outside :func:`run_pass`; None on deadlock or over the limit."""
     r = time_seqs(prob, seqs, detail=True)
     if r is None:
@@ -599,10 +613,6 @@ def _better(r: PassResult, best: PassResult, prob: Problem) -> bool:
 
 def evaluate_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, list[float]] | None:
     """(makespan, per-device peak memory) of job lists under ``prob`` with pipeloom's simulator; None on deadlock."""
-    from ...core.errors import DeadlockError
-    from ...sim.simulate import simulate
-    from ...core.ir import make_schedule
-
     sched = make_schedule("tmp", prob.pp, prob.vpp, prob.m, prob.placement,
                           seqs)
     costs = Costs(F=prob.dF, B=prob.dB, W=prob.dW, comm=prob.comm)
