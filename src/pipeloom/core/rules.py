@@ -56,6 +56,22 @@ def needs(kind: Kind, mb: int, chunk: int, num_chunks: int) -> tuple[tuple[int, 
     return ((ACT, mb, chunk),)
 
 
+def handoff(kind: Kind, mb: int, chunk: int, num_chunks: int) -> tuple[tuple[int, int, int], int] | None:
+    """The event a job hands to a job of another chunk, and that chunk: F's ACT goes up to ``chunk + 1``,
+    B's or BW's GRAD down to ``chunk - 1``; None for the last chunk's F, chunk 0's B and every W.
+    (These are the only edges of :func:`needs` between chunks, hence the pipeline's messages.)"""
+    if kind is Kind.F:
+        return ((ACT, mb, chunk), chunk + 1) if chunk < num_chunks - 1 else None
+    if kind is not Kind.W and chunk > 0:
+        return ((GRAD, mb, chunk), chunk - 1)
+    return None
+
+
+def received(kind: Kind, mb: int, chunk: int, num_chunks: int) -> tuple[int, int, int] | None:
+    """The event of another chunk a job waits for (the other end of :func:`handoff`), or None."""
+    return next((ev for ev in needs(kind, mb, chunk, num_chunks) if ev[2] != chunk), None)
+
+
 def job_needs(job: Job, num_chunks: int) -> tuple[tuple[int, int, int], ...]:
     """:func:`needs` of a :class:`Job`."""
     return needs(job[0], job[1], job[2], num_chunks)

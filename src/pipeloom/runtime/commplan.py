@@ -1,6 +1,6 @@
 """Which messages a schedule sends, and the order both ends of a link agree on (no torch).
 
-Messages (see the pairing rules in :mod:`pipeloom.core.ir`):
+Messages (the edges between chunks of :mod:`pipeloom.core.rules`: :func:`~pipeloom.core.rules.handoff`):
 
     ("act",  m, k)   output of F(m, k), needed by F(m, k+1)          k = 0 .. C-2
     ("grad", m, k)   input grad from B/BW(m, k), needed by B/BW(m, k-1)   k = 1 .. C-1
@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..core.ir import Job, Kind, Schedule
+from ..core import rules
+from ..core.ir import Job, Schedule
 
 
 class Msg(NamedTuple):
@@ -49,7 +50,7 @@ class CommPlan:
     """Per device: the ordered ops on each link, and which message each job needs / produces."""
 
     links: tuple[dict[int, tuple[Op, ...]], ...]
-    """links[d][peer] = ops of device d on the link to ``peer``, in link order"""
+    """``links[d][peer]`` = ops of device d on the link to ``peer``, in link order"""
     needs: dict[tuple[int, Job], tuple[tuple[Msg, int] | None, ...]]
     """(device, job) -> ((msg, src device) received over the network, or local) needed to start it"""
 
@@ -57,24 +58,24 @@ class CommPlan:
         return self.links[device]
 
 
+_MSG_KIND = {rules.ACT: "act", rules.GRAD: "grad"}
+
+
 def produced(job: Job, sched: Schedule) -> tuple[Msg, int] | None:
     """The message a job produces and the device that consumes it (None if none, e.g. the last F)."""
-    nc = sched.num_chunks
-    if job.kind is Kind.F and job.chunk < nc - 1:
-        return Msg("act", job.mb, job.chunk), sched.device_of(job.chunk + 1)
-    if job.kind in (Kind.B, Kind.BW) and job.chunk > 0:
-        return Msg("grad", job.mb, job.chunk), sched.device_of(job.chunk - 1)
-    return None
+    h = rules.handoff(job.kind, job.mb, job.chunk, sched.num_chunks)
+    if h is None:
+        return None
+    (ev, mb, c), to_chunk = h
+    return Msg(_MSG_KIND[ev], mb, c), sched.device_of(to_chunk)
 
 
 def needed(job: Job, sched: Schedule) -> tuple[Msg, int] | None:
     """The message a job consumes and the device that produces it (None for F of chunk 0 etc.)."""
-    nc = sched.num_chunks
-    if job.kind is Kind.F and job.chunk > 0:
-        return Msg("act", job.mb, job.chunk - 1), sched.device_of(job.chunk - 1)
-    if job.kind in (Kind.B, Kind.BW) and job.chunk < nc - 1:
-        return Msg("grad", job.mb, job.chunk + 1), sched.device_of(job.chunk + 1)
-    return None
+    ev = rules.received(job.kind, job.mb, job.chunk, sched.num_chunks)
+    if ev is None:
+        return None
+    return Msg(_MSG_KIND[ev[0]], ev[1], ev[2]), sched.device_of(ev[2])
 
 
 def unit_time_ends(sched: Schedule) -> list[list[int]]:
@@ -85,21 +86,21 @@ def unit_time_ends(sched: Schedule) -> list[list[int]]:
     pos = [0] * pp
     free = [0] * pp
     ends: list[list[int]] = [[0] * len(seq) for seq in sched.devices]
-    done: dict[tuple[str, int, int], int] = {}  # ("F"|"G"|"W", m, k) -> end time
+    done: dict[tuple[int, int, int], int] = {}  # (rules event, m, k) -> end time
     remaining = sched.num_jobs
     while remaining:
         progressed = False
         for d in range(pp):
             while pos[d] < len(sched.devices[d]):
                 j = sched.devices[d][pos[d]]
-                deps = _deps(j, sched.num_chunks)
+                deps = rules.job_needs(j, sched.num_chunks)
                 if any(x not in done for x in deps):
                     break
                 start = max([free[d]] + [done[x] for x in deps])
                 end = start + 1
                 ends[d][pos[d]] = end
                 free[d] = end
-                for ev in _events(j):
+                for ev in rules.PRODUCES[j.kind]:
                     done[(ev, j.mb, j.chunk)] = end
                 pos[d] += 1
                 remaining -= 1
@@ -109,21 +110,6 @@ def unit_time_ends(sched: Schedule) -> list[list[int]]:
                               if pos[d] < len(sched.devices[d]))
             raise ValueError(f"schedule cannot execute: every device waits ({stuck})")
     return ends
-
-
-def _deps(j: Job, nc: int) -> list[tuple[str, int, int]]:
-    if j.kind is Kind.F:
-        return [("F", j.mb, j.chunk - 1)] if j.chunk > 0 else []
-    if j.kind is Kind.W:
-        return [("G", j.mb, j.chunk)]
-    deps = [("F", j.mb, j.chunk)]
-    if j.chunk < nc - 1:
-        deps.append(("G", j.mb, j.chunk + 1))
-    return deps
-
-
-def _events(j: Job) -> tuple[str, ...]:
-    return {Kind.F: ("F",), Kind.B: ("G",), Kind.W: ("W",), Kind.BW: ("G", "W")}[j.kind]
 
 
 def build_comm_plan(sched: Schedule) -> CommPlan:

@@ -16,6 +16,7 @@ runs them and they produce the messages.
 """
 from __future__ import annotations
 
+from ..core import rules
 from ..core.costs import Costs, MemModel
 from ..core.errors import DeadlockError, ValidationError, Violation
 from ..sim.simulate import memory_profile, simulate
@@ -88,18 +89,18 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
         if len(out) >= max_messages:
             return out[:max_messages]
     # same-device ordering, reported with positions (cross-device order shows up as deadlock)
+    kinds = (Kind.F, Kind.B, Kind.W, Kind.BW)
     for key in range(mnc):
         mb, c = divmod(key, nc)
-        checks = []  # (job key, required key)
-        if c > 0:
-            checks.append((key, key - 1))  # F needs F of previous chunk
-        for bk in (mnc + key, 3 * mnc + key):  # B or BW
-            if count[bk]:
-                checks.append((bk, key))
-                if c < nc - 1:
-                    checks += [(bk, mnc + key + 1), (bk, 3 * mnc + key + 1)]
-        if count[2 * mnc + key]:
-            checks.append((2 * mnc + key, mnc + key))
+        checks = []  # (job key, required key): each job against the producers of what it needs (core.rules)
+        for kind in kinds:
+            jk = kidx[kind] * mnc + key
+            if not count[jk]:
+                continue
+            for ev, m2, c2 in rules.needs(kind, mb, c, nc):
+                # a W belongs to a split backward: it needs its own B (a BW beside it is reported above)
+                for p in rules.producers(ev, m2, c2, split=True if kind is Kind.W else None):
+                    checks.append((jk, kidx[p.kind] * mnc + m2 * nc + c2))
         for jk, rk in checks:
             if count[jk] and count[rk] and pos_dev[jk] == pos_dev[rk] and pos_idx[rk] > pos_idx[jk]:
                 out.append(Violation("order", f"device {pos_dev[jk]} position {pos_idx[jk]}: {_key_str(jk, m, nc)} runs before "

@@ -8,7 +8,7 @@ device runs its list in order, a job starts at
     start = max(device free, ready) + delay[job]
     ready = max over dependencies (end of the dependency + comm if it ran on another device)
 
-with the dependency rules of :mod:`pipeloom.core.ir` (F(m,k) <- F(m,k-1);
+with the dependency rules of :mod:`pipeloom.core.rules` (F(m,k) <- F(m,k-1);
 B/BW(m,k) <- F(m,k) and the input grad of chunk k+1; W(m,k) <- B(m,k)). An overlapped
 pair (DualPipe) starts when both of its jobs are ready and takes the duration stored
 for its first job.
@@ -18,34 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.ir import Job, Kind, Schedule
+from ..core import rules
+from ..core.ir import Job, Schedule
 
-_F, _G, _W = 0, 1, 2  # events: forward done, input grad done (B or BW), weight grad done
-
-
-def dependencies(job: Job, num_chunks: int) -> list[tuple[int, int, int]]:
-    """Events ``(event, mb, chunk)`` that ``job`` waits for (see the module docstring)."""
-    kind, mb, c = job
-    if kind is Kind.F:
-        return [(_F, mb, c - 1)] if c > 0 else []
-    if kind is Kind.W:
-        return [(_G, mb, c)]
-    deps = [(_F, mb, c)]
-    if c < num_chunks - 1:
-        deps.append((_G, mb, c + 1))
-    return deps
+def dependencies(job: Job, num_chunks: int) -> tuple[tuple[int, int, int], ...]:
+    """Events ``(event, mb, chunk)`` that ``job`` waits for (:func:`pipeloom.core.rules.needs`)."""
+    return rules.needs(job[0], job[1], job[2], num_chunks)
 
 
 def produces(job: Job) -> tuple[tuple[int, int, int], ...]:
-    """Events that finish when ``job`` ends."""
+    """Events that finish when ``job`` ends (:data:`pipeloom.core.rules.PRODUCES`)."""
     kind, mb, c = job
-    if kind is Kind.F:
-        return ((_F, mb, c),)
-    if kind is Kind.B:
-        return ((_G, mb, c),)
-    if kind is Kind.W:
-        return ((_W, mb, c),)
-    return ((_G, mb, c), (_W, mb, c))
+    return tuple((ev, mb, c) for ev in rules.PRODUCES[kind])
 
 
 @dataclass(slots=True)
@@ -71,7 +55,6 @@ def replay(schedule: Schedule, durations: Sequence[Sequence[float]], comm: float
     """
     pp, nc = schedule.pp, schedule.num_chunks
     devices = schedule.devices
-    dev_of = [schedule.device_of(c) for c in range(nc)]
     where: dict[tuple[int, int, int], tuple[int, int]] = {}
     for d, i, job in schedule.jobs():
         for ev in produces(job):

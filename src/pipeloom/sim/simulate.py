@@ -1,7 +1,7 @@
 """Event simulator: time a schedule under a cost model (no torch).
 
 Each device runs its list strictly in order; a job starts when the device is free and all its
-dependencies (see :mod:`pipeloom.core.ir`) have ended, plus ``comm`` for an edge that
+dependencies (see :mod:`pipeloom.core.rules`) have ended, plus ``comm`` for an edge that
 crosses devices. Memory is the running sum over a device's list (F +a, B -b, W -(a-b), BW -a).
 
 Metrics (definitions as in ../shared/reference/README.md):
@@ -19,7 +19,7 @@ from ..core.errors import DeadlockError
 from ..core.ir import Kind, Schedule, device_of
 from ..core.costs import Costs, MemModel
 
-_F, _G, _W = 0, 1, 2  # events: forward done, input-grad done (B or BW), weight-grad done
+# event e of (mb, chunk c) is done[e * m * nc + mb * nc + c], e = core.rules.ACT, GRAD, WGRAD
 
 
 @dataclass(slots=True)
@@ -61,10 +61,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
     pp, m, nc = schedule.pp, schedule.microbatches, schedule.num_chunks
     dF, dB, dW = costs.per_chunk(nc)
     comm = costs.comm
-    dev = [device_of(c, pp, schedule.placement) for c in range(nc)]
     # comm on the edge into chunk c from c-1 (forward) / from c+1 (backward)
-    fcomm = [0.0] + [comm if dev[c] != dev[c - 1] else 0.0 for c in range(1, nc)]
-    bcomm = [comm if dev[c] != dev[c + 1] else 0.0 for c in range(nc - 1)] + [0.0]
+    fcomm, bcomm = rules.edge_comm(pp, nc, schedule.placement, comm)
     ov = 1.0 - costs.overlap
     n_ev = 3 * m * nc
     done = [-1.0] * n_ev
@@ -79,43 +77,26 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
     mnc = m * nc
     stack = list(range(pp - 1, -1, -1))
 
+    dev = [device_of(c, pp, schedule.placement) for c in range(nc)]
+
     def ready(kind, mb, c):
-        """Earliest start from dependencies, or (-1, event) when one is not done."""
-        base = mb * nc + c
-        if kind is KF:
-            if c == 0:
-                return 0.0, -1
-            e = done[base - 1]
-            return (e + fcomm[c], -1) if e >= 0 else (-1.0, base - 1)
-        if kind is KW:
-            e = done[mnc + base]
-            return (e, -1) if e >= 0 else (-1.0, mnc + base)
-        e = done[base]
-        if e < 0:
-            return -1.0, base
-        if c < nc - 1:
-            e2 = done[mnc + base + 1]
-            if e2 < 0:
-                return -1.0, mnc + base + 1
-            e2 += bcomm[c]
-            if e2 > e:
-                e = e2
-        return e, -1
+        """Earliest start from dependencies (core.rules.needs), or (-1, event) when one is not done."""
+        r = 0.0
+        for ev, m2, c2 in rules.needs(kind, mb, c, nc):
+            key = ev * mnc + m2 * nc + c2
+            e = done[key]
+            if e < 0:
+                return -1.0, key
+            e += comm if dev[c2] != dev[c] else 0.0
+            if e > r:
+                r = e
+        return r, -1
 
     def dur(kind, c):
-        if kind is KF:
-            return dF[c]
-        if kind is KB:
-            return dB[c]
-        if kind is KW:
-            return dW[c]
-        return dB[c] + dW[c]
+        return rules.duration(kind, c, dF, dB, dW)
 
     def finish(kind, mb, c, t):
-        base = mb * nc + c
-        evs = ((base,) if kind is KF else (mnc + base,) if kind is KB else (2 * mnc + base,)
-               if kind is KW else (mnc + base, 2 * mnc + base))
-        for ev in evs:
+        for ev in (e * mnc + mb * nc + c for e in rules.PRODUCES[kind]):
             done[ev] = t
             w = waiters.pop(ev, None)
             if w:
@@ -151,7 +132,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
                 t_free = t
                 i += 2
                 continue
-            # inlined ready() / dur() / finish() for the common single-job case (hot loop)
+            # inlined ready() / dur() / finish() for the common single-job case (hot loop): the same rules as
+            # core.rules.needs / duration / PRODUCES, written out (tests/sim checks them against replay)
             base = mb * nc + c
             if kind is KF:
                 if c:

@@ -50,6 +50,7 @@ from itertools import product
 
 from ...core.costs import Costs, MemModel
 from . import lockstep as _vlockstep
+from ...core import rules
 from ...core.errors import DeadlockError
 from ...core.ir import Job, Kind, Placement, device_of, make_schedule
 from ...sim.simulate import simulate
@@ -101,8 +102,7 @@ def make_problem(pp: int, vpp: int, m: int, placement: Placement | str, costs: C
     a, b = mem.per_chunk(nc, vpp)
     dev = tuple(device_of(c, pp, placement) for c in range(nc))
     comm = float(costs.comm)
-    fcomm = (0.0,) + tuple(comm if dev[c] != dev[c - 1] else 0.0 for c in range(1, nc))
-    bcomm = tuple(comm if dev[c] != dev[c + 1] else 0.0 for c in range(nc - 1)) + (0.0,)
+    fcomm, bcomm = (tuple(x) for x in rules.edge_comm(pp, nc, placement, comm))
     local = tuple(tuple(c for c in range(nc) if dev[c] == d) for d in range(pp))
     need = tuple(sum(a[c] for c in local[d]) for d in range(pp))
     return Problem(pp, vpp, m, Placement(placement), tuple(dF), tuple(dB), tuple(dW), comm, tuple(a),
