@@ -143,10 +143,12 @@ def durations(num_chunks: int, dF: Sequence[float], dB: Sequence[float], dW: Seq
 
 def peak_memory(seq: Sequence[Job], a: Sequence[float], b: Sequence[float]) -> tuple[float, list[float]]:
     """Peak and running memory after each job of one device's list (order alone decides it)."""
+    table = memory_deltas(len(a), a, b)  # one lookup per job in the loop below (200k-job lists)
     cur, peak, trace = 0.0, 0.0, []
+    append = trace.append
     for kind, _mb, c in seq:
-        cur += memory_delta(kind, a[c], b[c])
+        cur += table[kind][c]
         if cur > peak:
             peak = cur
-        trace.append(cur)
+        append(cur)
     return peak, trace

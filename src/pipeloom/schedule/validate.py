@@ -21,7 +21,7 @@ from ..core.costs import Costs, MemModel
 from ..core.errors import DeadlockError, ValidationError, Violation
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Kind, Schedule, device_of
-from .search import greedy
+from .search import accel
 
 _EPS = 1e-9
 #: schedules with fewer jobs are always checked job by job (fast enough; keeps messages one code path)
@@ -89,24 +89,28 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
         if len(out) >= max_messages:
             return out[:max_messages]
     # same-device ordering, reported with positions (cross-device order shows up as deadlock)
+    # per (kind, chunk): the keys (relative to the job's own microbatch) of the producers of what it needs
+    # (core.rules.needs / producers; a W belongs to a split backward, so it needs its own B)
     kinds = (Kind.F, Kind.B, Kind.W, Kind.BW)
-    for key in range(mnc):
-        mb, c = divmod(key, nc)
-        checks = []  # (job key, required key): each job against the producers of what it needs (core.rules)
-        for kind in kinds:
-            jk = kidx[kind] * mnc + key
+    needs_of = [[tuple(kidx[p.kind] * mnc + c2 for ev, _, c2 in rules.needs(kind, 0, c, nc)
+                       for p in rules.producers(ev, 0, c2, split=True if kind is Kind.W else None))
+                 for c in range(nc)] for kind in kinds]
+    for ki, table in enumerate(needs_of):
+        off = ki * mnc
+        for key in range(mnc):
+            jk = off + key
             if not count[jk]:
                 continue
-            for ev, m2, c2 in rules.needs(kind, mb, c, nc):
-                # a W belongs to a split backward: it needs its own B (a BW beside it is reported above)
-                for p in rules.producers(ev, m2, c2, split=True if kind is Kind.W else None):
-                    checks.append((jk, kidx[p.kind] * mnc + m2 * nc + c2))
-        for jk, rk in checks:
-            if count[jk] and count[rk] and pos_dev[jk] == pos_dev[rk] and pos_idx[rk] > pos_idx[jk]:
-                out.append(Violation("order", f"device {pos_dev[jk]} position {pos_idx[jk]}: {_key_str(jk, m, nc)} runs before "
-                                             f"{_key_str(rk, m, nc)} (position {pos_idx[rk]}) that it needs"))
-                if len(out) >= max_messages:
-                    return out
+            mb, c = divmod(key, nc)
+            base = mb * nc
+            dj, ij = pos_dev[jk], pos_idx[jk]
+            for r in table[c]:
+                rk = r + base
+                if count[rk] and pos_dev[rk] == dj and pos_idx[rk] > ij:
+                    out.append(Violation("order", f"device {dj} position {ij}: {_key_str(jk, m, nc)} runs before "
+                                                  f"{_key_str(rk, m, nc)} (position {pos_idx[rk]}) that it needs"))
+                    if len(out) >= max_messages:
+                        return out
     for d, i in schedule.overlapped:
         if not (0 <= d < pp and 0 <= i < len(schedule.devices[d]) - 1):
             out.append(Violation("overlap", f"overlapped pair ({d}, {i}) does not name two consecutive jobs"))
@@ -131,7 +135,7 @@ def _proven_valid(schedule: Schedule, mem: MemModel, mem_limit: float | None) ->
     extension, sends the caller down the job-by-job checks.
     """
     a, b = mem.per_chunk(schedule.num_chunks, schedule.vpp)
-    return greedy.witness_check(schedule, a, b, mem_limit)
+    return accel.witness_check(schedule, a, b, mem_limit)
 
 
 def _key_str(key: int, m: int, nc: int) -> str:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import product
@@ -55,10 +54,7 @@ from ...core.errors import DeadlockError
 from ...core.ir import Job, Kind, Placement, device_of, make_schedule
 from ...sim.simulate import simulate
 
-try:  # optional C transcription of the greedy pass (setup.py builds it; identical results, ~20x faster)
-    from . import _accel
-except ImportError:  # no compiler at install time: the Python pass below does the same work
-    _accel = None
+from .accel import accelerated, ext as _accel
 
 INF = math.inf
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
@@ -173,23 +169,6 @@ class PassResult:
 
     def to_jobs(self) -> list[list[Job]]:
         return [list(seq) for seq in self.seqs]
-
-
-def witness_check(schedule, a: list[float], b: list[float], mem_limit: float | None) -> bool:
-    """Every rule of the validator checked in one pass of the C extension, with ``schedule.witness`` as the
-    deadlock proof (see ``proven_valid`` in ``_accel.c``). False when the extension is absent or off, or when
-    any rule fails: the caller then checks job by job."""
-    if not accelerated() or schedule.witness is None or schedule.overlapped:
-        return False
-    pp = schedule.pp
-    home = [device_of(c, pp, schedule.placement) for c in range(schedule.num_chunks)]
-    return _accel.proven_valid(schedule.devices, schedule.witness, (pp, schedule.vpp, schedule.microbatches), home,
-                               (Kind.F, Kind.B, Kind.W, Kind.BW), a, b, mem_limit)
-
-
-def accelerated() -> bool:
-    """True when greedy passes run in the C extension (unset by ``PIPELOOM_PURE_PYTHON=1``)."""
-    return _accel is not None and not os.environ.get("PIPELOOM_PURE_PYTHON")
 
 
 def run_pass(prob: Problem, pol: Policy) -> PassResult | None:
