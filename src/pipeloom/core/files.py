@@ -8,7 +8,6 @@ temporary behind, and the error names the file.
 from __future__ import annotations
 
 import os
-import tempfile
 from contextlib import contextmanager
 from typing import IO, Iterator
 
@@ -28,6 +27,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
         except OSError as e:
             raise OSError(e.errno, e.strerror or str(e), path) from None
         return
+    import tempfile  # stdlib, but slow to import: only when a file is written
+
     parent = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(parent, exist_ok=True)

@@ -51,8 +51,6 @@ from ..core.errors import DeadlockError
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
 from .registry import PlanSpec, register
-from .search.bounds import graph_bound
-from .search.cpsat import hint_starts, job_graph, relabel_hint, solve_graph, topo_key
 from ..core.errors import ScheduleError
 
 #: the solver refuses larger problems unless ``allow_large=True`` (e.g. pp 4, m 8, vpp 2, split)
@@ -250,6 +248,10 @@ def optimal(spec: PlanSpec) -> Schedule:
     meta: status, objective, best_bound, gap (objective/bound - 1), wall_time_s, makespan
     (re-simulated), hint (the best starting schedule and its makespan).
     """
+    # the CP-SAT machinery is imported when the builder runs, not when the registry loads the families
+    from .search.bounds import graph_bound
+    from .search.cpsat import hint_starts, job_graph, relabel_hint, solve_graph
+
     opts = dict(spec.options)  # keys outside OPTIONS were refused by registry.build
     pp, m, vpp = spec.pp, spec.microbatches, spec.vpp
     nc = pp * vpp
@@ -382,6 +384,8 @@ def optimal(spec: PlanSpec) -> Schedule:
 def _finish(spec, placement, backward, vals, jobs, dev, nc, tscale, status_name, source, objective, bound, wall,
             time_limit, workers, formulation, limit, best_hint, rounded) -> Schedule:
     """Order each device's jobs by start time, fill meta, re-simulate and check."""
+    from .search.cpsat import topo_key
+
     pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
     devices = []
     for d in range(pp):

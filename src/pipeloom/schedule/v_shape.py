@@ -51,7 +51,6 @@ from ..core.ir import Placement, make_schedule
 from .registry import PlanSpec, int_option, register
 from ..core.errors import ScheduleError
 from .search import greedy as _greedy
-from .search import polish as _polish
 
 #: default greedy work budget (job placements summed over all policies tried)
 DEFAULT_BUDGET = 60_000
@@ -90,6 +89,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         meta["target"] = target
     if polish_det is None:  # large shape: no bound, no polish (the greedy path is all there is)
         return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
+    from .search import polish as _polish  # CP-SAT machinery: imported only when a shape is small enough to polish
+
     pspec = spec if spec.mem_limit == limit else replace(spec, mem_limit=limit)
     sched = make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
     res = _polish.polish(pspec, sched, polish_det)

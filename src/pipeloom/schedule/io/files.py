@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...core.errors import ScheduleFormatError
 from ...core.files import write_text
 from ...core.ir import Schedule
-from . import native, torch_csv
+from . import native
 
 #: the formats :func:`save` writes
 FORMATS = ("pipeloom", "torch")
@@ -35,6 +35,8 @@ def parse(text: str, name: str = "") -> Schedule:
     body = text.lstrip("\ufeff \t\r\n")
     if low.endswith(".json") or (not low.endswith(".csv") and body.startswith("{")):
         return native.from_json(text)
+    from . import torch_csv  # only when a CSV is read: keeps `pipeloom --help` and plain plans quick to start
+
     if torch_csv.looks_like_torch_csv(text):
         return torch_csv.from_torch_csv(text)
     return native.from_csv(text)
@@ -54,6 +56,8 @@ def render(schedule: Schedule, path: str = ".json", fmt: str = "pipeloom") -> st
     if fmt not in FORMATS:
         raise ScheduleFormatError(f"unknown schedule format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if fmt == "torch":
+        from . import torch_csv
+
         if not str(path).lower().endswith(".csv"):
             raise ScheduleFormatError(f"{path}: a torch schedule is a CSV file; give a name ending in .csv")
         return torch_csv.to_torch_csv(schedule)

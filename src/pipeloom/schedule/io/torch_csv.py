@@ -37,9 +37,9 @@ KIND_OF_LETTER = {v: k for k, v in TORCH_LETTER.items()}
 #: communication and sharding actions a compute+comms file may hold; reading drops them
 COMM_ACTIONS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 
-_ACTION = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
-_COMM = re.compile(r"^(\d+)(" + "|".join(COMM_ACTIONS) + r")(\d*)$")
-_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+_ACTION = r"^(\d+)(F|I|W|B)(\d+)$"
+_COMM = r"^(\d+)(" + "|".join(COMM_ACTIONS) + r")(\d*)$"
+_OVERLAP = r"^\((.*)\)OVERLAP_F_B$"
 
 
 def torch_action(job: Job) -> str:
@@ -84,7 +84,7 @@ def to_torch_csv(schedule: Schedule) -> str:
 
 
 def _job_of(cell: str, rank: int, col: int) -> Job:
-    m = _ACTION.match(cell)
+    m = re.match(_ACTION, cell)
     if not m:
         raise ScheduleFormatError(f"row {rank + 1}, cell {col + 1}: cannot read torch action {cell!r}; expected "
                                   f"STAGE F|I|W|B MICROBATCH (e.g. 1F3), a (a;b)OVERLAP_F_B composite, an empty "
@@ -104,9 +104,9 @@ def from_torch_rows(rows: list[list[str]], *, name: str = "torch") -> Schedule:
         seq: list[Job] = []
         for c, raw in enumerate(row):
             cell = raw.strip()
-            if not cell or _COMM.match(cell):
+            if not cell or re.match(_COMM, cell):
                 continue
-            ov = _OVERLAP.match(cell)
+            ov = re.match(_OVERLAP, cell)
             if ov:
                 parts = [p.strip() for p in ov.group(1).split(";") if p.strip()]
                 if len(parts) != 2:
@@ -159,5 +159,5 @@ def looks_like_torch_csv(text: str) -> bool:
         cells = [c.strip() for c in line.split(",") if c.strip()]
         if cells:
             first = cells[0]
-            return bool(_ACTION.match(first) or _COMM.match(first) or _OVERLAP.match(first))
+            return bool(re.match(_ACTION, first) or re.match(_COMM, first) or re.match(_OVERLAP, first))
     return False
