@@ -69,45 +69,93 @@ def wrap(text: str, width: int = 90) -> str:
     return textwrap.fill(text, width)
 
 
-def add_plan_options(p: argparse.ArgumentParser, *, schedule: bool = True) -> None:
-    """--schedule/--pp/--microbatches/--vpp/--mem-limit/--costs/--mem (shared by simulate, plan, compare)."""
-    if schedule:
-        p.add_argument("--schedule", "-s", required=True, metavar="NAME",
-                       help="schedule builder; one of: " + ", ".join(registry.names()))
-    p.add_argument("--pp", type=positive_int, required=True, help="pipeline degree (number of devices)")
-    p.add_argument("--microbatches", "-m", type=positive_int, required=True,
-                   help="microbatches per step (gradient accumulation steps)")
-    p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)" if schedule
-                   else "chunks per device, for every schedule (default: each schedule at vpp 1 and at vpp 2, "
-                        "where it takes them)")
-    p.add_argument("--mem-limit", default="none", metavar="LIMIT",
-                   help="peak activation memory per device: none, 1p (1F1B's peak = pp units), 1.5p, 2p, Xp, "
-                        "or a number of units (one unit = one full-stage microbatch activation)")
-    p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
-                   help="durations per chunk pass (BW = B+W) and cross-device latency; per-chunk lists as "
-                        "F=1:2:1:1 (default: %(default)s)")
-    p.add_argument("--mem", default=None, metavar="a=..,b=..",
-                   help="activation memory per chunk pass in units: F allocates a (default 1/vpp), "
-                        "B frees b (default a/2), W frees a-b")
+# ---------------------------------------------------------------------- planning options, each defined once
+DEFAULT_COSTS = "F=1,B=1,W=1,comm=0"
+MEM_LIMIT_HELP = ("peak activation memory per device: none, 1p (1F1B's peak = pp units), 1.5p, 2p, Xp, or a number of "
+                  "units (one unit = one full-stage microbatch activation)")
+COSTS_HELP = ("durations per chunk pass (BW = B+W) and cross-device latency; per-chunk lists as F=1:2:1:1 "
+              "(default: %(default)s)")
+
+
+def add_schedule_option(p, *, required: bool = True, default: str | None = None, help: str | None = None) -> None:
+    """--schedule/-s NAME (a registry builder)."""
+    p.add_argument("--schedule", "-s", required=required, default=default, metavar="NAME",
+                   help=help or "schedule builder; one of: " + ", ".join(registry.names()))
+
+
+def add_shape_options(p, *, required: bool = True, pp_help: str = "pipeline degree (number of devices)",
+                      m_help: str = "microbatches per step (gradient accumulation steps)",
+                      vpp_help: str = "chunks per device (default: 2 for interleaved and V-shape schedules, else 1)",
+                      microbatches: bool = True) -> None:
+    """--pp, --microbatches/-m, --vpp (``required=False``: None when not given, the command fills defaults)."""
+    p.add_argument("--pp", type=positive_int, required=required, default=None, help=pp_help)
+    if microbatches:
+        p.add_argument("--microbatches", "-m", type=positive_int, required=required, default=None, help=m_help)
+    p.add_argument("--vpp", type=positive_int, default=None, help=vpp_help)
+
+
+def add_mem_limit_option(p, *, default: str | None = "none", help: str = MEM_LIMIT_HELP) -> None:
+    """--mem-limit LIMIT (parsed by :func:`pipeloom.core.costs.parse_mem_limit` where it is used)."""
+    p.add_argument("--mem-limit", default=default, metavar="LIMIT", help=help)
+
+
+def add_costs_option(p, *, default: str | None = DEFAULT_COSTS, help: str = COSTS_HELP) -> None:
+    """--costs F=..,B=..,W=..,comm=.. (parsed by :meth:`pipeloom.core.costs.Costs.parse` where it is used)."""
+    p.add_argument("--costs", default=default, metavar="F=..,B=..,W=..,comm=..", help=help)
+
+
+def add_mem_option(p, *, help: str = "activation memory per chunk pass in units: F allocates a (default 1/vpp), "
+                                     "B frees b (default a/2), W frees a-b") -> None:
+    """--mem a=..,b=.. (the activation memory model)."""
+    p.add_argument("--mem", default=None, metavar="a=..,b=..", help=help)
+
+
+def add_builder_options(p, *, one_schedule: bool = True) -> None:
+    """-O/--option KEY=VALUE, repeatable (builder options, see :func:`parse_options`)."""
     p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE", dest="option",
                    help="builder-specific option, repeatable, e.g. -O time_limit=30 for optimal, "
                         "-O remainder=last for interleaved (values parsed as JSON when they can be); a key the "
-                        "schedule does not read is an error" + ("" if schedule else
+                        "schedule does not read is an error" + ("" if one_schedule else
                         "; each schedule gets the options it reads"))
-    add_partition_options(p)
+
+
+def add_planning_options(p: argparse.ArgumentParser, *, schedule: bool = True, partition: bool = True,
+                         costs_default: str | None = DEFAULT_COSTS, costs_help: str = COSTS_HELP) -> None:
+    """The options that make a :class:`PlanSpec`: --schedule/--pp/--microbatches/--vpp/--mem-limit/--costs/--mem/-O
+    and the layer-partition options (shared by simulate, plan, compare and run)."""
+    if schedule:
+        add_schedule_option(p)
+    add_shape_options(p, vpp_help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)"
+                      if schedule else "chunks per device, for every schedule (default: each schedule at vpp 1 "
+                                       "and at vpp 2, where it takes them)")
+    add_mem_limit_option(p)
+    add_costs_option(p, default=costs_default, help=costs_help)
+    add_mem_option(p)
+    add_builder_options(p, one_schedule=schedule)
+    if partition:
+        add_partition_options(p)
+
+
+#: the old name of :func:`add_planning_options`
+add_plan_options = add_planning_options
 
 
 # ---------------------------------------------------------------------- layer partition (helper B, issue 5)
-def add_partition_options(p: argparse.ArgumentParser) -> None:
-    """--layers/--layers-per-device/--layer-costs/--vocab/--hidden/--seq/--balance: per-chunk costs from layers."""
+PARTITION_KEYS = ("layers", "layers_per_device", "layer_costs", "balance")
+
+
+def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) -> None:
+    """--layers/--layers-per-device/--layer-costs/--vocab/--hidden/--seq/--balance: per-chunk costs from layers.
+
+    ``layers=False`` leaves out --layers for a command that defines it itself (run: the model's layers)."""
     g = p.add_argument_group(
         "layer partition",
         "Split L layers over pp*vpp chunks and derive per-chunk F/B/W and memory from them (see "
         "'pipeloom partition --help'). Without these options every chunk costs --costs F/B/W.")
-    g.add_argument("--layers", type=positive_int, default=None, metavar="L",
-                   help="number of transformer layers; uniform split: per-chunk counts differ by at most one, "
-                        "the L %% (pp*vpp) extra layers go to the first global chunks")
+    if layers:
+        g.add_argument("--layers", type=positive_int, default=None, metavar="L",
+                       help="number of transformer layers; uniform split: per-chunk counts differ by at most one, "
+                            "the L %% (pp*vpp) extra layers go to the first global chunks")
     g.add_argument("--layers-per-device", default=None, metavar="N0,N1,..",
                    help="layers of each device (e.g. 7,8,8,9), dealt round-robin over the device's chunks; "
                         "each needs >= vpp")
@@ -124,17 +172,19 @@ def add_partition_options(p: argparse.ArgumentParser) -> None:
                    help="choose the per-chunk layer counts by cost: 'bottleneck' (DP, minimise the largest "
                         "chunk/device time) or 'makespan' (simulate the schedule); bare --balance = makespan "
                         "when a schedule is known, else bottleneck")
-    p.set_defaults(_partition_options=True)  # spec_from_args acts on these only where they were added
+    p.set_defaults(_partition_options=True)  # plan_inputs acts on these only where they were added
 
 
 def partition_given(args) -> bool:
     """True if the command has the partition options and one of them was used."""
     return getattr(args, "_partition_options", False) and any(
-        getattr(args, k, None) is not None for k in ("layers", "layers_per_device", "layer_costs", "balance"))
+        getattr(args, k, None) is not None for k in PARTITION_KEYS)
 
 
-def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progress=None):
-    """The :class:`~pipeloom.partition.PartitionPlan` the partition options ask for (placement from the schedule)."""
+def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progress=None, *,
+                        objective: str | None = None, layers: int | None = None):
+    """The :class:`~pipeloom.partition.PartitionPlan` the partition options ask for (placement from the
+    schedule's declaration). ``objective`` and ``layers`` replace --balance and --layers where given."""
     from ..partition import make_partition, placement_of
     from ..core.ir import Placement
 
@@ -142,10 +192,10 @@ def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progr
     if schedule is None and args.layers_per_device is not None and spec.vpp > 1:
         raise ValueError("--layers-per-device with vpp > 1 needs one schedule (interleaved and V placements put "
                          "different chunks on a device); use plan/simulate --schedule NAME")
-    objective = args.balance
+    objective = objective or args.balance
     if objective == "auto":
         objective = "makespan" if schedule else "bottleneck"
-    return make_partition(pp=spec.pp, vpp=spec.vpp, placement=placement, layers=args.layers,
+    return make_partition(pp=spec.pp, vpp=spec.vpp, placement=placement, layers=args.layers if layers is None else layers,
                           layers_per_device=args.layers_per_device, layer_costs=args.layer_costs,
                           base_costs=spec.costs, vocab=args.vocab, hidden=args.hidden, seq=args.seq,
                           balance=objective, schedule=schedule, microbatches=spec.microbatches,
@@ -167,25 +217,37 @@ def parse_options(items: list[str]) -> dict:
     return out
 
 
-def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
-    vpp = args.vpp
+def plan_inputs(args, schedule: str | None = None, *, pp: int | None = None, microbatches: int | None = None,
+                vpp: int | None = None, costs=None, layers: int | None = None):
+    """``(PlanSpec, PartitionPlan or None)`` from the planning options in ``args`` (``args`` is not changed).
+
+    The keywords replace the options of the same name where given: compare plans every vpp with
+    per-chunk costs of its own, run fills in its defaults (pp 2, 4 microbatches, the model's layers)."""
+    if vpp is None:
+        vpp = args.vpp
     if vpp is None:
         vpp = registry.default_vpp(schedule) if schedule else 1
-    spec = make_spec(pp=args.pp, microbatches=args.microbatches, vpp=vpp, costs=args.costs, mem=args.mem,
+    spec = make_spec(pp=args.pp if pp is None else pp, vpp=vpp,
+                     microbatches=args.microbatches if microbatches is None else microbatches,
+                     costs=args.costs if costs is None else costs, mem=args.mem,
                      mem_limit=args.mem_limit, options=parse_options(getattr(args, "option", [])))
     if getattr(args, "_partition_options", False) and not partition_given(args):
         alone = [f"--{k}" for k in ("vocab", "hidden", "seq") if getattr(args, k, None) is not None]
         if alone:
             raise ValueError(f"{', '.join(alone)}: only used to cost the layers of a layer partition; give --layers L "
                              f"(or --layers-per-device, --layer-costs FILE) as well, or drop {', '.join(alone)}")
-    if partition_given(args):
-        if args.mem is not None:
-            raise ValueError("--mem cannot be combined with the layer partition options (memory then comes from "
-                             "the layers); drop --mem or put 'mem' in --layer-costs")
-        plan = partition_from_args(args, spec, schedule)
-        args.partition_plan = plan
-        spec = plan.apply(spec)
-    return spec
+    if not partition_given(args):
+        return spec, None
+    if args.mem is not None:
+        raise ValueError("--mem cannot be combined with the layer partition options (memory then comes from "
+                         "the layers); drop --mem or put 'mem' in --layer-costs")
+    pplan = partition_from_args(args, spec, schedule, layers=layers)
+    return pplan.apply(spec), pplan
+
+
+def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
+    """The :class:`PlanSpec` of the planning options (see :func:`plan_inputs`)."""
+    return plan_inputs(args, schedule)[0]
 
 
 def print_json(obj) -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..schedule.planning import compare
-from .common import add_plan_options, fmt, print_json, spec_from_args
+from .common import add_planning_options, fmt, partition_given, plan_inputs, print_json
 
 
 def add_parser(sub) -> None:
@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
                        description="Plan and simulate every registered schedule for one shape (vpp 1 and 2, or "
                                    "the given --vpp) under one memory limit; print them sorted by makespan (then "
                                    "peak memory), and say why the others do not apply.")
-    add_plan_options(p, schedule=False)
+    add_planning_options(p, schedule=False)
     p.add_argument("--schedules", default=None,
                    help="comma-separated subset of schedules (default: all heuristics; the exact solver "
                         "'optimal' only when named here or with --with-optimal)")
@@ -24,35 +24,31 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _stage_costs(args, vpp: int) -> str:
+def _stage_costs(args, vpp: int):
     """--costs per full-stage pass -> per chunk pass for a schedule with ``vpp`` chunks per device."""
+    from dataclasses import replace
+
     from ..core.costs import Costs
 
     c = Costs.parse(args.costs)
     if not c.is_uniform():
         raise ValueError("per-chunk cost lists need --costs-per chunk and an explicit --vpp")
-    return f"F={c.F / vpp},B={c.B / vpp},W={c.W / vpp},comm={c.comm},overlap={c.overlap}"
+    return replace(c, F=c.F / vpp, B=c.B / vpp, W=c.W / vpp)
 
 
 def run(args) -> int:
     from ..schedule import registry
-    from .common import partition_given
 
     names = [s.strip() for s in args.schedules.split(",")] if args.schedules else \
         [n for n in registry.names() if n != "optimal" or args.with_optimal]
     rows = []
-    given_vpp, given_costs = args.vpp, args.costs
-    if args.costs_per == "chunk" and not given_vpp:
+    if args.costs_per == "chunk" and not args.vpp:
         raise ValueError("--costs-per chunk compares one vpp only: give --vpp")
-    for vpp in ([given_vpp] if given_vpp else [1, 2]):
-        args.vpp = vpp
-        if args.costs_per == "stage" and not partition_given(args):
-            args.costs = _stage_costs(args, vpp)
+    for vpp in ([args.vpp] if args.vpp else [1, 2]):
+        costs = _stage_costs(args, vpp) if args.costs_per == "stage" and not partition_given(args) else None
         # without --vpp, each schedule runs at its natural vpp; drop the "takes vpp ..." mismatches
-        rows += [r for r in compare(spec_from_args(args), names)
-                 if given_vpp or "takes vpp" not in r.get("error", "")]
-        args.costs = given_costs
-    args.vpp = given_vpp
+        rows += [r for r in compare(plan_inputs(args, vpp=vpp, costs=costs)[0], names)
+                 if args.vpp or "takes vpp" not in r.get("error", "")]
     rows.sort(key=lambda r: ("error" in r, r.get("makespan") or 0, max(r.get("peak_memory") or [0])))
     if args.json:
         print_json({"pp": args.pp, "microbatches": args.microbatches, "costs": args.costs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .common import positive_int, print_json
+from .common import add_mem_limit_option, add_schedule_option, add_shape_options, positive_int, print_json
 
 GiB = 1024 ** 3
 
@@ -28,13 +28,10 @@ def add_parser(sub) -> None:
                    help="model preset: " + ", ".join(PRESETS))
     from ..schedule import registry
 
-    p.add_argument("--schedule", "-s", default="1f1b", metavar="NAME",
-                   help="pipeline schedule whose memory trace gives the live microbatches, one of: "
-                        + ", ".join(registry.names()) + " (default: %(default)s)")
-    p.add_argument("--pp", type=positive_int, required=True, help="pipeline degree (devices)")
-    p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per device (default: 2 for interleaved and V-shape schedules, else 1)")
-    p.add_argument("--microbatches", "-m", type=positive_int, required=True, help="microbatches per step")
+    add_schedule_option(p, required=False, default="1f1b",
+                        help="pipeline schedule whose memory trace gives the live microbatches, one of: "
+                             + ", ".join(registry.names()) + " (default: %(default)s)")
+    add_shape_options(p, pp_help="pipeline degree (devices)", m_help="microbatches per step")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per microbatch (default: 1)")
     p.add_argument("--seq", type=positive_int, default=None,
                    help="sequence length (default: the model's published context length)")
@@ -57,9 +54,9 @@ def add_parser(sub) -> None:
                    help="1 = shard fp32 master weights/grads and Adam states over dp (ZeRO-1) (default: 0)")
     p.add_argument("--layers-per-chunk", default=None, metavar="N,N,...",
                    help="layers of every global chunk (pp*vpp values; default: even, extras to the first chunks)")
-    p.add_argument("--mem-limit", default=None, metavar="LIMIT",
-                   help="memory limit for memory-aware schedules: 1p/1.5p/2p/Xp, units, or bytes per device "
-                        "such as 60GiB (converted into units with this estimate)")
+    add_mem_limit_option(p, default=None,
+                         help="memory limit for memory-aware schedules: 1p/1.5p/2p/Xp, units, or bytes per device "
+                              "such as 60GiB (converted into units with this estimate)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="device memory to check against, e.g. 80GiB, 80GB, 40960MiB")
     p.add_argument("--reserve", default="0", metavar="SIZE",

@@ -6,7 +6,8 @@ import json
 
 from ..schedule.planning import evaluate, make_spec, plan
 from ..schedule import registry
-from .common import add_partition_options, fmt, partition_from_args, positive_int
+from .common import (add_costs_option, add_mem_limit_option, add_partition_options, add_schedule_option,
+                     add_shape_options, fmt, partition_from_args, positive_int)
 
 _EPILOG = """\
 where the layers go:
@@ -40,20 +41,17 @@ def add_parser(sub) -> None:
                                    "costs, and simulate the chosen schedule with those heterogeneous chunks "
                                    "against the uniform split.",
                        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pp", type=positive_int, required=True, help="pipeline degree (number of devices)")
-    p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per device (default: the schedule's natural vpp, else 1)")
-    p.add_argument("--schedule", "-s", default=None, metavar="NAME",
-                   help="schedule to simulate (and to balance for); default 1f1b for vpp 1, interleaved otherwise; "
-                        "one of: " + ", ".join(registry.names()))
+    add_shape_options(p, microbatches=False, vpp_help="chunks per device (default: the schedule's natural vpp, else 1)")
+    add_schedule_option(p, required=False,
+                        help="schedule to simulate (and to balance for); default 1f1b for vpp 1, interleaved "
+                             "otherwise; one of: " + ", ".join(registry.names()))
     p.add_argument("--microbatches", "-m", type=positive_int, default=None,
                    help="microbatches for the simulation (default: 2*pp)")
-    p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
-                   help="F/B/W of the average chunk (per-layer costs scale from it unless --layer-costs) and the "
-                        "cross-device latency comm (default: %(default)s)")
-    p.add_argument("--mem-limit", default="none", metavar="LIMIT",
-                   help="per-device activation budget for --balance and the simulation: none, 1p (= pp units), "
-                        "1.5p, 2p, Xp or units (one unit = the average device's activation per microbatch)")
+    add_costs_option(p, help="F/B/W of the average chunk (per-layer costs scale from it unless --layer-costs) and "
+                             "the cross-device latency comm (default: %(default)s)")
+    add_mem_limit_option(p, help="per-device activation budget for --balance and the simulation: none, 1p (= pp "
+                                 "units), 1.5p, 2p, Xp or units (one unit = the average device's activation per "
+                                 "microbatch)")
     p.add_argument("--max-evals", type=positive_int, default=400,
                    help="most schedules the makespan search may simulate (default: %(default)s)")
     p.add_argument("--json", action="store_true",
@@ -70,18 +68,17 @@ def run(args) -> int:
     registry.check_vpp(registry.get(schedule), vpp)
     m = args.microbatches or 2 * args.pp
     spec = make_spec(pp=args.pp, microbatches=m, vpp=vpp, costs=args.costs, mem_limit=args.mem_limit)
-    if args.balance == "auto":
-        args.balance = "makespan"
+    objective = "makespan" if args.balance == "auto" else args.balance
     progress = None
     status = None
-    if args.balance == "makespan" and not args.json:
+    if objective == "makespan" and not args.json:
         from rich.console import Console
 
         status = Console(stderr=True).status("balancing: 0 schedules simulated")
         status.start()
         progress = lambda n: status.update(f"balancing: {n} schedules simulated (at most {args.max_evals})")  # noqa
     try:
-        pplan = partition_from_args(args, spec, schedule, progress=progress)
+        pplan = partition_from_args(args, spec, schedule, progress=progress, objective=objective)
     finally:
         if status is not None:
             status.stop()

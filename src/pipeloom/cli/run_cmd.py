@@ -5,7 +5,9 @@ import argparse
 import math
 import sys
 
-from .common import fmt, number_type, positive_int, print_json
+from .common import (add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option, add_partition_options,
+                     add_schedule_option, add_shape_options, fmt, number_type, partition_given, plan_inputs,
+                     positive_int, print_json)
 from ..schedule import io as schedule_io
 
 # defaults of the options that a --plan file replaces (None in argparse, to tell "not given" from the default)
@@ -56,27 +58,36 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--example", default="llama-tiny", metavar="NAME",
                    help="built-in model to train (available: llama-tiny; default: %(default)s)")
-    p.add_argument("--schedule", "-s", default=None, metavar="NAME",
-                   help=f"schedule builder from the registry (see 'pipeloom compare'); default: {_DEFAULTS['schedule']}")
+    add_schedule_option(p, required=False,
+                        help=f"schedule builder from the registry (see 'pipeloom compare'); default: "
+                             f"{_DEFAULTS['schedule']}")
     p.add_argument("--plan", metavar="FILE",
                    help="run this schedule file (JSON or CSV from 'pipeloom plan', or hand-written) instead "
                         "of building one; the schedule, pp, vpp and microbatches come from the file (so "
-                        "--schedule, --pp, --vpp, --microbatches and --mem-limit cannot be given with it)")
-    p.add_argument("--pp", type=positive_int, default=None, help=f"pipeline stages (default: {_DEFAULTS['pp']})")
-    p.add_argument("--microbatches", "-m", type=positive_int, default=None,
-                   help=f"microbatches per step (default: {_DEFAULTS['microbatches']})")
-    p.add_argument("--vpp", type=positive_int, default=None,
-                   help="chunks per stage (default: the schedule's: 2 for interleaved and V-shape schedules, else 1)")
+                        "--schedule, --pp, --vpp, --microbatches, --mem-limit and the other planning options "
+                        "cannot be given with it)")
+    add_shape_options(p, required=False, pp_help=f"pipeline stages (default: {_DEFAULTS['pp']})",
+                      m_help=f"microbatches per step (default: {_DEFAULTS['microbatches']})",
+                      vpp_help="chunks per stage (default: the schedule's: 2 for interleaved and V-shape "
+                               "schedules, else 1)")
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--mem-limit", default=None, metavar="LIMIT",
-                   help="memory limit for memory-aware schedules: none, 1p, 1.5p, 2p or units")
+    g = p.add_argument_group("planning", "The schedule is planned as 'pipeloom plan' plans it, from these options.")
+    add_mem_limit_option(g, default=None, help="memory limit for memory-aware schedules: none, 1p, 1.5p, 2p or units")
+    add_costs_option(g, default=None,
+                     help="costs to plan with: F=..,B=..,W=..,comm=.. as in 'pipeloom plan' (default: unit costs), "
+                          "or 'measured': run a first plan for a few logged steps, fit every chunk's F/B/W and "
+                          "comm in ms, plan again with them (printed), then run")
+    add_mem_option(g)
+    add_builder_options(g)
+    add_partition_options(p, layers=False)
     g = p.add_argument_group("model and data")
     g.add_argument("--microbatch-size", type=positive_int, default=2, help="sequences per microbatch (default: 2)")
     g.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
     g.add_argument("--layers", type=positive_int, default=None,
-                   help="decoder layers (default: max(8, pp*vpp)); split evenly over the chunks")
+                   help="decoder layers (default: max(8, pp*vpp)); split evenly over the chunks unless the layer "
+                        "partition options below choose the split (then they also cost the chunks)")
     g.add_argument("--dim", type=positive_int, default=64, help="model width, a multiple of 8 (default: 64)")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="parameter dtype; bf16 keeps fp32 master weights and fp32 grads (default: fp32)")
@@ -101,7 +112,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..runtime.driver import EXAMPLES, RunConfig
+    from ..runtime.driver import EXAMPLES
     from ..runtime.driver import run as run_example
     from ..runtime.launch import RankFailure
     from . import CLIError
@@ -109,19 +120,15 @@ def run(args) -> int:
     if args.example not in EXAMPLES:
         raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
     _check_args(args)
-    plan = schedule_io.to_dict(schedule_io.load(args.plan)) if args.plan else None
-    cfg = RunConfig(schedule=args.schedule, pp=args.pp, vpp=args.vpp, dp=args.dp, microbatches=args.microbatches,
-                    steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
-                    n_layers=args.layers, dim=args.dim, seed=args.seed, lr=args.lr, verify=args.verify,
-                    log_dir=args.log_dir, profile_steps=args.profile_steps, inject_delay=args.inject_delay,
-                    plan=plan, mem_limit=args.mem_limit, timeout_s=args.timeout, dtype=args.dtype)
+    cfg = run_config(args)
     try:
         if args.json or not sys.stderr.isatty():
             res = run_example(cfg, example=args.example)
         else:
             from rich.console import Console
-            with Console(stderr=True).status(f"running {args.schedule if not plan else 'plan ' + args.plan} "
-                                             f"on {(cfg.pp if not plan else plan['pp']) * cfg.dp} ranks..."):
+            what = cfg.schedule if not args.plan else "plan " + args.plan
+            with Console(stderr=True).status(f"running {what} on {(cfg.pp if not args.plan else cfg.plan.pp) * cfg.dp}"
+                                             f" ranks{' (measuring costs first)' if cfg.measure_costs else ''}..."):
                 res = run_example(cfg, example=args.example)
     except RankFailure as e:
         raise CLIError(str(e)) from None
@@ -134,14 +141,48 @@ def run(args) -> int:
         print_json({k: res[k] for k in ("schedule", "pp", "vpp", "dp", "microbatches", "steps", "loss",
                                         "step_time_s", "losses", "dtype")}
                    | ({"max_loss_diff": res["max_loss_diff"], "max_grad_diff": res["max_grad_diff"],
-                       "verified": ok} if args.verify else {}))
+                       "verified": ok} if args.verify else {})
+                   | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {}))
     else:
-        _print_table(res, args, tol, ok)
+        _print_table(res, args, tol, ok, measured=cfg.measure_costs)
     return 0 if ok else 1
 
 
+def _is_measured(args) -> bool:
+    return args.costs is not None and args.costs.strip().lower() == "measured"
+
+
+def run_config(args):
+    """The :class:`~pipeloom.runtime.driver.RunConfig` of the run options: the schedule's PlanSpec made as
+    'pipeloom plan' makes it (costs, memory, -O, layer partition), nothing planned yet."""
+    from ..runtime.driver import RunConfig
+
+    common = dict(dp=args.dp, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
+                  dim=args.dim, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
+                  profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
+                  dtype=args.dtype)
+    if args.plan:
+        sched = schedule_io.load(args.plan)
+        return RunConfig(plan=sched, pp=sched.pp, microbatches=sched.microbatches, n_layers=args.layers, **common)
+    schedule = args.schedule or _DEFAULTS["schedule"]
+    from ..schedule import registry
+
+    registry.get(schedule)
+    pp = args.pp or _DEFAULTS["pp"]
+    m = args.microbatches or _DEFAULTS["microbatches"]
+    vpp = args.vpp or registry.default_vpp(schedule)
+    measured = _is_measured(args)
+    layers = args.layers if args.layers is not None else max(8, pp * vpp)
+    spec, pplan = plan_inputs(args, schedule, pp=pp, microbatches=m, vpp=vpp,
+                              costs="" if measured else args.costs, layers=layers)
+    return RunConfig(schedule=schedule, pp=pp, vpp=vpp, microbatches=m, spec=spec, mem_limit=args.mem_limit,
+                     n_layers=args.layers,
+                     layers_per_chunk=tuple(pplan.partition.seg_layer_num) if pplan is not None else None,
+                     measure_costs=measured, **common)
+
+
 def _check_args(args) -> None:
-    """Catch option mistakes before any process starts; fill in the defaults that --plan replaces."""
+    """Catch option mistakes before any process starts."""
     import os
 
     from . import CLIError
@@ -149,19 +190,21 @@ def _check_args(args) -> None:
     if args.plan:
         given = [flag for flag, v in (("--schedule", args.schedule), ("--pp", args.pp),
                                       ("--microbatches", args.microbatches), ("--vpp", args.vpp),
-                                      ("--mem-limit", args.mem_limit)) if v is not None]
+                                      ("--mem-limit", args.mem_limit), ("--costs", args.costs), ("--mem", args.mem),
+                                      ("--option", args.option or None),
+                                      ("--layers-per-device", args.layers_per_device),
+                                      ("--layer-costs", args.layer_costs), ("--balance", args.balance),
+                                      ("--vocab", args.vocab), ("--hidden", args.hidden), ("--seq", args.seq))
+                 if v is not None]
         if given:
             raise CLIError(f"--plan {args.plan} fixes the schedule, pp, vpp and microbatches; drop "
                            f"{', '.join(given)} (or drop --plan and build the schedule from the options)")
-    for k, v in _DEFAULTS.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
     if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CLIError(f"--log-dir {args.log_dir}: is a file; give a directory (created when missing)")
     # --profile-steps windows that log nothing are RunConfig's check (the API gets it too)
 
 
-def _print_table(res: dict, args, tol: float, ok: bool) -> None:
+def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -171,6 +214,9 @@ def _print_table(res: dict, args, tol: float, ok: bool) -> None:
     t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
     t.add_row("microbatches", str(res["microbatches"]))
     t.add_row("dtype", res["dtype"])
+    if measured:
+        c = res["planned_costs"]
+        t.add_row("measured costs (ms/chunk)", f"F={_ms(c['F'])} B={_ms(c['B'])} W={_ms(c['W'])} comm={c['comm']:.3g}")
     t.add_row("steps", str(res["steps"]))
     t.add_row("loss per step", " ".join(f"{x:.4f}" for x in res["losses"]))
     t.add_row("step time (median, s)", fmt(res["step_time_s"]))
@@ -181,3 +227,7 @@ def _print_table(res: dict, args, tol: float, ok: bool) -> None:
     if args.log_dir:
         t.add_row("job logs", f"{args.log_dir}/workerlog.<rank>")
     Console().print(t)
+
+
+def _ms(v) -> str:
+    return ":".join(f"{x:.3g}" for x in v) if isinstance(v, (list, tuple)) else f"{v:.3g}"

@@ -6,7 +6,7 @@ import argparse
 from ..core.costs import Costs, MemModel, parse_mem_limit
 from ..core.errors import DeadlockError
 from ..sim.simulate import simulate
-from .common import check_out_path, positive_int, wrap
+from .common import add_costs_option, add_mem_limit_option, add_mem_option, check_out_path, positive_int, wrap
 from ..schedule import io as schedule_io
 
 
@@ -20,11 +20,10 @@ def add_parser(sub) -> None:
                "  pipeloom show 1f1b.json --out gantt.png --out gantt.html --out trace.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="schedule file written by 'pipeloom plan' (or by hand): .json or .csv")
-    p.add_argument("--costs", default="F=1,B=1,W=1,comm=0", metavar="F=..,B=..,W=..,comm=..",
-                   help="durations used to lay out the chart (default: %(default)s)")
-    p.add_argument("--mem", default=None, metavar="a=..,b=..", help="activation memory model (default a=1/vpp, b=a/2)")
-    p.add_argument("--mem-limit", default="none", metavar="LIMIT",
-                   help="draw this memory limit under each row: none, 1p, 1.5p, 2p, Xp or units (default: none)")
+    add_costs_option(p, help="durations used to lay out the chart (default: %(default)s)")
+    add_mem_option(p, help="activation memory model (default a=1/vpp, b=a/2)")
+    add_mem_limit_option(p, help="draw this memory limit under each row: none, 1p, 1.5p, 2p, Xp or units "
+                                 "(default: none)")
     p.add_argument("--out", "-o", action="append", default=[], metavar="PATH",
                    help="write a picture instead of printing: .png, .svg or .pdf (Gantt), .html (interactive: hover, "
                         "zoom) or .json (Chrome/Perfetto trace); repeat for several")

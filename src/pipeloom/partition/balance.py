@@ -47,36 +47,17 @@ OBJECTIVES = ("bottleneck", "makespan")
 
 
 def placement_of(schedule: str, vpp: int, options: dict | None = None) -> Placement:
-    """The placement builder ``schedule`` uses at ``vpp`` (probed once on a tiny shape, then cached).
+    """The placement builder ``schedule`` uses at ``vpp``, from its registry declaration (no schedule is built).
 
     ``options`` are the builder options (e.g. ``optimal``'s ``placement``); they can change it.
     """
-    key = tuple(sorted((str(k), repr(v)) for k, v in (options or {}).items()))
-    return _placement_of(schedule, vpp, key, dict(options or {}))
-
-
-_PLACEMENTS: dict[tuple, Placement] = {}
-
-
-def _placement_of(schedule: str, vpp: int, key: tuple, options: dict) -> Placement:
-    hit = _PLACEMENTS.get((schedule, vpp, key))
-    if hit is not None:
-        return hit
     info = registry.get(schedule)
     registry.check_vpp(info, vpp)
-    found = Placement.INTERLEAVED if vpp == 1 else None
-    if found is None:
-        for pp, m in ((2, 4), (2, 2), (4, 8)):
-            try:
-                found = info.fn(PlanSpec(pp=pp, microbatches=m, vpp=vpp, options=dict(options))).placement
-                break
-            except (ValueError, RuntimeError):
-                continue
-        else:
-            raise PartitionError(f"cannot tell which placement schedule {schedule!r} uses at vpp={vpp} (it "
-                                 f"rejected every probe shape); pass the placement explicitly")
-    _PLACEMENTS[(schedule, vpp, key)] = found
-    return found
+    registry.check_options(info, dict(options or {}))
+    try:
+        return info.placement_at(vpp, options)
+    except ValueError as e:  # e.g. an option value that names no placement
+        raise PartitionError(f"cannot tell which placement schedule {schedule!r} uses at vpp={vpp}: {e}") from None
 
 
 def bottleneck_dp(costs: LayerCosts, pp: int, vpp: int = 1, placement: Placement | str = Placement.INTERLEAVED,

@@ -21,10 +21,13 @@ import torch.distributed as dist
 
 from ..schedule import planning
 from ..core.ir import Schedule
+from ..core.costs import Costs
 from ..core.errors import ScheduleError
+from ..schedule.registry import PlanSpec
 from .executor import PipelineExecutor, reference_step
 from ..trace.writer import JobLog, parse_profile_steps
 from .launch import RankFailure, default_device, init_process_group, one_line, spawn, under_torchrun
+from ..models.slicing import even_layer_split
 from ..schedule import io as schedule_io
 
 EXAMPLES = ("llama-tiny",)
@@ -34,8 +37,9 @@ EXAMPLES = ("llama-tiny",)
 class RunConfig:
     """One training run of the example model."""
 
-    schedule: str = "1f1b"
-    """registry name (ignored when ``plan`` is given)"""
+    schedule: str | Schedule = "1f1b"
+    """registry name (planned once by :func:`prepare`), or a built :class:`Schedule` (ignored when ``plan``
+    is given)"""
     pp: int = 2
     """pipeline stages"""
     vpp: int | None = None
@@ -66,10 +70,26 @@ class RunConfig:
     """profiler window START:STOP (default with log_dir: every step)"""
     inject_delay: tuple[int, float] | None = None
     """(global rank, seconds): sleep in every job of that rank"""
-    plan: dict | None = None
-    """a schedule as Schedule.to_dict() (from --plan FILE) instead of building one"""
+    plan: Schedule | dict | None = None
+    """a schedule file's content (a Schedule, or Schedule.to_dict() from --plan FILE) instead of building one"""
     mem_limit: str | None = None
-    """memory limit for memory-aware builders (none, 1p, 1.5p, 2p, ...)"""
+    """memory limit for memory-aware builders (none, 1p, 1.5p, 2p, ...); ignored when ``spec`` is given"""
+    spec: PlanSpec | None = None
+    """what a registry ``schedule`` is planned with (costs, memory model and limit, builder options;
+    its pp/vpp/microbatches win over the fields above); None: unit costs at ``mem_limit``"""
+    layers_per_chunk: tuple[int, ...] | None = None
+    """decoder layers of every global chunk (a layer partition's seg_layer_num); None: an even split"""
+    measure_costs: bool = False
+    """plan with measured costs: run ``calibrate_steps`` logged steps of a first plan, fit per-chunk
+    F/B/W and comm (:func:`pipeloom.trace.check.fit_chunk_costs`), plan again, then run"""
+    calibrate_steps: int = 3
+    """timed steps of the calibration run (after one warm-up step)"""
+    planned_costs: Costs | None = None
+    """the costs the schedule was planned with (set by :func:`prepare`; written to the job logs)"""
+    builder: str | None = None
+    """the registry name the schedule was planned with (set by :func:`prepare`; None: a given schedule)"""
+    checked: bool = False
+    """set by :func:`prepare`: ``schedule`` is a planned or validated Schedule (ranks only check its shape)"""
     timeout_s: float = 120.0
     """longest wait on a peer"""
     dtype: str = "fp32"
@@ -82,7 +102,7 @@ class RunConfig:
     """testing: this global rank dies (os._exit) at its first job"""
 
     def __post_init__(self) -> None:
-        for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim"):
+        for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -101,24 +121,70 @@ class RunConfig:
                              f"0..{self.steps - 1}, so nothing would be logged")
 
 
-def resolve_schedule(cfg: RunConfig) -> tuple[Schedule, dict | None]:
-    """The schedule to run and the costs it was planned with (for the log)."""
-    if cfg.plan is not None:
-        sched = schedule_io.from_dict(cfg.plan)
-        from ..schedule.validate import summary, validate
+def prepare(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``schedule`` a checked :class:`Schedule` (planned or validated here, once) and pp, vpp,
+    microbatches taken from it, ``checked`` set. A checked config is returned as it is (the ranks of a
+    spawned run get it so and only check the schedule's shape)."""
+    if cfg.checked:
+        return cfg
+    from ..schedule.validate import summary, validate
+    costs = None
+    if cfg.plan is not None or isinstance(cfg.schedule, Schedule):
+        src = cfg.plan if cfg.plan is not None else cfg.schedule
+        sched = schedule_io.from_dict(src) if isinstance(src, dict) else src
         v = validate(sched)
         if v:
             raise ScheduleError(f"plan {sched.name!r} is invalid: {summary(v)}")
-        return sched, None
-    from ..schedule import registry
-    vpp = cfg.vpp if cfg.vpp is not None else registry.default_vpp(cfg.schedule)
-    spec = planning.make_spec(pp=cfg.pp, microbatches=cfg.microbatches, vpp=vpp, mem_limit=cfg.mem_limit)
-    return planning.plan(cfg.schedule, spec), spec.costs.to_dict()
+    else:
+        from ..schedule import registry
+        spec = cfg.spec
+        if spec is None:
+            vpp = cfg.vpp if cfg.vpp is not None else registry.default_vpp(cfg.schedule)
+            spec = planning.make_spec(pp=cfg.pp, microbatches=cfg.microbatches, vpp=vpp, mem_limit=cfg.mem_limit)
+        sched, costs = planning.plan(cfg.schedule, spec), spec.costs
+    if cfg.layers_per_chunk is not None and len(cfg.layers_per_chunk) != sched.num_chunks:
+        raise ValueError(f"layers_per_chunk has {len(cfg.layers_per_chunk)} entries but the schedule has "
+                         f"{sched.num_chunks} chunks (pp*vpp)")
+    builder = cfg.schedule if isinstance(cfg.schedule, str) and cfg.plan is None else None
+    if sched.witness is not None:  # the validator's shortcut (may hold memoryviews): not for pickling to ranks
+        sched = dataclasses.replace(sched, witness=None)
+    return dataclasses.replace(cfg, schedule=sched, plan=None, pp=sched.pp, vpp=sched.vpp, builder=builder,
+                               microbatches=sched.microbatches, planned_costs=costs, checked=True)
+
+
+def resolve_schedule(cfg: RunConfig) -> tuple[Schedule, dict | None]:
+    """The schedule to run and the costs it was planned with (None for a given schedule), as a dict."""
+    p = prepare(cfg)
+    return p.schedule, None if p.planned_costs is None else p.planned_costs.to_dict()
+
+
+def _check_shape(cfg: RunConfig, sched: Schedule) -> None:
+    """The cheap per-rank check of a schedule planned and validated by the parent."""
+    if sched.pp != cfg.pp or len(sched.devices) != sched.pp:
+        raise ValueError(f"schedule {sched.name!r} is for pp={sched.pp} with {len(sched.devices)} device lists, "
+                         f"the run has pp={cfg.pp}")
+
+
+def _split(cfg: RunConfig, mcfg, num_chunks: int) -> list[list[int]]:
+    """Global layer indices of every chunk: ``layers_per_chunk`` or an even split."""
+    if cfg.layers_per_chunk is None:
+        return even_layer_split(mcfg.layers, num_chunks)
+    out, start = [], 0
+    for n in cfg.layers_per_chunk:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
 
 
 def model_config(cfg: RunConfig, num_chunks: int):
     from ..models.llama import LlamaConfig
-    n_layers = cfg.n_layers if cfg.n_layers is not None else max(8, num_chunks)
+    if cfg.layers_per_chunk is not None:
+        if any(n < 1 for n in cfg.layers_per_chunk):
+            raise ValueError(f"layers_per_chunk {list(cfg.layers_per_chunk)}: every chunk needs >= 1 layer")
+        if cfg.n_layers is not None and cfg.n_layers != sum(cfg.layers_per_chunk):
+            raise ValueError(f"n_layers {cfg.n_layers} != {sum(cfg.layers_per_chunk)} layers in layers_per_chunk")
+    n_layers = sum(cfg.layers_per_chunk) if cfg.layers_per_chunk is not None else \
+        cfg.n_layers if cfg.n_layers is not None else max(8, num_chunks)
     if n_layers < num_chunks:
         raise ValueError(f"{n_layers} layers cannot fill {num_chunks} chunks (pp*vpp); use more layers")
     return LlamaConfig(n_layers=n_layers, dim=cfg.dim, max_seq_len=cfg.seq_len)
@@ -152,14 +218,18 @@ def _groups(pp: int, dp: int):
 
 def worker(cfg: RunConfig) -> dict:
     """Run ``cfg`` on this rank (process group already initialised); rank 0 returns the result."""
-    from ..models.llama import build_chunk_modules, build_reference, even_layer_split, loss_fn
-    sched, costs = resolve_schedule(cfg)
+    from ..models.llama import build_chunk_modules, build_reference, loss_fn
+    if not cfg.checked:
+        cfg = prepare(cfg)  # a config made by hand (tests' cases_worker): every rank plans the same
+    sched = cfg.schedule
+    _check_shape(cfg, sched)
+    costs = cfg.planned_costs.to_dict() if cfg.planned_costs is not None else None
     pp, dp = sched.pp, cfg.dp
     pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp)
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
-    split = even_layer_split(mcfg.layers, sched.num_chunks)
+    split = _split(cfg, mcfg, sched.num_chunks)
     mine = sched.chunks_of(pp_rank)
     mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
@@ -239,23 +309,31 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: f
 
 
 def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
-    """Run the example: in-process under torchrun, else spawn pp*dp local ranks (gloo, 127.0.0.1)."""
+    """Run the example: in-process under torchrun, else spawn pp*dp local ranks (gloo, 127.0.0.1).
+
+    The schedule is planned (or a given one validated) once here; with ``measure_costs`` it is then
+    planned again from the costs of a short calibration run (see :func:`calibrate`). Rank 0's result
+    carries ``planned_costs`` (the costs the run's schedule was planned with, as a dict)."""
     if example not in EXAMPLES:
         raise ValueError(f"unknown example {example!r}; available: {', '.join(EXAMPLES)}")
-    sched, _ = resolve_schedule(cfg)  # fail fast on a bad schedule before starting processes
-    if cfg.plan is not None:
-        cfg = dataclasses.replace(cfg, pp=sched.pp, microbatches=sched.microbatches)
+    cfg = prepare(cfg)  # fail fast on a bad schedule before starting processes
+    sched = cfg.schedule
     model_config(cfg, sched.num_chunks)
     world = sched.pp * cfg.dp
     if cfg.inject_delay and not 0 <= cfg.inject_delay[0] < world:
         raise ValueError(f"--inject-delay rank {cfg.inject_delay[0]} out of range: world size is {world}")
+    if cfg.measure_costs and cfg.builder is None:
+        raise ValueError("measured costs plan a registry schedule again; a given schedule (--plan) has fixed "
+                         "jobs: drop measured costs or give --schedule NAME")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world:  # before the rendezvous: every rank says it at once
             raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; "
                              f"pp*dp = {sched.pp}*{cfg.dp} = {world}")
         init_process_group(max(cfg.timeout_s, 300.0))
         try:
-            return worker(cfg)
+            if cfg.measure_costs:
+                cfg = calibrate(cfg)
+            return _with_costs(worker(cfg), cfg)
         except Exception as e:  # as from spawn: one line naming this rank (the CLI prints it, no traceback)
             raise RankFailure(dist.get_rank(), one_line(e), tb=traceback.format_exc()) from e
         finally:
@@ -263,7 +341,54 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
                 dist.destroy_process_group()
             except Exception:
                 pass
-    return spawn(worker, world, (cfg,), timeout_s=cfg.timeout_s)
+    if cfg.measure_costs:
+        cfg = calibrate(cfg)
+    return _with_costs(spawn(worker, world, (cfg,), timeout_s=cfg.timeout_s), cfg)
+
+
+def _with_costs(res: dict | None, cfg: RunConfig) -> dict | None:
+    if res is not None:
+        res["planned_costs"] = cfg.planned_costs.to_dict() if cfg.planned_costs is not None else None
+    return res
+
+
+def calibrate(cfg: RunConfig) -> RunConfig:
+    """Measured costs: run one warm-up and ``calibrate_steps`` logged steps of ``cfg``'s (first) schedule
+    (no optimizer step is kept: the calibration run is separate from the real one), fit every chunk's
+    F, B, W and the comm latency in ms (:func:`pipeloom.trace.check.fit_chunk_costs`, the fit ``pipeloom
+    check`` uses) and plan the registry schedule again with them. Spawned runs calibrate in their own
+    ranks and plan in this process; under torchrun rank 0 fits (the log directory must be visible to it:
+    one machine) and every rank plans the same deterministic schedule from the broadcast costs."""
+    import tempfile
+    from ..trace.check import fit_chunk_costs
+    from ..trace.reader import read_logs
+
+    sched = cfg.schedule
+    warm, n = 1, cfg.calibrate_steps
+    torchrun = under_torchrun()
+    with tempfile.TemporaryDirectory(prefix="pipeloom-calibrate-") as tmp:
+        box = [tmp]
+        if torchrun:
+            dist.broadcast_object_list(box, src=0)
+        ccfg = dataclasses.replace(cfg, steps=warm + n, log_dir=box[0], profile_steps=f"{warm}:{warm + n}",
+                                   verify=False, measure_costs=False, fault_nan_mb=None, fault_exit_rank=None)
+        if torchrun:
+            worker(ccfg)
+            dist.barrier()
+            out = [fit_chunk_costs(read_logs(box[0])) if dist.get_rank() == 0 else None]
+            dist.broadcast_object_list(out, src=0)
+            measured = out[0]
+        else:
+            spawn(worker, sched.pp * cfg.dp, (ccfg,), timeout_s=cfg.timeout_s)
+            measured = fit_chunk_costs(read_logs(tmp))
+    base = cfg.spec if cfg.spec is not None else planning.make_spec(
+        pp=sched.pp, microbatches=sched.microbatches, vpp=sched.vpp, mem_limit=cfg.mem_limit)
+    measured = dataclasses.replace(measured, overlap=base.costs.overlap)
+    spec = dataclasses.replace(base, costs=measured)
+    again = planning.plan(cfg.builder, spec)
+    if again.witness is not None:
+        again = dataclasses.replace(again, witness=None)
+    return dataclasses.replace(cfg, schedule=again, spec=spec, planned_costs=measured, measure_costs=False)
 
 
 def cases_worker(cases: list[dict]) -> list[dict]:
@@ -278,4 +403,4 @@ def cases_worker(cases: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["RunConfig", "run", "worker", "cases_worker", "resolve_schedule", "EXAMPLES"]
+__all__ = ["RunConfig", "run", "worker", "cases_worker", "prepare", "calibrate", "resolve_schedule", "EXAMPLES"]

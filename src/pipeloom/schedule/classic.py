@@ -16,7 +16,7 @@ formula with g0 = pp), then one forward / one backward, then the cool-down backw
 from __future__ import annotations
 
 from ..core.ir import BW, F, Placement, make_schedule
-from .registry import PlanSpec, register
+from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
 
 
@@ -73,7 +73,9 @@ def microbatch_groups(m: int, pp: int, remainder: str = "spread") -> list[list[i
 
 
 @register("interleaved", description="interleaved 1F1B (Megatron VPP), any vpp (default 2), any m (remainder spread)",
-          vpp="any", default_vpp=2, options=("remainder",))
+          vpp="any", default_vpp=2, placement=Placement.INTERLEAVED,
+          options=(Option(name="remainder", type="choice", choices=("spread", "last"), default="spread",
+                          help="microbatches beyond a multiple of pp: spread over the groups, or a short last group"),))
 def interleaved(spec: PlanSpec):
     pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
     remainder = spec.options.get("remainder", "spread")

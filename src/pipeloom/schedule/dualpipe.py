@@ -36,7 +36,7 @@ overlap and m >= 2pp (tests/schedule/test_dualpipe.py; measured table in docs/re
 from __future__ import annotations
 
 from ..core.ir import BW, B, F, Job, Placement, W, Schedule
-from .registry import PlanSpec, register
+from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
 from ..sim.simulate import memory_profile
 
@@ -108,7 +108,9 @@ def dualpipev_program(pp: int, m: int, d: int) -> tuple[list[Job], set[int]]:
 
 @register("dualpipev", description="DualPipeV (DeepSeek): V placement, F and B of different microbatches "
                                    "overlapped in pairs (cost option overlap), any m (best m >= 2pp)", vpp="2",
-          options=("overlap_pairs",))
+          placement=Placement.V,
+          options=(Option(name="overlap_pairs", type="bool", default=True,
+                          help="overlap F and B of different microbatches in pairs (false: same order, no pairs)"),))
 def dualpipev(spec: PlanSpec) -> Schedule:
     """DualPipeV schedule; ``spec.costs.overlap`` sets how much of each pair is hidden.
 

@@ -50,7 +50,7 @@ from ..core.costs import MemModel
 from ..core.errors import DeadlockError
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
-from .registry import PlanSpec, register
+from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
 
 #: the solver refuses larger problems unless ``allow_large=True`` (e.g. pp 4, m 8, vpp 2, split)
@@ -220,13 +220,29 @@ def _registry_hints(spec: PlanSpec, placement: Placement, split: bool) -> list[t
 
 # ----------------------------------------------------------------------------- builder
 #: the options of the ``optimal`` builder (see its docstring)
-OPTIONS = ("time_limit", "placement", "backward", "workers", "seed", "allow_large", "hints", "formulation",
-           "start_from")
+OPTIONS = (
+    Option(name="time_limit", type="float", min=0, min_open=True, default=10.0, help="solver seconds"),
+    Option(name="placement", type="choice", choices=("v", "interleaved"), default=None,
+           help="chunk placement (default v for vpp 2, else interleaved)"),
+    Option(name="backward", type="choice", choices=("split", "bw"), default="split",
+           help="split = B and W jobs, bw = fused backward"),
+    Option(name="workers", type="int", min=1, default=None, help="CP-SAT search workers (default: CPUs, at most 8)"),
+    Option(name="seed", type="int", default=0, help="solver random seed"),
+    Option(name="allow_large", type="bool", default=False, help=f"solve above {MAX_JOBS} jobs"),
+    Option(name="hints", type="bool", default=True, help="also start from the other builders' schedules"),
+    Option(name="formulation", type="choice", choices=("auto", "interval", "time", "both"), default="auto",
+           help="CP-SAT model"),
+    Option(name="start_from", type="any", default=None, help="extra Schedules to start from"))
+
+
+def _placement(vpp: int, options: dict) -> Placement:
+    """optimal's placement: option ``placement``, default v for vpp 2, else interleaved."""
+    return Placement(str(options.get("placement", "v" if vpp == 2 else "interleaved")).lower())
 
 
 @register("optimal", description="exact minimum makespan under the memory limit (OR-Tools CP-SAT; small shapes: "
                                  f"at most {MAX_JOBS} jobs, e.g. pp<=4, m<=8, vpp<=2)",
-          vpp="any", memory_aware=True, options=OPTIONS)
+          vpp="any", memory_aware=True, options=OPTIONS, placement=_placement)
 def optimal(spec: PlanSpec) -> Schedule:
     """Minimum-makespan schedule by CP-SAT.
 

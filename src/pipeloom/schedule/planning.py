@@ -82,10 +82,10 @@ def compare(spec: PlanSpec, names: list[str] | None = None) -> list[dict]:
     """
     rows = []
     infos = [registry.get(name) for name in names or registry.names()]
-    unread = set(spec.options) - {k for info in infos for k in info.options}
+    unread = set(spec.options) - {k for info in infos for k in info.option_names}
     if unread:
-        elsewhere = sorted(n for n in registry.names() if set(registry.get(n).options) & unread)
-        readers = ", ".join(f"{i.name} ({', '.join(i.options)})" for i in infos if i.options) or "none"
+        elsewhere = sorted(n for n in registry.names() if set(registry.get(n).option_names) & unread)
+        readers = ", ".join(f"{i.name} ({', '.join(i.option_names)})" for i in infos if i.options) or "none"
         raise ScheduleError(f"option(s) {', '.join(sorted(unread))} are read by none of the compared schedules"
                             + (f" (only by {', '.join(elsewhere)}, not compared here)" if elsewhere else "")
                             + f"; their options: {readers}")
@@ -96,7 +96,7 @@ def compare(spec: PlanSpec, names: list[str] | None = None) -> list[dict]:
         except ScheduleError as e:
             rows.append({"schedule": name, "vpp": spec.vpp, "error": str(e)})
             continue
-        own = {k: v for k, v in spec.options.items() if k in info.options}
+        own = {k: v for k, v in spec.options.items() if k in info.option_names}
         try:
             sched = plan(name, spec if own == spec.options else replace(spec, options=own))
         except (ScheduleError, ValueError) as e:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..core.costs import Costs, MemModel
 from ..core.errors import ScheduleError
-from ..core.ir import Schedule
+from ..core.ir import Placement, Schedule
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,8 +37,83 @@ class PlanSpec:
                 raise ScheduleError(f"{name} must be an integer >= 1, got {v!r}")
 
 
+#: the value kinds a builder option may declare
+OPTION_TYPES = ("int", "float", "bool", "choice", "any")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """One builder option (a key of ``PlanSpec.options``): its type, default, allowed values and help.
+
+    :func:`build` checks every given value against this before the builder runs, so a bad value
+    is a one-line :class:`ScheduleError` naming the builder and the option.
+    """
+
+    name: str
+    """the key in ``PlanSpec.options`` (``-O name=value`` on the command line)"""
+    type: str
+    """'int' (whole number), 'float', 'bool', 'choice' (one of ``choices``, case-insensitive) or 'any'
+    (not checked here: e.g. a list of schedules)"""
+    default: object
+    """the value the builder uses when the option is absent (None: depends on the shape, see ``help``)"""
+    help: str
+    """one line: what it does and its unit"""
+    min: float | None = None
+    """smallest allowed value of an int/float option (None: no lower bound)"""
+    min_open: bool = False
+    """True: the value must be strictly above ``min``"""
+    choices: tuple[str, ...] = ()
+    """allowed values of a 'choice' option"""
+
+    def __post_init__(self) -> None:
+        if self.type not in OPTION_TYPES:
+            raise ValueError(f"option {self.name}: type must be one of {', '.join(OPTION_TYPES)}, got {self.type!r}")
+        if self.type == "choice" and not self.choices:
+            raise ValueError(f"option {self.name}: a 'choice' option needs choices")
+
+    def describe(self) -> str:
+        """``name (type, default ...): help`` for listings."""
+        kind = "|".join(self.choices) if self.type == "choice" else self.type
+        if self.min is not None:
+            kind += f" {'>' if self.min_open else '>='} {self.min:g}"
+        return f"{self.name} ({kind}, default {self.default!r}): {self.help}"
+
+    def check(self, value, who: str) -> None:
+        """Raise a one-line ScheduleError when ``value`` is not allowed (``who``: the builder's name)."""
+        if self.type == "any":
+            return
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise ScheduleError(f"{who}: option {self.name} must be true or false, got {value!r}")
+            return
+        if self.type == "choice":
+            if str(value).lower() not in self.choices:
+                allowed = " or ".join(repr(c) for c in self.choices)
+                raise ScheduleError(f"{who}: option {self.name} must be {allowed}, got {value!r}")
+            return
+        bound = "" if self.min is None else f" {'>' if self.min_open else '>='} {self.min:g}"
+        try:
+            x = float(value)
+            ok = not isinstance(value, bool) and math.isfinite(x)
+        except (TypeError, ValueError, OverflowError):
+            x, ok = math.nan, False
+        if ok and self.type == "int":
+            ok = x == int(x)
+        if ok and self.min is not None:
+            ok = x > self.min if self.min_open else x >= self.min
+        if not ok:
+            what = "a whole number" if self.type == "int" else "a number"
+            raise ScheduleError(f"{who}: option {self.name} must be {what}{bound} ({self.help}), got {value!r}")
+
+
+#: what ``mem_limit=None`` means for builders that plan without a limit of their own
+UNLIMITED = "unlimited"
+
+
 @dataclass(frozen=True, slots=True)
 class BuilderInfo:
+    """What the registry knows about a builder without running it."""
+
     name: str
     fn: Callable[[PlanSpec], Schedule]
     description: str
@@ -47,8 +123,35 @@ class BuilderInfo:
     """True if the builder honours PlanSpec.mem_limit itself"""
     default_vpp: int | None = None
     """vpp used when the user gives none (None: 1 for '1'/'any' builders, 2 for the others)"""
-    options: tuple[str, ...] = ()
-    """the keys of PlanSpec.options the builder reads; :func:`build` rejects any other"""
+    options: tuple[Option, ...] = ()
+    """the options the builder reads (:func:`build` rejects any other key and checks the values)"""
+    placement: Placement | Callable[[int, dict], Placement] = Placement.INTERLEAVED
+    """where chunks go at vpp > 1: a placement, or a function of (vpp, options) for builders whose
+    placement is an option (at vpp 1 every placement is the same: chunk d on device d)"""
+    no_limit: str = UNLIMITED
+    """what ``mem_limit=None`` means: 'unlimited', or the limit the builder then plans under"""
+    default_limit: Callable[[int], float] | None = None
+    """the nominal limit in units for ``pp`` that ``mem_limit=None`` stands for (None: unlimited);
+    builders may raise it to the smallest feasible limit (see ``no_limit``)"""
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The keys of ``PlanSpec.options`` the builder reads."""
+        return tuple(o.name for o in self.options)
+
+    def option(self, name: str) -> Option:
+        """The declaration of option ``name`` (KeyError if the builder has none)."""
+        for o in self.options:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def placement_at(self, vpp: int, options: dict | None = None) -> Placement:
+        """The placement this builder uses at ``vpp`` with ``options`` (no schedule is built)."""
+        if vpp == 1:
+            return Placement.INTERLEAVED
+        p = self.placement
+        return Placement(p(vpp, dict(options or {}))) if callable(p) else Placement(p)
 
 
 BUILDERS: dict[str, BuilderInfo] = {}
@@ -57,9 +160,19 @@ FAMILIES = ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal")
 
 
 def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False,
-             default_vpp: int | None = None, options: tuple[str, ...] = ()):
+             default_vpp: int | None = None, options: tuple[Option, ...] = (),
+             placement: Placement | Callable[[int, dict], Placement] = Placement.INTERLEAVED,
+             no_limit: str = UNLIMITED, default_limit: Callable[[int], float] | None = None):
+    """Decorator: add a builder to :data:`BUILDERS` with its declaration (see :class:`BuilderInfo`)."""
+    for o in options:
+        if not isinstance(o, Option):
+            raise TypeError(f"{name}: options must be Option declarations, got {o!r}")
+    if (default_limit is None) != (no_limit == UNLIMITED):
+        raise ValueError(f"{name}: give default_limit exactly when mem_limit=None is not unlimited")
+
     def deco(fn: Callable[[PlanSpec], Schedule]):
-        info = BuilderInfo(name, fn, description, vpp, memory_aware, default_vpp, tuple(options))
+        info = BuilderInfo(name, fn, description, vpp, memory_aware, default_vpp, tuple(options), placement,
+                           no_limit, default_limit)
         if default_vpp is not None:
             check_vpp(info, default_vpp)
         BUILDERS[name] = info
@@ -74,11 +187,13 @@ def _load_all() -> None:
 
 
 def names() -> list[str]:
+    """Every registered builder name, sorted."""
     _load_all()
     return sorted(BUILDERS)
 
 
 def get(name: str) -> BuilderInfo:
+    """The declaration of builder ``name`` (a one-line ScheduleError listing the names if unknown)."""
     _load_all()
     try:
         return BUILDERS[name]
@@ -96,6 +211,7 @@ def default_vpp(name: str) -> int:
 
 
 def check_vpp(info: BuilderInfo, vpp: int) -> None:
+    """Raise if the builder does not take ``vpp`` chunks per device."""
     ok = {"1": vpp == 1, "2": vpp == 2, ">=2": vpp >= 2, "any": vpp >= 1}[info.vpp]
     if not ok:
         allowed = {"1": "1", "2": "2", ">=2": "2 or more", "any": "any value >= 1"}[info.vpp]
@@ -103,11 +219,15 @@ def check_vpp(info: BuilderInfo, vpp: int) -> None:
 
 
 def check_options(info: BuilderInfo, options: dict) -> None:
-    """Reject option keys the builder does not read (a typo would otherwise be ignored silently)."""
-    unknown = set(options) - set(info.options)
+    """Reject option keys the builder does not read (a typo would otherwise be ignored silently) and
+    values outside the declarations."""
+    unknown = set(options) - set(info.option_names)
     if unknown:
-        allowed = ", ".join(sorted(info.options)) if info.options else "none (this schedule takes no options)"
+        allowed = ", ".join(sorted(info.option_names)) if info.options else "none (this schedule takes no options)"
         raise ScheduleError(f"{info.name}: unknown option(s) {', '.join(sorted(unknown))}; allowed: {allowed}")
+    for o in info.options:
+        if o.name in options:
+            o.check(options[o.name], info.name)
 
 
 def int_option(options: dict, key: str, default: int, *, what: str = "job placements", who: str = "") -> int:

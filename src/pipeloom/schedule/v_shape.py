@@ -48,7 +48,7 @@ import math
 from dataclasses import replace
 
 from ..core.ir import Placement, make_schedule
-from .registry import PlanSpec, int_option, register
+from .registry import Option, PlanSpec, int_option, register
 from ..core.errors import ScheduleError
 from .search import greedy as _greedy
 
@@ -144,7 +144,13 @@ POLISH_MAX_JOBS = 400
 
 
 #: the options the V-shape builders read (see the module docstring)
-V_OPTIONS = ("budget", "insert_budget", "polish")
+V_OPTIONS = (
+    Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET, help="job placements for the greedy policy search"),
+    Option(name="insert_budget", type="int", min=0, default=0,
+           help="job re-timings for the insertion local search (0 = off)"),
+    Option(name="polish", type="float", min=0, default=None,
+           help=f"CP-SAT deterministic seconds of polish (0 = off; default {DEFAULT_POLISH:g} up to "
+                f"{DEFAULT_POLISH_MAX_JOBS} jobs)"))
 
 
 def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
@@ -174,7 +180,7 @@ def _policy_dict(pol) -> dict:
 
 
 @register("zbv", description="ZB-V: V placement, B/W split, greedy under the memory limit (any vpp >= 2)",
-          vpp=">=2", memory_aware=True, options=V_OPTIONS)
+          vpp=">=2", memory_aware=True, options=V_OPTIONS, placement=Placement.V)
 def zbv(spec: PlanSpec):
     return plan_v("zbv", spec, spec.mem_limit)
 
@@ -189,12 +195,16 @@ def _budget_limit(name: str, spec: PlanSpec, units: float, text: str):
 
 
 @register("vhalf", description="V-Half: zbv greedy at (p+2)//2 microbatch activations (about 1/2 of 1F1B)",
-          vpp=">=2", memory_aware=True, options=V_OPTIONS)
+          vpp=">=2", memory_aware=True, options=V_OPTIONS, placement=Placement.V,
+          no_limit="V-Half budget (p+2)//2 units, raised to the smallest feasible limit",
+          default_limit=lambda pp: float((pp + 2) // 2))
 def vhalf(spec: PlanSpec):
     return _budget_limit("vhalf", spec, float((spec.pp + 2) // 2), "V-Half budget (p+2)//2")
 
 
 @register("vmin", description="V-Min: zbv greedy at (p+4)//3 microbatch activations (about 1/3 of 1F1B)",
-          vpp=">=2", memory_aware=True, options=V_OPTIONS)
+          vpp=">=2", memory_aware=True, options=V_OPTIONS, placement=Placement.V,
+          no_limit="V-Min budget (p+4)//3 units, raised to the smallest feasible limit",
+          default_limit=lambda pp: float((pp + 4) // 3))
 def vmin(spec: PlanSpec):
     return _budget_limit("vmin", spec, float((spec.pp + 4) // 3), "V-Min budget (p+4)//3")

@@ -18,7 +18,7 @@ never a larger makespan than 1F1B, so ``zbh1`` is never slower than ``1f1b`` at 
 from __future__ import annotations
 
 from ..core.ir import B, F, Job, Placement, W, make_schedule
-from .registry import PlanSpec, int_option, register
+from .registry import Option, PlanSpec, int_option, register
 from ..core.errors import ScheduleError
 from .search import greedy as _greedy
 
@@ -71,13 +71,18 @@ def plan_h(name: str, spec: PlanSpec, default_p: float):
                          mem_limit=limit, source=how)
 
 
+#: the options the ZB-H builders read
+H_OPTIONS = (Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET,
+                    help="job placements for the greedy policy search"),)
+
+
 @register("zbh1", description="ZB-H1: B/W split at 1F1B memory (default limit 1p), about 1/3 of 1F1B's bubble",
-          vpp="1", memory_aware=True, options=("budget",))
+          vpp="1", memory_aware=True, options=H_OPTIONS, no_limit="1p (pp units)", default_limit=lambda pp: 1.0 * pp)
 def zbh1(spec: PlanSpec):
     return plan_h("zbh1", spec, 1.0)
 
 
 @register("zbh2", description="ZB-H2: B/W split at about 2x 1F1B memory (default limit 2p), near-zero bubble",
-          vpp="1", memory_aware=True, options=("budget",))
+          vpp="1", memory_aware=True, options=H_OPTIONS, no_limit="2p (2 pp units)", default_limit=lambda pp: 2.0 * pp)
 def zbh2(spec: PlanSpec):
     return plan_h("zbh2", spec, 2.0)

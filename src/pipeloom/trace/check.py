@@ -237,6 +237,36 @@ def fit_durations(run: RunLog, runs: list[StepRun]) -> Fit:
     return Fit(scale, comm, costs, plan.num_chunks)
 
 
+def fit_chunk_costs(run: RunLog, runs: list[StepRun] | None = None, *, unit: float = 1e-3) -> Costs:
+    """Per-chunk F, B, W and the comm latency measured in ``run``, in units of ``unit`` seconds (ms).
+
+    Each (kind, chunk) costs the median duration of its jobs (overlapped pairs left out); a fused
+    BW is split half/half into B and W where the log has no split jobs of that chunk. comm is the
+    latency :func:`fit_durations` fits. These costs plan a schedule for the measured hardware
+    (``pipeloom run --costs measured``).
+    """
+    warnings: list[str] = []
+    runs = step_runs(run, warnings) if runs is None else runs
+    if not runs:
+        raise CheckError("no complete step to measure costs from" + (f" ({warnings[-1]})" if warnings else ""))
+    nc = run.schedule.num_chunks
+    durs: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for sr in runs:
+        d_all = _durations(sr)
+        for d, seq in enumerate(sr.order.devices):
+            for i, job in enumerate(seq):
+                if (d, i) not in sr.order.overlapped and (d, i - 1) not in sr.order.overlapped:
+                    durs[(job.kind.value, job.chunk)].append(d_all[d][i] / unit)
+    med = {k: statistics.median(v) for k, v in durs.items()}
+    missing = [c for c in range(nc) if ("F", c) not in med or not ((("B", c) in med) or (("BW", c) in med))]
+    if missing:
+        raise CheckError(f"no timed F and backward job of chunk {missing[0]} to measure its costs from")
+    F = tuple(med[("F", c)] for c in range(nc))
+    B = tuple(med[("B", c)] if ("B", c) in med else med[("BW", c)] / 2 for c in range(nc))
+    W = tuple(med.get(("W", c), med.get(("BW", c), 0.0) / 2) for c in range(nc))
+    return Costs(F=F, B=B, W=W, comm=fit_durations(run, runs).comm / unit)
+
+
 # ------------------------------------------------------------------------------------ the check
 def check_run(run: RunLog, *, straggler_threshold: float = 0.03, late_tolerance: float | None = None,
               bubble_tolerance: float = 0.05) -> CheckReport:
