@@ -6,6 +6,7 @@ import json
 import math
 import sys
 
+from ..core.costs import RUNTIMES, MemModel, runtime_mem_model
 from ..schedule.planning import make_spec
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
@@ -105,9 +106,26 @@ def add_costs_option(p, *, default: str | None = DEFAULT_COSTS, help: str = COST
 
 
 def add_mem_option(p, *, help: str = "activation memory per chunk pass in units: F allocates a (default 1/vpp), "
-                                     "B frees b (default a/2), W frees a-b") -> None:
-    """--mem a=..,b=.. (the activation memory model)."""
+                                     "B frees b (default a/2), W frees a-b", runtime: bool = True) -> None:
+    """--mem a=..,b=.. (the activation memory model) and, with ``runtime``, --runtime (whose memory model)."""
     p.add_argument("--mem", default=None, metavar="a=..,b=..", help=help)
+    if runtime:
+        p.add_argument("--runtime", choices=RUNTIMES, default=None,
+                       help="the runtime that will execute the plan, for its memory model: pipeloom (B frees b) or "
+                            "torch (torch.distributed.pipelining keeps a chunk's graph until W: B frees 0). "
+                            "Default: torch with --format torch, else pipeloom")
+
+
+def mem_model_from_args(args) -> MemModel:
+    """--mem under the --runtime's rules (torch: B frees nothing; a b > 0 in --mem is then an error)."""
+    mem = MemModel.parse(getattr(args, "mem", None))
+    runtime = getattr(args, "runtime", None) or ("torch" if getattr(args, "format", None) == "torch" else "pipeloom")
+    if runtime == "torch":
+        if mem.b not in (None, 0, 0.0):
+            raise ValueError("--mem gives b (what B frees) but torch's runtime frees nothing at its I (B) step; "
+                             "drop b from --mem, or plan for --runtime pipeloom")
+        return runtime_mem_model("torch", a=mem.a)
+    return mem
 
 
 def add_builder_options(p, *, one_schedule: bool = True) -> None:
@@ -226,10 +244,13 @@ def plan_inputs(args, schedule: str | None = None, *, pp: int | None = None, mic
     if vpp is None:
         vpp = args.vpp
     if vpp is None:
-        vpp = registry.default_vpp(schedule) if schedule else 1
+        if schedule and schedule.startswith(TORCH_PREFIX):
+            vpp = 1 if schedule[len(TORCH_PREFIX):].lower() in ("gpipe", "1f1b") else 2
+        else:
+            vpp = registry.default_vpp(schedule) if schedule else 1
     spec = make_spec(pp=args.pp if pp is None else pp, vpp=vpp,
                      microbatches=args.microbatches if microbatches is None else microbatches,
-                     costs=args.costs if costs is None else costs, mem=args.mem,
+                     costs=args.costs if costs is None else costs, mem=mem_model_from_args(args),
                      mem_limit=args.mem_limit, options=parse_options(getattr(args, "option", [])))
     if getattr(args, "_partition_options", False) and not partition_given(args):
         alone = [f"--{k}" for k in ("vocab", "hidden", "seq") if getattr(args, k, None) is not None]
@@ -243,6 +264,26 @@ def plan_inputs(args, schedule: str | None = None, *, pp: int | None = None, mic
                          "the layers); drop --mem or put 'mem' in --layer-costs")
     pplan = partition_from_args(args, spec, schedule, layers=layers)
     return pplan.apply(spec), pplan
+
+
+#: ``-s torch:NAME`` names one of torch's own schedule classes (pipeloom.integrations.torch)
+TORCH_PREFIX = "torch:"
+
+
+def plan_named(name: str, spec: PlanSpec, *, check: bool = True):
+    """:func:`pipeloom.schedule.planning.plan`, or for ``torch:NAME`` the order torch's schedule class NAME
+    generates (validated; it needs torch, imported only then)."""
+    from ..schedule.planning import plan
+
+    if not name.startswith(TORCH_PREFIX):
+        return plan(name, spec, check=check)
+    try:
+        from ..integrations.torch import torch_builtin
+    except ImportError:
+        raise ValueError(f"{name}: torch's schedules need torch (pip install 'pipeloom[torch]')") from None
+    if spec.options:
+        raise ValueError(f"{name}: torch's schedules take no -O options")
+    return torch_builtin(name[len(TORCH_PREFIX):], spec.pp, spec.microbatches, spec.vpp)
 
 
 def spec_from_args(args, schedule: str | None = None) -> PlanSpec:

@@ -1,8 +1,8 @@
 """pipeloom compare: every schedule side by side for one shape."""
 from __future__ import annotations
 
-from ..schedule.planning import compare
-from .common import add_planning_options, fmt, partition_given, plan_inputs, print_json
+from ..schedule.planning import compare, evaluate
+from .common import TORCH_PREFIX, add_planning_options, fmt, partition_given, plan_inputs, plan_named, print_json
 
 
 def add_parser(sub) -> None:
@@ -16,6 +16,10 @@ def add_parser(sub) -> None:
                         "'optimal' only when named here or with --with-optimal)")
     p.add_argument("--with-optimal", action="store_true",
                    help="also run the exact CP-SAT solver (small shapes only; up to its time limit)")
+    p.add_argument("--with-torch", action="store_true",
+                   help="also list torch.distributed.pipelining's own schedules (torch:GPipe, torch:1F1B, "
+                        "torch:Interleaved1F1B, ...; the order torch generates) under the same costs and memory model "
+                        "(needs torch); use --runtime torch for the memory torch's runtime holds")
     p.add_argument("--costs-per", choices=["stage", "chunk"], default="stage",
                    help="'stage' (default): --costs F/B/W are for a device's whole stage and are split over its "
                         "vpp chunks, so schedules with different vpp model the same network; 'chunk': per chunk "
@@ -36,6 +40,30 @@ def _stage_costs(args, vpp: int):
     return replace(c, F=c.F / vpp, B=c.B / vpp, W=c.W / vpp)
 
 
+def _torch_rows(spec, vpp: int, *, explicit_vpp: bool) -> list[dict]:
+    """Rows for torch's own schedules that take ``vpp`` stages per rank (evaluated like pipeloom's)."""
+    from dataclasses import replace
+
+    try:
+        from ..integrations.torch import BUILTINS
+    except ImportError:
+        raise ValueError("--with-torch needs torch (pip install 'pipeloom[torch]')") from None
+    rows = []
+    plain = replace(spec, options={})
+    for name in BUILTINS:
+        single = name in ("GPipe", "1F1B")
+        if (vpp == 1) != single:
+            if explicit_vpp:
+                rows.append({"schedule": TORCH_PREFIX + name, "vpp": vpp,
+                             "error": f"torch's {name} takes {'1 stage' if single else '2 or more stages'} per rank"})
+            continue
+        try:
+            rows.append(evaluate(plan_named(TORCH_PREFIX + name, plain), plain))
+        except ValueError as e:
+            rows.append({"schedule": TORCH_PREFIX + name, "vpp": vpp, "error": str(e)})
+    return rows
+
+
 def run(args) -> int:
     from ..schedule import registry
 
@@ -47,8 +75,10 @@ def run(args) -> int:
     for vpp in ([args.vpp] if args.vpp else [1, 2]):
         costs = _stage_costs(args, vpp) if args.costs_per == "stage" and not partition_given(args) else None
         # without --vpp, each schedule runs at its natural vpp; drop the "takes vpp ..." mismatches
-        rows += [r for r in compare(plan_inputs(args, vpp=vpp, costs=costs)[0], names)
-                 if args.vpp or "takes vpp" not in r.get("error", "")]
+        spec = plan_inputs(args, vpp=vpp, costs=costs)[0]
+        rows += [r for r in compare(spec, names) if args.vpp or "takes vpp" not in r.get("error", "")]
+        if args.with_torch:
+            rows += _torch_rows(spec, vpp, explicit_vpp=bool(args.vpp))
     rows.sort(key=lambda r: ("error" in r, r.get("makespan") or 0, max(r.get("peak_memory") or [0])))
     if args.json:
         print_json({"pp": args.pp, "microbatches": args.microbatches, "costs": args.costs,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 import time
 
-from ..schedule.planning import evaluate, plan
-from .common import add_plan_options, check_out_path, fmt, print_json, spec_from_args
+from ..schedule.planning import evaluate
+from .common import add_plan_options, check_out_path, fmt, plan_named, print_json, spec_from_args
 from ..schedule import io as schedule_io
 
 
@@ -15,6 +15,10 @@ def add_parser(sub) -> None:
                                    "or JSON). Without --out the job lists are printed.")
     add_plan_options(p)
     p.add_argument("--out", "-o", default=None, metavar="FILE.csv|FILE.json", help="where to write the schedule (missing directories are created)")
+    p.add_argument("--format", choices=schedule_io.FORMATS, default="pipeloom",
+                   help="file format of --out: pipeloom (CSV or JSON by the name) or torch (torch.distributed."
+                        "pipelining's compute-only CSV, for _PipelineScheduleRuntime._load_csv and torchtitan's "
+                        "--parallelism.pipeline_parallel_schedule_csv; plans with --runtime torch unless told otherwise)")
     p.add_argument("--json", action="store_true", help="print the simulate-style JSON summary")
     p.set_defaults(func=run)
 
@@ -23,14 +27,17 @@ def run(args) -> int:
     import os
 
     if args.out is not None:  # before planning: the exact solver may take minutes
-        check_out_path("--out", args.out, (".csv", ".json"))
+        check_out_path("--out", args.out, (".csv",) if args.format == "torch" else (".csv", ".json"),
+                       " (a torch schedule is a CSV file)" if args.format == "torch" else "")
+    elif args.format == "torch":
+        raise ValueError("--format torch writes a file: give --out FILE.csv")
     spec = spec_from_args(args, args.schedule)
     t0 = time.perf_counter()
-    sched = plan(args.schedule, spec)
+    sched = plan_named(args.schedule, spec)
     dt = time.perf_counter() - t0
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        schedule_io.save(sched, args.out)
+        schedule_io.save(sched, args.out, args.format)
     if args.json:
         res = evaluate(sched, spec)
         res["plan_time_s"] = dt

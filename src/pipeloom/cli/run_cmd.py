@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
                      help="costs to plan with: F=..,B=..,W=..,comm=.. as in 'pipeloom plan' (default: unit costs), "
                           "or 'measured': run a first plan for a few logged steps, fit every chunk's F/B/W and "
                           "comm in ms, plan again with them (printed), then run")
-    add_mem_option(g)
+    add_mem_option(g, runtime=False)  # pipeloom runs its own plans
     add_builder_options(g)
     add_partition_options(p, layers=False)
     g = p.add_argument_group("model and data")

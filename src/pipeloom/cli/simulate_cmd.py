@@ -1,8 +1,8 @@
 """pipeloom simulate: plan a schedule and report makespan, bubbles and peak memory."""
 from __future__ import annotations
 
-from ..schedule.planning import evaluate, plan
-from .common import add_plan_options, fmt, print_json, spec_from_args
+from ..schedule.planning import evaluate
+from .common import add_plan_options, fmt, plan_named, print_json, spec_from_args
 
 
 def add_parser(sub) -> None:
@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     spec = spec_from_args(args, args.schedule)
-    sched = plan(args.schedule, spec, check=False)
+    sched = plan_named(args.schedule, spec, check=False)
     res = evaluate(sched, spec)
     if args.json:
         print_json(res)
