@@ -154,11 +154,7 @@ def add_planning_options(p: argparse.ArgumentParser, *, schedule: bool = True, p
         add_partition_options(p)
 
 
-#: the old name of :func:`add_planning_options`
-add_plan_options = add_planning_options
-
-
-# ---------------------------------------------------------------------- layer partition (helper B, issue 5)
+# ---------------------------------------------------------------------- layer partition
 PARTITION_KEYS = ("layers", "layers_per_device", "layer_costs", "balance")
 
 

@@ -5,7 +5,7 @@ import sys
 import time
 
 from ..schedule.planning import evaluate
-from .common import add_plan_options, check_out_path, fmt, plan_named, print_json, spec_from_args
+from .common import add_planning_options, check_out_path, fmt, plan_named, print_json, spec_from_args
 from ..schedule import io as schedule_io
 
 
@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="build a schedule and write it to a .csv or .json file",
                        description="Build a schedule, validate it and write it out (CSV rows device,step,job "
                                    "or JSON). Without --out the job lists are printed.")
-    add_plan_options(p)
+    add_planning_options(p)
     p.add_argument("--out", "-o", default=None, metavar="FILE.csv|FILE.json", help="where to write the schedule (missing directories are created)")
     p.add_argument("--format", choices=schedule_io.FORMATS, default="pipeloom",
                    help="file format of --out: pipeloom (CSV or JSON by the name) or torch (torch.distributed."

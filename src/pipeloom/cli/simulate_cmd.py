@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from ..schedule.planning import evaluate
-from .common import add_plan_options, fmt, plan_named, print_json, spec_from_args
+from .common import add_planning_options, fmt, plan_named, print_json, spec_from_args
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="plan a schedule and simulate it under a cost model",
                        description="Plan a schedule, validate it and simulate it: makespan, bubble rate, "
                                    "stage bubble and per-device peak memory.")
-    add_plan_options(p)
+    add_planning_options(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object (public contract)")
     p.set_defaults(func=run)
 
