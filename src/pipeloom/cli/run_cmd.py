@@ -6,7 +6,7 @@ import math
 import sys
 
 from .common import (add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option, add_partition_options,
-                     add_schedule_option, add_shape_options, fmt, number_type, partition_given, plan_inputs,
+                     add_schedule_option, add_shape_options, fmt, number_type, plan_inputs,
                      positive_int, print_json)
 from ..schedule import io as schedule_io
 
