@@ -62,3 +62,30 @@ def test_prepare_validates_once_and_ranks_only_check_the_shape(monkeypatch):
     cfg = prepare(RunConfig(plan=sched, pp=2))
     assert len(calls) == 1 and cfg.checked and cfg.schedule.devices == sched.devices
     assert prepare(cfg) is cfg and len(calls) == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--pp", "2", "-m", "4", "--schedules", "1f1b,zbv,interleaved", "--json"],
+    ["compare", "--pp", "2", "-m", "4", "--vpp", "2", "--costs-per", "chunk", "--costs", "F=1,B=2,W=1", "--json"],
+    ["partition", "--pp", "2", "--layers", "8", "--vpp", "2", "--balance", "--json", "--max-evals", "20"],
+    ["simulate", "-s", "zbv", "--pp", "2", "-m", "4", "--layers", "9", "--json"],
+])
+def test_commands_do_not_rewrite_their_options(capsys, argv):
+    args = build_parser().parse_args(argv)
+    before = dict(vars(args))
+    assert args.func(args) in (0, None)
+    capsys.readouterr()
+    assert vars(args) == before
+
+
+def test_compare_stage_costs_are_split_over_vpp_without_reparsing(capsys):
+    import json
+
+    assert main(["compare", "--pp", "2", "-m", "4", "--schedules", "interleaved", "--costs", "F=2,B=4,W=2,comm=1",
+                 "--json"]) == 0
+    rows = {r["vpp"]: r for r in json.loads(capsys.readouterr().out)["rows"] if "error" not in r}
+    for vpp, r in rows.items():
+        s = plan("interleaved", make_spec(pp=2, microbatches=4, vpp=vpp,
+                                          costs=Costs(F=2 / vpp, B=4 / vpp, W=2 / vpp, comm=1)))
+        from pipeloom.sim.simulate import simulate
+        assert r["makespan"] == simulate(s, Costs(F=2 / vpp, B=4 / vpp, W=2 / vpp, comm=1)).makespan
