@@ -46,6 +46,7 @@ import math
 import os
 import time
 
+from ..core import rules
 from ..core.costs import MemModel
 from ..core.errors import DeadlockError
 from ..sim.simulate import memory_profile, simulate
@@ -104,8 +105,18 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
     cur = [0.0] * pp          # live activation memory
     reserved = [0.0] * pp     # promised to admitted microbatches whose forward has not reached d yet
     free = [0.0] * pp
-    f_end: dict[tuple[int, int], float] = {}
-    g_end: dict[tuple[int, int], float] = {}  # input grad done (B or BW)
+    ends: dict[tuple[int, int, int], float] = {}  # (core.rules event, mb, chunk) -> when it happened
+
+    def ready(kind: Kind, mb: int, c: int) -> float | None:
+        """When the job's needs (core.rules) are met on device dev[c], comm added across devices; None: not yet."""
+        r = 0.0
+        for ev in rules.needs(kind, mb, c, nc):
+            e = ends.get(ev)
+            if e is None:
+                return None
+            r = max(r, e + (comm if dev[ev[2]] != dev[c] else 0.0))
+        return r
+
     next_f = [0] * nc         # forwards on each chunk go in microbatch order
     pending_b: list[set] = [set() for _ in range(pp)]   # (mb, c) whose F is done, backward not started
     pending_w: list[list] = [[] for _ in range(pp)]     # (mb, c, ready time) after B
@@ -120,23 +131,16 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
                 if dev[c] != d or next_f[c] >= m:
                     continue
                 mb = next_f[c]
-                if c == 0:
-                    r = 0.0
-                    if any(cur[x] + reserved[x] + need[x] > lim for x in range(pp)):
-                        continue
-                else:
-                    e = f_end.get((mb, c - 1))
-                    if e is None:
-                        continue
-                    r = e + (comm if dev[c - 1] != d else 0.0)
+                if c == 0 and any(cur[x] + reserved[x] + need[x] > lim for x in range(pp)):
+                    continue  # admission: every device must be able to hold the new microbatch
+                r = ready(Kind.F, mb, c)
+                if r is None:
+                    continue
                 cands.append((max(free[d], r), 1 if f_first else 2, -c, ("F", mb, c)))
             for mb, c in pending_b[d]:
-                r = f_end[(mb, c)]
-                if c < nc - 1:
-                    e = g_end.get((mb, c + 1))
-                    if e is None:
-                        continue
-                    r = max(r, e + (comm if dev[c + 1] != d else 0.0))
+                r = ready(Kind.B, mb, c)
+                if r is None:
+                    continue
                 cands.append((max(free[d], r), 2 if f_first else 1, -c, ("B", mb, c)))
             for mb, c, r in pending_w[d]:
                 cands.append((max(free[d], r), 3, mb, ("W", mb, c)))
@@ -149,34 +153,25 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
         if best is None:  # cannot happen for limit >= min_feasible_limit; be safe
             raise ScheduleError("greedy hint got stuck")
         s, _, d, (k, mb, c) = best
-        if k == "F":
-            dur = dF[c]
+        kind = {"F": Kind.F, "B": Kind.B if split else Kind.BW, "W": Kind.W}[k]
+        dur = rules.duration(kind, c, dF, dB, dW)
+        cur[d] += rules.memory_delta(kind, a[c], b[c])
+        for ev in rules.PRODUCES[kind]:
+            ends[(ev, mb, c)] = s + dur
+        if kind is Kind.F:
             if c == 0:
                 for x in range(pp):
                     reserved[x] += need[x]
             reserved[d] -= a[c]
-            cur[d] += a[c]
-            f_end[(mb, c)] = s + dur
             next_f[c] += 1
             pending_b[d].add((mb, c))
-            orders[d].append(Job(Kind.F, mb, c))
-        elif k == "B":
+        elif kind is Kind.W:
+            pending_w[d] = [x for x in pending_w[d] if (x[0], x[1]) != (mb, c)]
+        else:
             pending_b[d].discard((mb, c))
             if split:
-                dur = dB[c]
-                cur[d] -= b[c]
                 pending_w[d].append((mb, c, s + dur))
-                orders[d].append(Job(Kind.B, mb, c))
-            else:
-                dur = dB[c] + dW[c]
-                cur[d] -= a[c]
-                orders[d].append(Job(Kind.BW, mb, c))
-            g_end[(mb, c)] = s + dur
-        else:
-            dur = dW[c]
-            pending_w[d] = [x for x in pending_w[d] if (x[0], x[1]) != (mb, c)]
-            cur[d] -= a[c] - b[c]
-            orders[d].append(Job(Kind.W, mb, c))
+        orders[d].append(Job(kind, mb, c))
         free[d] = s + dur
         placed += 1
     return orders
