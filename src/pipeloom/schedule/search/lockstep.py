@@ -45,6 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
 
+from ...core import rules
 from ...core.ir import Job, Kind, Placement
 
 _EPS = 1e-9
@@ -140,14 +141,15 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
         if cnt[d][0] > 0:
             bub[d] += s - cur[d]
         if kind == 0:
-            if mem[d] + a[c] > limit:
+            grow = rules.memory_delta(Kind.F, a[c], bfree[c])
+            if mem[d] + grow > limit:
                 raise _Broken
-            mem[d] += a[c]
+            mem[d] += grow
             e = s + dF[c]
             fend[c][mb] = e
             seqs[d].append(Job(Kind.F, mb, c))
         else:
-            mem[d] -= bfree[c]
+            mem[d] += rules.memory_delta(Kind.B, a[c], bfree[c])
             e = s + dB[c]
             bend[c][mb] = e
             seqs[d].append(Job(Kind.B, mb, c))
@@ -159,7 +161,7 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
         if not pend[d]:
             raise _Broken
         mb, c = pend[d].popleft()
-        mem[d] -= a[c] - bfree[c]
+        mem[d] += rules.memory_delta(Kind.W, a[c], bfree[c])
         cur[d] += dW[c]
         seqs[d].append(Job(Kind.W, mb, c))
 
