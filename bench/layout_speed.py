@@ -1,32 +1,61 @@
-"""Planning, simulating and validating a 200k-job schedule in one process (the layout move's speed check).
+"""Planning, simulating and validating a 200k-job schedule: this checkout against another one, same run.
 
-    python bench/layout_speed.py plan   # build + validate zbv pp 64, m 512, vpp 2 at 1p (196 608 jobs)
-    python bench/layout_speed.py sim    # the same plan, then the event simulation and the job-by-job validator
+    python bench/layout_speed.py --before ../before/src [--runs 11]
 
-The comparison with another checkout runs the same script under two PYTHONPATHs, alternating, with
-farm-bench (see docs/bench/plan_speed.md). Uses only the names every version exports at the package top
-(make_spec, plan, simulate, validate, Schedule), so it runs against older trees unchanged.
+``--before`` is the ``src`` folder of another checkout (e.g. ``git worktree add ../before 9e2e697`` and
+``python setup.py build_ext --inplace`` there). Both trees run the same two measurements as whole processes,
+alternating A B A B ..., ``--runs`` times:
+
+* ``plan``: ``pipeloom plan -s zbv --pp 64 -m 512 --mem-limit 1p`` (196 608 jobs, start-up included);
+* ``sim``: that plan, then the event simulation and the job-by-job validator, in one process.
+
+The table gives each tree's median wall time and the median of the pairwise ratios (this / before).
+Only names every version exports at the package top are used, so older trees run it unchanged.
 """
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
-import pipeloom as pl
+HERE = Path(__file__).resolve().parents[1] / "src"
+PLAN = ["-m", "pipeloom", "plan", "--schedule", "zbv", "--pp", "64", "--microbatches", "512", "--mem-limit", "1p"]
+SIM = ["-c", "import pipeloom as pl\n"
+       "spec = pl.make_spec(pp=64, microbatches=512, vpp=2, mem_limit='1p')\n"
+       "s = pl.plan('zbv', spec)\n"
+       "pl.simulate(s, spec.costs, spec.mem)\n"
+       "pl.validate(pl.Schedule(s.name, s.pp, s.vpp, s.microbatches, s.placement, s.devices), mem=spec.mem,"
+       " mem_limit=spec.mem_limit)\n"]
 
 
-def main(what: str) -> None:
-    spec = pl.make_spec(pp=64, microbatches=512, vpp=2, mem_limit="1p")
+def wall(src: Path, args: list[str]) -> float:
+    env = dict(os.environ, PYTHONPATH=str(src))
     t = time.perf_counter()
-    s = pl.plan("zbv", spec)
-    print(f"plan {time.perf_counter() - t:.3f} s")
-    if what == "sim":
-        t = time.perf_counter()
-        r = pl.simulate(s, spec.costs, spec.mem)
-        print(f"simulate {time.perf_counter() - t:.3f} s (makespan {r.makespan:g}, {s.num_jobs} jobs)")
-        plain = pl.Schedule(s.name, s.pp, s.vpp, s.microbatches, s.placement, s.devices)  # no witness: job by job
-        t = time.perf_counter()
-        v = pl.validate(plain, mem=spec.mem, mem_limit=spec.mem_limit)
-        print(f"validate {time.perf_counter() - t:.3f} s ({len(v)} violations)")
+    subprocess.run([sys.executable, *args], env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", required=True, type=Path, help="the src folder of the checkout to compare with")
+    ap.add_argument("--runs", type=int, default=11)
+    args = ap.parse_args()
+    print("| measurement | this tree (median wall) | before | this / before (median of pairs) |")
+    print("|---|---:|---:|---:|")
+    for name, cmd in (("`pipeloom plan -s zbv --pp 64 -m 512 --mem-limit 1p` (whole process)", PLAN),
+                      ("plan + 196 608-job simulation + job-by-job validation (one process)", SIM)):
+        wall(HERE, cmd), wall(args.before, cmd)  # warm-up: file caches
+        a, b = [], []
+        for _ in range(args.runs):
+            a.append(wall(HERE, cmd))
+            b.append(wall(args.before, cmd))
+        ratio = statistics.median(x / y for x, y in zip(a, b))
+        print(f"| {name} | {statistics.median(a):.3f} s | {statistics.median(b):.3f} s | {ratio:.3f} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "sim")
+    main()
