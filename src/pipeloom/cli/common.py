@@ -7,7 +7,7 @@ import math
 import sys
 
 from ..core.costs import RUNTIMES, MemModel, runtime_mem_model
-from ..schedule.planning import make_spec
+from ..schedule.planning import make_spec, plan
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
 
@@ -269,8 +269,6 @@ TORCH_PREFIX = "torch:"
 def plan_named(name: str, spec: PlanSpec, *, check: bool = True):
     """:func:`pipeloom.schedule.planning.plan`, or for ``torch:NAME`` the order torch's schedule class NAME
     generates (validated; it needs torch, imported only then)."""
-    from ..schedule.planning import plan
-
     if not name.startswith(TORCH_PREFIX):
         return plan(name, spec, check=check)
     try:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from ..core.ir import Kind, Schedule
 from ..core.costs import Costs
-from .reader import LogJob, RunLog
+from .run import LogJob, RunLog
 from ..sim.replay import ReplayDeadlock, dependencies, produces, replay
 from ..viz.timeline import Bar, Row, Timeline, memory_curve, memory_deltas
 
