@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py src/pipeloom/schedule/search/_accel.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[torch,dev,docs]"
+	$(BIN)/pip install -q -e ".[torch,dev,docs,hf,arrow]"
 	touch $(STAMP)
 
 demo: $(STAMP)
