@@ -20,8 +20,9 @@ A portfolio of candidates, each a valid schedule under the limit, the shortest k
    the candidate is dropped). ``k = 1, e = 1, lag = device index`` is the construction of torch's
    ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up;
 3. the best of those, improved by the adjacent-swap and insertion local searches of
-   :mod:`.search.greedy` (re-timed, memory-checked) and, for shapes of at most ``POLISH_MAX_JOBS``
-   jobs, by the CP-SAT polish / tail-window search of :mod:`.search.polish` (deterministic time).
+   :mod:`.search.greedy` (re-timed, memory-checked) and, for shapes of at most
+   ``DEFAULT_POLISH_MAX_JOBS`` jobs, by the CP-SAT polish of :mod:`.search.polish` (deterministic time; option ``polish``, which
+   up to ``LNS_MAX_JOBS`` jobs runs the tail-window search).
 
 Every candidate is checked for the memory limit and timed with the simulator's rules; the result is
 deterministic. For shapes of at most ``BOUND_MAX_JOBS`` jobs ``meta['lower_bound']`` holds the proven
@@ -47,18 +48,21 @@ INF = float("inf")
 #: default greedy work budget (job placements over all greedy policies)
 DEFAULT_BUDGET = 60_000
 #: default work budget of the template passes (job placements over all of them)
-DEFAULT_TEMPLATE_BUDGET = 150_000
+DEFAULT_TEMPLATE_BUDGET = 30_000
 #: job re-timings of the adjacent-swap local search on the best candidate
-DEFAULT_LS_BUDGET = 200_000
+DEFAULT_LS_BUDGET = 100_000
 #: job re-timings of the insertion local search (shapes up to INSERT_MAX_JOBS jobs)
-DEFAULT_INSERT_BUDGET = 1_000_000
-INSERT_MAX_JOBS = 1_000
-#: shapes (jobs) that get the lower bound, and the CP-SAT polish / tail-window search by default
-BOUND_MAX_JOBS = 400
+DEFAULT_INSERT_BUDGET = 100_000
+INSERT_MAX_JOBS = 400
+#: shapes (jobs) that get the lower bound in ``meta['lower_bound']``
+BOUND_MAX_JOBS = 5_000
+#: shapes (jobs) that get the CP-SAT polish by default (DEFAULT_POLISH deterministic seconds: 0.1-0.3 s of
+#: CPU on pp 4, m 4), the largest ones where ``polish`` runs the full model, and above that, up to
+#: LNS_MAX_JOBS, the tail-window search (only when asked for)
+DEFAULT_POLISH_MAX_JOBS = 100
+DEFAULT_POLISH = 0.05
 POLISH_MAX_JOBS = 200
-DEFAULT_POLISH = 0.1
 LNS_MAX_JOBS = 400
-DEFAULT_LNS = 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +119,7 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     seqs: list[list[Job]] = [[] for _ in range(pp)]
     order: list[list[int]] = [[] for _ in range(pp)]
     starts = [0.0] * pp
-    lags = [INF if tpl.lag == "none" else (d if tpl.lag == "dev" else int(tpl.lag)) for d in range(pp)]
+    lags = [_lag(tpl.lag, d, pp) for d in range(pp)]
     always = tpl.fill == "always"
     total = 3 * m * nc
     ncommit = 0
@@ -205,6 +209,19 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
             acts[x] = decide(x)
             keys[x] = INF if acts[x] is None else acts[x][0]
     return _greedy.PassResult(seqs, max(t), peak, tpl, list(t), starts=starts, order=order)
+
+
+def _lag(lag, d: int, pp: int) -> float:
+    """Pending Ws device ``d`` may hold before one is forced (see :attr:`Template.lag`)."""
+    if lag == "none":
+        return INF
+    if lag == "dev":
+        return d
+    if lag == "rdev":
+        return pp - 1 - d
+    if lag == "2dev":
+        return 2 * d
+    return int(lag)
 
 
 def _next_b(seq: list[Job], i: int, fe) -> int:
@@ -299,28 +316,36 @@ def plan_looped(name: str, spec: PlanSpec):
             best, seqs, witness = r, r.seqs, None
     meta = {"builder": name, "mem_limit": limit, "limit_from": how, "source": source,
             "policy": _policy_text(best.policy)}
-    sched = make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs, witness=witness, **meta)
-    if njobs > BOUND_MAX_JOBS:
-        return sched
+    det = _polish_budget(spec, njobs)
+    pspec = replace(spec, mem_limit=limit)
+    if det == 0:
+        if njobs <= BOUND_MAX_JOBS:
+            from .search.bounds import lower_bound
+
+            meta["lower_bound"] = lower_bound(pspec, Placement.INTERLEAVED).value
+        return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs, witness=witness, **meta)
     from .search import polish as _polish  # CP-SAT machinery: only for shapes small enough to polish
 
-    pspec = replace(spec, mem_limit=limit)
-    det = _polish_budget(spec, njobs)
-    res = _polish.polish(pspec, sched, det) if njobs <= POLISH_MAX_JOBS or det == 0 else \
-        _polish.lns(pspec, sched, det)
+    sched = make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs)
+    res = (_polish.polish if njobs <= POLISH_MAX_JOBS else _polish.lns)(pspec, sched, det)
     meta["lower_bound"] = res.bound
     meta["polished"] = res.status
     if res.schedule is not None:
         meta["polished_from"] = res.makespan
-        return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, res.schedule.devices, **meta)
+        seqs, witness = res.schedule.devices, None
     return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs, witness=witness, **meta)
 
 
 def _polish_budget(spec: PlanSpec, njobs: int) -> float:
-    """CP-SAT deterministic seconds of polish (or tail-window search above POLISH_MAX_JOBS jobs)."""
-    if "polish" in spec.options:
-        return float(spec.options["polish"])
-    return DEFAULT_POLISH if njobs <= POLISH_MAX_JOBS else DEFAULT_LNS
+    """CP-SAT deterministic seconds: of the polish up to POLISH_MAX_JOBS jobs (by default DEFAULT_POLISH up
+    to DEFAULT_POLISH_MAX_JOBS, else 0), of the tail-window search up to LNS_MAX_JOBS (only when asked for)."""
+    if "polish" not in spec.options:
+        return DEFAULT_POLISH if njobs <= DEFAULT_POLISH_MAX_JOBS else 0.0
+    x = float(spec.options["polish"])
+    if x > 0 and njobs > LNS_MAX_JOBS:
+        raise ScheduleError(f"zbvpp: option polish: the shape has {njobs} jobs; the polish runs on at most "
+                            f"{LNS_MAX_JOBS} (e.g. pp 4, m 16, vpp 2); use polish=0 or a smaller shape")
+    return x
 
 
 def _policy_text(pol) -> str:
@@ -333,9 +358,9 @@ OPTIONS = (
     Option(name="template_budget", type="int", min=0, default=DEFAULT_TEMPLATE_BUDGET,
            help="job placements for the template passes (at least one runs)"),
     Option(name="polish", type="float", min=0, default=None,
-           help=f"CP-SAT deterministic seconds of polish on shapes of at most {BOUND_MAX_JOBS} jobs (0 = off; "
-                f"default {DEFAULT_POLISH:g} up to {POLISH_MAX_JOBS} jobs, else {DEFAULT_LNS:g} of tail-window "
-                f"search)"),
+           help=f"CP-SAT deterministic seconds of polish on shapes of at most {LNS_MAX_JOBS} jobs (0 = off; "
+                f"default {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above {POLISH_MAX_JOBS} jobs a "
+                f"tail-window search)"),
 )
 
 
