@@ -8,6 +8,7 @@ Imports (ortools included) are done before the timing.
 """
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 
@@ -16,8 +17,8 @@ from pipeloom.schedule.planning import make_spec, plan
 
 
 def main() -> None:
-    import pipeloom.schedule.search.bounds  # noqa: F401  (loaded before the timing)
-    import pipeloom.schedule.search.polish  # noqa: F401
+    for mod in ("pipeloom.schedule.search.bounds", "pipeloom.schedule.search.polish"):
+        importlib.import_module(mod)  # loaded (ortools too) before the timing
 
     plan("zbvpp", make_spec(pp=2, microbatches=2, vpp=2, costs=Costs(F=1, B=1.5, W=0.7, comm=0.2)))
     rows = []

@@ -119,7 +119,7 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     seqs: list[list[Job]] = [[] for _ in range(pp)]
     order: list[list[int]] = [[] for _ in range(pp)]
     starts = [0.0] * pp
-    lags = [_lag(tpl.lag, d, pp) for d in range(pp)]
+    lags = [_lag(tpl.lag, d) for d in range(pp)]
     always = tpl.fill == "always"
     total = 3 * m * nc
     ncommit = 0
@@ -211,16 +211,12 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     return _greedy.PassResult(seqs, max(t), peak, tpl, list(t), starts=starts, order=order)
 
 
-def _lag(lag, d: int, pp: int) -> float:
+def _lag(lag, d: int) -> float:
     """Pending Ws device ``d`` may hold before one is forced (see :attr:`Template.lag`)."""
     if lag == "none":
         return INF
     if lag == "dev":
         return d
-    if lag == "rdev":
-        return pp - 1 - d
-    if lag == "2dev":
-        return 2 * d
     return int(lag)
 
 
