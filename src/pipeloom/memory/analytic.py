@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..models.config import ModelConfig
+from ..models.flops import embedding_params, head_params, layer_params, total_params  # noqa: F401 (re-exported)
 from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
 from ..models.slicing import even_layer_split
 
@@ -151,37 +152,7 @@ def _divisors(model: ModelConfig) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------- parameters
-def layer_params(model: ModelConfig, tp: int = 1) -> int:
-    """Parameters of one transformer layer on one TP rank (norm weights replicated)."""
-    h, f, kv = model.hidden, model.ffn, model.kv_dim
-    attn = (h * h + 2 * h * kv) // tp + h * h // tp          # QKV (column-parallel) + output proj (row)
-    mlp = (3 if model.mlp == "swiglu" else 2) * h * f // tp
-    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
-    bias = 0
-    if model.bias:
-        bias = (h + 2 * kv) // tp + h + (2 if model.mlp == "swiglu" else 1) * f // tp + h
-    return attn + mlp + norms + bias
-
-
-def embedding_params(model: ModelConfig, tp: int = 1) -> int:
-    """Input embedding (vocab-parallel) + learned positions, held with the first chunk."""
-    return model.vocab * model.hidden // tp + (model.seq * model.hidden if model.learned_positions else 0)
-
-
-def head_params(model: ModelConfig, tp: int = 1, *, with_tied_copy: bool = True) -> int:
-    """Final norm + output head, held with the last chunk. A tied head is the embedding matrix;
-    Megatron keeps a copy of it on the last stage when that is another device (``with_tied_copy``)."""
-    norm = model.hidden * (2 if model.norm == "layernorm" else 1)
-    head = model.vocab * model.hidden // tp
-    if model.tied_embeddings and not with_tied_copy:
-        head = 0
-    return norm + head
-
-
-def total_params(model: ModelConfig) -> int:
-    """Unique parameters of the whole model (tied matrices counted once)."""
-    return (model.layers * layer_params(model) + embedding_params(model)
-            + head_params(model, with_tied_copy=False))
+# layer_params, embedding_params, head_params, total_params: pipeloom.models.flops (imported above)
 
 
 def static_bytes(params: int, train: TrainConfig) -> tuple[int, int, int]:
