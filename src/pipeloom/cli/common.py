@@ -154,6 +154,34 @@ def add_planning_options(p: argparse.ArgumentParser, *, schedule: bool = True, p
         add_partition_options(p)
 
 
+# ---------------------------------------------------------------------- --model (one resolution for every command)
+def model_help() -> str:
+    from ..models.hf_config import shipped_configs
+    from ..models.presets import PRESETS
+
+    return ("the model: a preset (" + ", ".join(PRESETS) + "), a published config shipped with pipeloom ("
+            + ", ".join(p.stem for p in shipped_configs().values()) + "), or a path to a Hugging Face config.json "
+            "or to a directory holding one (read as JSON; architectures llama, mistral, qwen2, qwen3, gpt2, "
+            "mixtral, qwen3_moe, qwen2_moe)")
+
+
+def add_model_option(p, *, required: bool = False, help: str | None = None) -> None:
+    """--model PRESET|CONFIG, resolved by :func:`model_from_args`."""
+    p.add_argument("--model", required=required, default=None, metavar="PRESET|CONFIG",
+                   help=help or model_help())
+
+
+def model_from_args(args):
+    """The :class:`~pipeloom.models.config.ModelConfig` of ``--model`` (None when not given), through
+    :func:`pipeloom.models.hf_config.resolve_model`, the one resolution every command uses."""
+    spec = getattr(args, "model", None)
+    if spec is None:
+        return None
+    from ..models.hf_config import resolve_model
+
+    return resolve_model(spec)
+
+
 # ---------------------------------------------------------------------- layer partition
 PARTITION_KEYS = ("layers", "layers_per_device", "layer_costs", "balance")
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .common import add_mem_limit_option, add_schedule_option, add_shape_options, positive_int, print_json
+from .common import add_mem_limit_option, add_model_option, add_schedule_option, add_shape_options, positive_int, print_json
 
 GiB = 1024 ** 3
 
 
 def add_parser(sub) -> None:
-    from ..memory.analytic import PRESETS
-
     p = sub.add_parser(
         "memory", help="estimate per-device memory (params, grads, optimizer, activations) of a model",
         description=textwrap.fill("Estimate the memory of every pipeline device for a decoder-only transformer: parameters, "
@@ -22,10 +20,11 @@ def add_parser(sub) -> None:
                     "the free memory allows.", 100),
         epilog="examples:\n  pipeloom memory --model llama2-7b --pp 4 --microbatches 8 --schedule 1f1b "
                "--gpu-memory 80GiB\n  pipeloom memory --model llama2-70b --pp 8 --vpp 2 -m 16 -s interleaved "
-               "--tp 8 --sequence-parallel --recompute selective --json",
+               "--tp 8 --sequence-parallel --recompute selective --json\n"
+               "  pipeloom memory --model path/to/config.json --pp 4 -m 8      # a Hugging Face config.json\n"
+               "  pipeloom memory --model Mixtral-8x7B-v0.1 --pp 8 -m 16       # a published config shipped with pipeloom",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="PRESET",
-                   help="model preset: " + ", ".join(PRESETS))
+    add_model_option(p, required=True)
     from ..schedule import registry
 
     add_schedule_option(p, required=False, default="1f1b",
@@ -97,13 +96,14 @@ def _check_sizes(args) -> None:
 
 def run(args) -> int:
     from ..memory.analytic import TrainConfig, estimate
+    from .common import model_from_args
 
     _check_sizes(args)
 
     train = TrainConfig(seq=args.seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,
                         attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero)
-    rep = estimate(args.model, train, schedule=args.schedule, pp=args.pp, vpp=args.vpp,
+    rep = estimate(model_from_args(args), train, schedule=args.schedule, pp=args.pp, vpp=args.vpp,
                    microbatches=args.microbatches, layers_per_chunk=_lpc(args.layers_per_chunk),
                    gpu_bytes=args.gpu_memory, reserve_bytes=args.reserve, mem_limit=args.mem_limit)
     if args.json:

@@ -288,7 +288,7 @@ def resolve_model(spec: str | ModelConfig) -> ModelConfig:
         return from_hf_config(shipped[text.lower()], name=shipped[text.lower()].stem)
     if os.sep in text or "/" in text or text.lower().endswith(".json"):
         raise ModelConfigError(f"model config {text}: no such file or directory")
-    raise ModelConfigError(f"unknown model {text!r}: give a preset ({', '.join(PRESETS)}), a published config "
+    raise ModelConfigError(f"unknown model preset {text!r} and no such config file: give a preset ({', '.join(PRESETS)}), a published config "
                            f"shipped with pipeloom ({', '.join(p.stem for p in shipped.values()) or 'none'}) "
                            f"or a path to a Hugging Face config.json")
 
