@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from pipeloom.models.config import ModelConfig, ModelConfigError
-from pipeloom.models.flops import (active_layer_params, embedding_params, head_flops, head_params, layer_flops,
+from pipeloom.models.flops import (active_layer_params, active_params, embedding_params, head_flops, head_params, layer_flops,
                                    layer_params, total_params)
 from pipeloom.models.presets import PRESETS
 
@@ -94,3 +94,11 @@ def test_bad_moe_or_head_fields(kw, msg):
 def test_negative_tokens_rejected():
     with pytest.raises(ValueError, match="tokens must be a number >= 0"):
         layer_flops(GPT, -1)
+
+
+def test_active_params_is_the_model_with_only_top_k_experts():
+    moe = ModelConfig(hidden=64, layers=3, heads=4, ffn=96, vocab=100, experts=8, experts_per_token=2, expert_ffn=32,
+                      shared_experts=1, shared_expert_gate=True)
+    only_k = dataclasses.replace(moe, experts=2)       # same model holding just the k experts it routes to
+    assert active_params(moe) == total_params(only_k) + 3 * 64 * 6     # whose router is 6 columns narrower
+    assert active_params(GPT) == total_params(GPT)

@@ -100,6 +100,17 @@ def total_params(model: ModelConfig) -> int:
             + head_params(model, with_tied_copy=False))
 
 
+def active_params(model: ModelConfig) -> int:
+    """Parameters one token goes through, the "active" size published for MoE models (Mixtral-8x7B: 12.9B,
+    Qwen3-30B-A3B: 3.3B): the whole model with only ``experts_per_token`` routed experts per layer
+    (plus the router and shared experts); embedding and head counted in full. Equals
+    :func:`total_params` for a dense model."""
+    if not model.moe:
+        return total_params(model)
+    idle = (model.experts - model.experts_per_token) * _mlp(model, model.expert_ffn, 1)
+    return total_params(model) - model.layers * idle
+
+
 def active_layer_params(model: ModelConfig) -> int:
     """Weight-GEMM parameters one token goes through in one layer (no biases or norms): the attention
     projections, and the dense MLP or the router + top-k routed experts + shared experts (+ their gate)."""
@@ -145,5 +156,5 @@ def embedding_flops(model: ModelConfig, tokens: int | float) -> tuple[float, flo
     return 0.0, 0.0, 0.0
 
 
-__all__ = ["active_layer_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
+__all__ = ["active_layer_params", "active_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
            "head_params", "layer_flops", "layer_params", "mlp_params", "total_params"]
