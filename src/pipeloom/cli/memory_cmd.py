@@ -45,8 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--attention", choices=["flash", "math"], default="flash",
                    help="flash: no s*s matrix kept; math: softmax kept (Korthikanti's 5as/h term) "
                         "(default: %(default)s)")
-    p.add_argument("--impl", choices=["fused", "eager"], default="fused",
-                   help="fused: Megatron kernels; eager: unfused PyTorch ops as in pipeloom.models.llama "
+    p.add_argument("--impl", choices=["fused", "eager", "hf"], default="fused",
+                   help="fused: Megatron kernels; eager: unfused PyTorch ops as in pipeloom.models.llama; hf: "
+                        "transformers' own modules (eager norms and MLP, SDPA with native GQA) "
                         "(default: %(default)s)")
     p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree (used with --zero 1)")
     p.add_argument("--zero", type=int, choices=[0, 1], default=0,

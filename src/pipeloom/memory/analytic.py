@@ -102,8 +102,10 @@ class TrainConfig:
     attention: str = "flash"
     """'flash' (no s x s matrix saved) or 'math' (softmax probabilities saved, Korthikanti's 5as/h term)"""
     impl: str = "fused"
-    """'fused' (Megatron kernels: fused norm, fused SwiGLU, native GQA) or 'eager' (unfused PyTorch
-    ops as in pipeloom.models.llama: fp32 RMSNorm, silu*up, repeat_interleave K/V)"""
+    """'fused' (Megatron kernels: fused norm, fused SwiGLU, native GQA), 'eager' (unfused PyTorch
+    ops as in pipeloom.models.llama: fp32 RMSNorm, silu*up, repeat_interleave K/V) or 'hf'
+    (transformers' modules: eager norms and MLP as 'eager', K/V not expanded with flash (SDPA's
+    native GQA), rotary cos/sin computed once per chunk and saved in the activation dtype)"""
     dp: int = 1
     """data-parallel degree (only matters with zero=1)"""
     zero: int = 0
@@ -122,8 +124,8 @@ class TrainConfig:
             raise MemoryConfigError(f"recompute must be none, selective or full, got {self.recompute!r}")
         if self.attention not in ("flash", "math"):
             raise MemoryConfigError(f"attention must be 'flash' or 'math', got {self.attention!r}")
-        if self.impl not in ("fused", "eager"):
-            raise MemoryConfigError(f"impl must be 'fused' or 'eager', got {self.impl!r}")
+        if self.impl not in ("fused", "eager", "hf"):
+            raise MemoryConfigError(f"impl must be 'fused', 'eager' or 'hf', got {self.impl!r}")
         if self.zero not in (0, 1):
             raise MemoryConfigError(f"zero must be 0 (replicated optimizer) or 1 (sharded over dp), got {self.zero!r}")
         if self.sequence_parallel and self.tp == 1:
@@ -195,7 +197,7 @@ def _norm_items(prefix: str, model: ModelConfig, train: TrainConfig, tokens: flo
     w = (model.hidden if width is None else width) * rows
     if model.norm == "layernorm":  # F.layer_norm / fused kernel: input + mean + rstd (fp32)
         return [Item(f"{prefix}.input", e * w * tokens / rep), Item(f"{prefix}.stats", 8 * rows * tokens / rep)]
-    if train.impl == "eager":     # x.float(); x * rsqrt(mean(x^2)); (..).to(dtype) * weight
+    if train.impl != "fused":     # x.float(); x * rsqrt(mean(x^2)); (..).to(dtype) * weight
         return [Item(f"{prefix}.input_fp32", 4 * w * tokens / rep), Item(f"{prefix}.rstd", 4 * rows * tokens / rep),
                 Item(f"{prefix}.normalised", e * w * tokens / rep)]
     return [Item(f"{prefix}.input", e * w * tokens / rep), Item(f"{prefix}.rstd", 4 * rows * tokens / rep)]
@@ -208,7 +210,7 @@ def _mlp_items(prefix: str, model: ModelConfig, train: TrainConfig, ffn: int, to
     items = [Item(f"{prefix}.fc1.input", e * h * tokens, w_input=True)] if with_input else []
     if model.mlp == "gelu":
         items.append(Item(f"{prefix}.gelu.input", e * ffn * tokens / t))
-    elif train.impl == "eager":
+    elif train.impl != "fused":
         items += [Item(f"{prefix}.swiglu.gate", e * ffn * tokens / t),
                   Item(f"{prefix}.swiglu.silu_gate", e * ffn * tokens / t),
                   Item(f"{prefix}.swiglu.up", e * ffn * tokens / t)]
@@ -252,7 +254,7 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
     if recompute == "full":                             # checkpoint keeps the layer input only
         return [Item("layer.input", e * h * tokens / rep)]
     drop = model.dropout > 0
-    expand = train.attention == "math" or train.impl == "eager"
+    expand = train.attention == "math" or train.impl == "eager"   # hf + flash: SDPA's native GQA
     kvw = q if expand else model.kv_dim
     items = _norm_items("attn_norm", model, train, tokens, rep)
     items.append(Item("qkv.input", e * h * tokens / rep, w_input=True))
@@ -325,10 +327,19 @@ def chunk_input_bytes(model: ModelConfig, train: TrainConfig) -> float:
     The fused norm, LayerNorm, fp32 eager RMSNorm and full recompute all save the input itself;
     the eager RMSNorm in 16-bit saves an fp32 copy instead, so the 16-bit input is extra.
     """
-    if train.impl == "eager" and model.norm == "rmsnorm" and train.elem != 4 and train.recompute != "full":
+    if train.impl != "fused" and model.norm == "rmsnorm" and train.elem != 4 and train.recompute != "full":
         tokens = (train.seq or model.seq) * train.micro_batch
         return train.elem * model.hidden * tokens / (train.tp if train.sequence_parallel else 1)
     return 0.0
+
+
+def chunk_rope_bytes(model: ModelConfig, train: TrainConfig) -> float:
+    """``impl='hf'``: transformers computes the rotary cos and sin of ``(1, s, head_dim)`` once per forward
+    (in the activation dtype) and every layer's q/k multiplications save those same two tensors, so a
+    chunk with layers holds them once (bytes). 0 for other impls (per layer there) or learned positions."""
+    if train.impl != "hf" or model.learned_positions or train.recompute == "full":
+        return 0.0
+    return 2.0 * (train.seq or model.seq) * model.head_dim * train.elem
 
 
 def embedding_activations(model: ModelConfig, train: TrainConfig) -> list[Item]:
@@ -397,6 +408,8 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
         first, last = c == 0, c == n - 1
         params = nl * layer_params(model, train.tp)
         A, H = nl * per_layer, nl * held_layer
+        if nl:
+            A += chunk_rope_bytes(model, train)
         if first:
             params += embedding_params(model, train.tp)
             A += sum(it.bytes for it in embedding_activations(model, train))
@@ -439,7 +452,7 @@ def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[Chu
     tokens = (train.seq or model.seq) * train.micro_batch
     rep = t if train.sequence_parallel else 1
     work = e * (h / rep + 2 * f / t) * tokens
-    if train.impl == "eager":
+    if train.impl != "fused":
         work = max(work, e * (h / rep + f / t) * tokens + e * h * f_mat / t)
     if train.recompute == "full":
         work += chunks[0].layer_activation_bytes
