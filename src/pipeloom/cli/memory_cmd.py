@@ -10,7 +10,7 @@ GiB = 1024 ** 3
 
 
 def add_parser(sub) -> None:
-    from ..memory.analytic import PRESETS
+    from ..models.presets import PRESETS
 
     p = sub.add_parser(
         "memory", help="estimate per-device memory (params, grads, optimizer, activations) of a model",
