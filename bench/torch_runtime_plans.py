@@ -7,10 +7,11 @@ loss), three schedules step the same model in the same two processes, alternatin
 
 * torch's ``ScheduleZBVZeroBubble`` (V placement, B/W split),
 * torch's ``ScheduleInterleaved1F1B`` (looped placement),
-* pipeloom's ``zbv`` planned for torch (``runtime torch``: B frees nothing) at 1p, from per-chunk F / I / W costs
+* pipeloom's ``zbv`` planned for torch (``runtime torch``: B frees nothing), from per-chunk F / I / W costs
   measured on this machine before the run (each chunk's forward, input-gradient and weight-gradient backward,
   median of repeats) and each chunk's saved-activation bytes per microbatch as the memory model's ``a``, loaded
-  with :func:`pipeloom.integrations.torch.build_torch_schedule`.
+  with :func:`pipeloom.integrations.torch.build_torch_schedule`. Its memory limit is the peak of torch's own
+  ZBVZeroBubble order under that model (torch's order, read with ``torch_builtin``, simulated by pipeloom).
 
 Step time: median over rounds of the slowest rank's wall time (barrier before and after). In-flight
 activations: the peak bytes autograd keeps saved on a rank during one step (saved-tensor hooks), the larger
@@ -34,10 +35,10 @@ from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining import schedules as ts  # noqa: E402
 
 from pipeloom.core.costs import Costs, runtime_mem_model  # noqa: E402
-from pipeloom.integrations.torch import build_torch_schedule  # noqa: E402
+from pipeloom.integrations.torch import build_torch_schedule, torch_builtin  # noqa: E402
 from pipeloom.runtime.launch import spawn  # noqa: E402
 from pipeloom.schedule import io as schedule_io  # noqa: E402
-from pipeloom.schedule.planning import make_spec, plan  # noqa: E402
+from pipeloom.schedule.planning import evaluate, make_spec, plan  # noqa: E402
 
 PP, VPP, ROWS, LAYERS_PER_CHUNK, VOCAB = 2, 2, 32, 2, 6144
 
@@ -143,7 +144,7 @@ def _runtimes(plan_dict: dict, m: int, hidden: int, heavy_last: bool):
     v_mine = [rank, nst - 1 - rank]                 # V placement: rank r holds chunks r and 2pp-1-r
     looped_mine = [rank, rank + PP]                 # looped: rank r holds r, r+pp
     for name, mine in (("torch ZBVZeroBubble", v_mine), ("torch Interleaved1F1B", looped_mine),
-                       ("pipeloom zbv (runtime torch, 1p)", None)):
+                       ("pipeloom zbv (runtime torch)", None)):
         chunks = copy.deepcopy(base)
         if mine is None:
             s = schedule_io.from_dict(plan_dict)
@@ -206,12 +207,15 @@ def main() -> None:
         costs, act = calibrate(args.hidden, heavy_last)
         label = "heavier last chunk (vocab head + CE)" if heavy_last else "equal"
         for m in args.microbatches:
-            spec = make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs, mem=runtime_mem_model("torch", a=tuple(act)),
-                             mem_limit="1p")
-            s = plan("zbv", spec)
+            mem = runtime_mem_model("torch", a=tuple(act))
+            # the limit: the peak of torch's own ZBVZeroBubble order under the same memory model (its 1p)
+            torch_zbv = evaluate(torch_builtin("ZBVZeroBubble", PP, m, VPP), make_spec(pp=PP, microbatches=m, vpp=VPP,
+                                                                                       costs=costs, mem=mem))
+            limit = max(torch_zbv["peak_memory"])
+            s = plan("zbv", make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit))
             step_ms, peak_mb = spawn(_bench_rank, PP, (schedule_io.to_dict(s), m, args.hidden, heavy_last,
                                                         args.rounds), timeout_s=600)
-            ours = step_ms["pipeloom zbv (runtime torch, 1p)"]
+            ours = step_ms["pipeloom zbv (runtime torch)"]
             for name in step_ms:
                 print(f"| {label} | {m} | {name} | {step_ms[name]:.1f} | {step_ms[name] / ours:.3f} | "
                       f"{peak_mb[name]:.2f} |", flush=True)
