@@ -9,7 +9,8 @@ loss), three schedules step the same model in the same two processes, alternatin
 * torch's ``ScheduleInterleaved1F1B`` (looped placement),
 * pipeloom's ``zbv`` planned for torch (``runtime torch``: B frees nothing), from per-chunk F / I / W costs
   measured on this machine before the run (each chunk's forward, input-gradient and weight-gradient backward,
-  median of repeats) and each chunk's saved-activation bytes per microbatch as the memory model's ``a``, loaded
+  median of repeats), each chunk's saved-activation bytes per microbatch as the memory model's ``a`` and the part
+  of them torch's I frees as ``b``, loaded
   with :func:`pipeloom.integrations.torch.build_torch_schedule`. Its memory limit is the peak of torch's own
   ZBVZeroBubble order under that model (torch's order, read with ``torch_builtin``, simulated by pipeloom).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import statistics
 import sys
 import time
@@ -33,8 +35,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining import schedules as ts  # noqa: E402
+from torch.distributed.pipelining._backward import stage_backward_input  # noqa: E402
 
-from pipeloom.core.costs import Costs, runtime_mem_model  # noqa: E402
+from pipeloom.core.costs import Costs, MemModel  # noqa: E402
 from pipeloom.integrations.torch import build_torch_schedule, torch_builtin  # noqa: E402
 from pipeloom.runtime.launch import spawn  # noqa: E402
 from pipeloom.schedule import io as schedule_io  # noqa: E402
@@ -98,22 +101,31 @@ def _unpack(x):
     return x[1] if isinstance(x, tuple) else x
 
 
-def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, list[float]]:
-    """Per-chunk F, I (input gradient) and W (weight gradient) in ms, one thread, median of ``repeats``; and the
-    bytes (MiB) autograd saves for one microbatch's forward of each chunk (the memory model's ``a``)."""
+def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, list[float], list[float]]:
+    """Per-chunk F, I (input gradient) and W (weight gradient) in ms, one thread, median of ``repeats``; the bytes
+    (MiB) autograd saves for one microbatch's forward of each chunk (the memory model's ``a``), and the part of them
+    torch's own I (``stage_backward_input``) frees (``b``: the saved tensors of ops without weights, e.g. the loss's
+    softmax; 0 for the first chunk, whose I torch skips: its W runs the whole backward)."""
     torch.set_num_threads(1)
     chunks = make_chunks(hidden, heavy_last)
     x, y = data(1, hidden, heavy_last)
     lf = loss_fn(heavy_last)
-    f, b, w, act = [], [], [], []
+    f, b, w, act, freed = [], [], [], [], []
     for c, mod in enumerate(chunks):
+        last = c == len(chunks) - 1
         with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
             _Live.now = _Live.peak = 0
-            out = mod(x.clone().requires_grad_(True))
-            if c == len(chunks) - 1:
+            inp = x.clone().requires_grad_(True)
+            out = mod(inp)
+            if last:
                 out = lf(out, y)
             act.append(_Live.now / 2**20)
-            del out
+        kept = stage_backward_input([out], None if last else [torch.ones_like(out)], [inp], mod.parameters())
+        del out
+        gc.collect()
+        freed.append(0.0 if c == 0 else act[-1] - _Live.now / 2**20)
+        del kept
+        gc.collect()
         last = c == len(chunks) - 1
         tf, tb, tw = [], [], []
         for _ in range(repeats):
@@ -131,7 +143,7 @@ def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, 
             tf.append(t1 - t0), tb.append(t2 - t1), tw.append(t3 - t2)
         f.append(statistics.median(tf) * 1e3), b.append(statistics.median(tb) * 1e3), w.append(statistics.median(tw) * 1e3)
     fmt = lambda xs: ":".join(f"{v:.4f}" for v in xs)  # noqa: E731
-    return Costs.parse(f"F={fmt(f)},B={fmt(b)},W={fmt(w)},comm=0"), act
+    return Costs.parse(f"F={fmt(f)},B={fmt(b)},W={fmt(w)},comm=0"), act, freed
 
 
 def _runtimes(plan_dict: dict, m: int, hidden: int, heavy_last: bool):
@@ -204,10 +216,10 @@ def main() -> None:
     print("| chunk costs | m | schedule | step (ms, median) | step / pipeloom's | peak in-flight activations (MiB) |")
     print("|---|---:|---|---:|---:|---:|")
     for heavy_last in (False, True):
-        costs, act = calibrate(args.hidden, heavy_last)
+        costs, act, freed = calibrate(args.hidden, heavy_last)
         label = "heavier last chunk (vocab head + CE)" if heavy_last else "equal"
         for m in args.microbatches:
-            mem = runtime_mem_model("torch", a=tuple(act))
+            mem = MemModel(a=tuple(act), b=tuple(freed))  # torch's runtime, measured (runtime_mem_model: b=0)
             # the limit: the peak of torch's own ZBVZeroBubble order under the same memory model (its 1p)
             torch_zbv = evaluate(torch_builtin("ZBVZeroBubble", PP, m, VPP), make_spec(pp=PP, microbatches=m, vpp=VPP,
                                                                                        costs=costs, mem=mem))
@@ -221,7 +233,7 @@ def main() -> None:
                       f"{peak_mb[name]:.2f} |", flush=True)
         f, b, w = (getattr(costs, k) for k in ("F", "B", "W"))
         print(f"<!-- calibrated ({label}): F={f} B={b} W={w} ms; saved MiB per microbatch and chunk "
-              f"{[round(v, 3) for v in act]} -->", flush=True)
+              f"{[round(v, 3) for v in act]}, freed by torch's I {[round(v, 3) for v in freed]} -->", flush=True)
 
 
 if __name__ == "__main__":
