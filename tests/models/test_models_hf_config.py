@@ -9,7 +9,7 @@ import pytest
 
 from pipeloom.models.config import ModelConfig, ModelConfigError
 from pipeloom.models.flops import total_params
-from pipeloom.models.hf_config import ARCHITECTURES, from_hf_config, resolve_model, shipped_configs
+from pipeloom.models.hf_config import ARCHITECTURES, from_hf_config, hf_config_path, resolve_model, shipped_configs
 from pipeloom.models.presets import PRESETS
 
 _LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
@@ -131,6 +131,14 @@ def test_resolve_model(tmp_path):
         resolve_model(str(tmp_path / "missing.json"))
     with pytest.raises(ModelConfigError, match=r"unknown model preset 'gpt5' .*Mixtral-8x7B-v0.1.*config.json"):
         resolve_model("gpt5")
+
+
+def test_hf_config_path(tmp_path):
+    _write(tmp_path, TINY["gpt2"])
+    assert hf_config_path(str(tmp_path)) == tmp_path / "config.json"
+    assert hf_config_path(str(tmp_path / "config.json")) == tmp_path / "config.json"
+    assert hf_config_path("QWEN3-8B") == shipped_configs()["qwen3-8b"]
+    assert hf_config_path("llama2-7b") is None and hf_config_path(str(tmp_path / "nope")) is None
 
 
 def test_hf_config_imports_neither_torch_nor_transformers():

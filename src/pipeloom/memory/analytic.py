@@ -596,6 +596,9 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
              mem_limit: str | float | None = None, options: dict | None = None) -> MemoryReport:
     """Per-device memory of ``model`` trained with ``train`` under schedule ``schedule``.
 
+    ``model``: a :class:`ModelConfig`, a preset name, a shipped published config's name or a path to a
+    Hugging Face ``config.json`` (:func:`pipeloom.models.hf_config.resolve_model`).
+
     The schedule is built by the registry with a :class:`~pipeloom.core.costs.MemModel` made from
     this estimate (so memory-aware builders plan with the model's real a/b), and its order-based
     memory trace gives the peak number of live microbatch activations per device.

@@ -268,6 +268,23 @@ def shipped_configs() -> dict[str, Path]:
     return {p.stem.lower(): p for p in sorted(CONFIG_DIR.glob("*.json"))}
 
 
+def hf_config_path(spec: str | os.PathLike) -> Path | None:
+    """The ``config.json`` file a ``--model`` spec names (a path to it or to its directory, or the name of a
+    shipped published config); None for a preset name or anything else. For the torch side, which builds the
+    transformers model from that same file."""
+    from .presets import PRESETS
+
+    text = str(spec).strip()
+    if not text or text.lower() in PRESETS:
+        return None
+    p = Path(text)
+    if p.is_dir() and (p / "config.json").is_file():
+        return p / "config.json"
+    if p.is_file():
+        return p
+    return shipped_configs().get(text.lower())
+
+
 def resolve_model(spec: str | ModelConfig) -> ModelConfig:
     """THE model resolution of every ``--model``: a preset name (:mod:`pipeloom.models.presets`), the name of
     a published config shipped with pipeloom (:func:`shipped_configs`), or a path to a Hugging Face
@@ -293,4 +310,5 @@ def resolve_model(spec: str | ModelConfig) -> ModelConfig:
                            f"or a path to a Hugging Face config.json")
 
 
-__all__ = ["ARCHITECTURES", "CONFIG_DIR", "from_hf_config", "load_hf_config", "resolve_model", "shipped_configs"]
+__all__ = ["ARCHITECTURES", "CONFIG_DIR", "from_hf_config", "hf_config_path", "load_hf_config", "resolve_model",
+           "shipped_configs"]
