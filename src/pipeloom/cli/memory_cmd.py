@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
                    help="memory kept aside per device (CUDA context, allocator slack), e.g. 2GiB "
                         "(default: %(default)s)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: total_params and one entry per device with params, "
+                   help="print one JSON object: total_params, active_params (MoE: top-k experts) and one entry per "
+                        "device with params, "
                         "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes")
     p.set_defaults(func=run)
 
@@ -124,7 +125,10 @@ def print_report(rep) -> None:
     from rich.table import Table
 
     t = rep.train
-    title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B)  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
+    from ..models.flops import active_params
+
+    active = f", {active_params(rep.model) / 1e9:.2f}B active" if rep.model.moe else ""
+    title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B{active})  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
              f"m={rep.microbatches}\ntp={t.tp}{'+sp' if t.sequence_parallel else ''} seq={t.seq or rep.model.seq} "
              f"b={t.micro_batch} {t.dtype} recompute={t.recompute}")
     tab = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="GiB per device; act = peak held activations over the schedule, "

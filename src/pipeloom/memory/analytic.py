@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..models.config import ModelConfig
-from ..models.flops import embedding_params, head_params, layer_params, total_params  # noqa: F401 (re-exported)
+from ..models.flops import active_params, embedding_params, head_params, layer_params, total_params  # noqa: F401
 from ..models.hf_config import resolve_model
 from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
 from ..models.slicing import even_layer_split
@@ -529,7 +529,8 @@ class MemoryReport:
     def to_dict(self) -> dict:
         t = self.train
         return {
-            "model": self.model.name, "total_params": int(self.total_params), "schedule": self.schedule_name,
+            "model": self.model.name, "total_params": int(self.total_params),
+            "active_params": int(active_params(self.model)), "schedule": self.schedule_name,
             "pp": self.pp, "vpp": self.vpp, "microbatches": self.microbatches, "tp": t.tp, "dp": t.dp,
             "zero": t.zero, "dtype": t.dtype, "seq": t.seq or self.model.seq, "micro_batch": t.micro_batch,
             "recompute": t.recompute, "sequence_parallel": t.sequence_parallel, "attention": t.attention,
