@@ -75,6 +75,7 @@ def test_cli_memory_model_file_counts_like_transformers(capsys, name):
     d = json.loads(capsys.readouterr().out)
     assert d["total_params"] == _transformers_count(json.loads(path.read_text()))
     assert d["model"] == path.stem
+    assert (d["active_params"] < d["total_params"]) == (name == "mixtral-8x7b-v0.1")   # MoE: top-2 of 8 experts
 
 
 def test_cli_memory_model_directory_and_errors(tmp_path, capsys):
