@@ -32,6 +32,12 @@ TINY = {
                     **_LLAMA),
     "qwen3_moe": dict(model_type="qwen3_moe", num_key_value_heads=2, head_dim=16, num_experts=6,
                       num_experts_per_tok=2, moe_intermediate_size=40, **_LLAMA),
+    "qwen3_moe-default-headdim-tied": dict(model_type="qwen3_moe", num_key_value_heads=4, num_experts=3,
+                                           num_experts_per_tok=1, moe_intermediate_size=24, tie_word_embeddings=True,
+                                           **_LLAMA),
+    "mistral-headdim": dict(model_type="mistral", num_key_value_heads=2, head_dim=32, **_LLAMA),
+    "mixtral-headdim": dict(model_type="mixtral", num_key_value_heads=2, head_dim=8, num_local_experts=3,
+                            num_experts_per_tok=3, **_LLAMA),
     "qwen2_moe": dict(model_type="qwen2_moe", num_key_value_heads=2, num_experts=5, num_experts_per_tok=2,
                       moe_intermediate_size=24, shared_expert_intermediate_size=56, **_LLAMA),
 }
