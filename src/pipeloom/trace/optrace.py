@@ -138,13 +138,24 @@ def _read_table(path: str):
         if low.endswith((".parquet", ".pq")):
             schema = pq.read_schema(path)
             cols = [c for c in COLUMNS if c in schema.names]
-            return pq.read_table(path, columns=cols), "parquet"
+            return pq.read_table(path, columns=cols), []
         # CSV: every column as text first, so one bad value makes one malformed row, not a failed read
-        names = pcsv.open_csv(path).schema.names
+        import csv
+        import gzip
+
+        opener = gzip.open if low.endswith(".gz") else open
+        with opener(path, "rt", newline="") as fh:
+            names = next(csv.reader(fh), [])
         types = {n: pa.string() for n in names}
+        skipped: list[int] = []
+
+        def skip(row) -> str:
+            skipped.append(row.number if row.number is not None else -1)
+            return "skip"
+
         t = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
             column_types=types, include_columns=[c for c in COLUMNS if c in names], strings_can_be_null=True),
-            parse_options=pcsv.ParseOptions(invalid_row_handler=lambda row: "skip"))
+            parse_options=pcsv.ParseOptions(invalid_row_handler=skip))
         out = {}
         for c in t.column_names:
             col = t.column(c)
@@ -153,7 +164,7 @@ def _read_table(path: str):
                 continue
             ok = pc.fill_null(pc.match_substring_regex(col, _NUM_RE), False)
             out[c] = pc.cast(pc.utf8_trim_whitespace(pc.if_else(ok, col, pa.scalar(None, pa.string()))), pa.float64())
-        return pa.table(out), "csv"
+        return pa.table(out), skipped
     except OpTraceError:
         raise
     except Exception as e:
@@ -166,7 +177,7 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
     """Read an op trace (Parquet or CSV) and its sizes; malformed rows are counted and dropped."""
     import pyarrow as pa
 
-    table, fmt = _read_table(path)
+    table, skipped = _read_table(path)
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise OpTraceError(f"{path} lacks the op-trace column(s) {', '.join(missing)}; an op trace has "
@@ -245,8 +256,9 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
     if np.isfinite(rk).any():
         w = (cols["dp_rank"][ok] * pp_size + cols["stage"][ok])
         fin = np.isfinite(rk)
-        pairs = np.unique(np.stack([w[fin], rk[fin]]), axis=1)
-        per_worker = int(np.bincount(pairs[0].astype(np.int64)).max()) if pairs.size else 1
+        wi, ri = w[fin].astype(np.int64), rk[fin].astype(np.int64)
+        pairs = np.unique(wi * (int(ri.max()) + 1) + ri) if wi.size else wi
+        per_worker = int(np.bincount(pairs // (int(ri.max()) + 1)).max()) if pairs.size else 1
     if "tp_size" in given:
         sizes["tp_size"] = given["tp_size"]
     elif "world_size" in given and given["world_size"] % (dp_size * pp_size) == 0:
@@ -263,6 +275,8 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
         warnings.append(f"world_size {sizes['world_size']} != dp_size*pp_size*tp_size = "
                         f"{dp_size * pp_size * sizes['tp_size']} (other parallel dimensions are not modelled)")
     examples = []
+    if skipped:
+        examples.append(f"line {skipped[0]}: wrong number of fields ({len(skipped)} row(s))")
     for mask, why in reasons:
         idx = np.flatnonzero(mask)
         if len(examples) < MAX_EXAMPLES:
@@ -277,8 +291,8 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
                  step=ints(cols["step"]), op=codes[keep], optypes=names, start=cols["start_ts"][keep].copy(),
                  dur=cols["duration"][keep].copy(), seq=ints(cols["seq_id"]), mc=ints(cols["mc"]),
                  gmc=ints(cols["gmc"]), mb=ints(cols["mb_id"]), sizes=sizes, inferred=inferred,
-                 malformed=int(bad.sum()), examples=examples, warnings=warnings,
-                 time_unit=given.get("time_unit", "ms"), rows=n)
+                 malformed=int(bad.sum()) + len(skipped), examples=examples, warnings=warnings,
+                 time_unit=given.get("time_unit", "ms"), rows=n + len(skipped))
     if tr.malformed:
         tr.warnings.append(f"{path}: {tr.malformed} malformed row(s) skipped ({'; '.join(examples[:2])})")
     if not len(tr):

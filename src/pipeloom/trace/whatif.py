@@ -63,53 +63,58 @@ class WhatIfError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def _lex(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, new-group flags in sorted order, group id per element) for lexicographic keys (primary first)."""
-    n = keys[0].shape[0]
-    order = np.lexsort(keys[::-1])
-    new = np.ones(n, dtype=bool)
-    if n:
-        diff = np.zeros(n - 1, dtype=bool)
-        for k in keys:
-            sk = k[order]
-            diff |= sk[1:] != sk[:-1]
-        new[1:] = diff
-    gid_sorted = np.cumsum(new) - 1
-    gid = np.empty(n, dtype=np.int64)
-    gid[order] = gid_sorted
-    return order, new, gid
-
-
-def _cumcount(keys: list[np.ndarray], tiebreak: np.ndarray) -> np.ndarray:
-    """Rank of each element within its group of ``keys``, ordered by ``tiebreak``."""
-    order, new, _ = _lex(keys + [tiebreak])
-    # groups of keys only (without the tiebreak)
-    n = order.shape[0]
-    newk = np.ones(n, dtype=bool)
-    if n:
-        d = np.zeros(n - 1, dtype=bool)
-        for k in keys:
-            sk = k[order]
-            d |= sk[1:] != sk[:-1]
-        newk[1:] = d
-    starts = np.flatnonzero(newk)
-    g = np.cumsum(newk) - 1
-    out = np.empty(n, dtype=np.int64)
-    out[order] = np.arange(n) - starts[g]
-    return out
-
-
-def _radix(cols: list[np.ndarray]) -> np.ndarray:
-    """One int64 key per row from non-negative integer columns (mixed radix)."""
-    key = np.zeros(cols[0].shape[0], dtype=np.int64)
+def _key(keys: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row, ordered like the tuple of the integer columns ``keys`` (values >= -1)."""
+    key = np.zeros(keys[0].shape[0], dtype=np.int64)
     total = 1
-    for c in cols:
+    for c in keys:
         base = int(c.max()) + 2 if c.size else 1
         total *= base
         if total >= 2 ** 62:
             raise WhatIfError("trace too large to index (key overflow)")
         key = key * base + (c.astype(np.int64) + 1)
     return key
+
+
+def _lex(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, new-group flags in sorted order, group id per element) for integer keys (primary first)."""
+    key = _key(keys)
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    new = np.ones(len(key), dtype=bool)
+    new[1:] = sk[1:] != sk[:-1]
+    gid_sorted = np.cumsum(new) - 1
+    gid = np.empty(len(key), dtype=np.int64)
+    gid[order] = gid_sorted
+    return order, new, gid
+
+
+def _cumcount(keys: list[np.ndarray], tiebreak: np.ndarray) -> np.ndarray:
+    """Rank of each element within its group of ``keys``, ordered by ``tiebreak``."""
+    key = _key(keys)
+    o1 = np.argsort(tiebreak, kind="stable")
+    order = o1[np.argsort(key[o1], kind="stable")]
+    sk = key[order]
+    n = len(key)
+    new = np.ones(n, dtype=bool)
+    new[1:] = sk[1:] != sk[:-1]
+    starts = np.flatnonzero(new)
+    g = np.cumsum(new) - 1
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - starts[g]
+    return out
+
+
+def _group_reduce(ufunc, gid: np.ndarray, values: np.ndarray, ngroups: int, fill: float) -> np.ndarray:
+    """``ufunc`` (np.maximum / np.minimum) of ``values`` per group id, by a sort and reduceat (not ufunc.at)."""
+    order = np.argsort(gid, kind="stable")
+    sg = gid[order]
+    out = np.full(ngroups, fill, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
+    if not len(sg):
+        return out
+    b = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
+    out[sg[b]] = ufunc.reduceat(values[order], b)
+    return out
 
 
 def _lookup(keys: np.ndarray, want: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -124,7 +129,8 @@ def _lookup(keys: np.ndarray, want: np.ndarray, valid: np.ndarray) -> np.ndarray
 
 def group_median(gid: np.ndarray, values: np.ndarray, ngroups: int) -> np.ndarray:
     """Median of ``values`` per group id (NaN for empty groups)."""
-    order = np.lexsort((values, gid))
+    o1 = np.argsort(values, kind="stable")
+    order = o1[np.argsort(gid[o1], kind="stable")]
     sg, sv = gid[order], values[order]
     counts = np.bincount(sg, minlength=ngroups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -207,12 +213,9 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
         ng = int(gid.max()) + 1
         if ng < len(gid):
             merged = len(gid) - ng
-            first = np.full(ng, len(gid), dtype=np.int64)
-            np.minimum.at(first, gid, np.arange(len(gid)))
-            s_max = np.full(ng, -np.inf)
-            np.maximum.at(s_max, gid, start)
-            e_max = np.full(ng, -np.inf)
-            np.maximum.at(e_max, gid, end)
+            first = _group_reduce(np.minimum, gid, np.arange(len(gid)), ng, len(gid))
+            s_max = _group_reduce(np.maximum, gid, start, ng, -np.inf)
+            e_max = _group_reduce(np.maximum, gid, end, ng, -np.inf)
             dpr, stage, step, op, worker = dpr[first], stage[first], step[first], op[first], worker[first]
             seq, mb, gmc, mc = seq[first], mb[first], gmc[first], mc[first]
             start, end = s_max, e_max
@@ -220,7 +223,8 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     steps_u = np.unique(step)
     k = np.searchsorted(steps_u, step)
     # ---- time order within (step, worker)
-    torder = np.lexsort((seq, start, worker, k))
+    o1 = np.lexsort((seq, start))
+    torder = o1[np.argsort(_key([k, worker])[o1], kind="stable")]
     inv = np.empty(n, dtype=np.int64)
     inv[torder] = np.arange(n)
     dpr, stage, k, op, worker, mb, gmc, mc = (a[torder] for a in (dpr, stage, k, op, worker, mb, gmc, mc))
@@ -270,10 +274,8 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
         xdep = np.where(ok, hit, xdep)
         pipe += int(ok.sum())
     # ---- measured times relative to the step's first start
-    origin = np.full(len(steps_u), np.inf)
-    np.minimum.at(origin, k, start)
-    step_end = np.full(len(steps_u), -np.inf)
-    np.maximum.at(step_end, k, end)
+    origin = _group_reduce(np.minimum, k, start, len(steps_u), np.inf)
+    step_end = _group_reduce(np.maximum, k, end, len(steps_u), -np.inf)
     measured = step_end - origin
     rs, re = start - origin[k], end - origin[k]
     # a dependency that ended after its dependant ended is not one (pairing or clocks disagree): dropped
@@ -306,15 +308,13 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
         _, _, gid = _lex([gkey_tag[idx], k[idx], ga[idx], op[idx], nth[idx]])
         size = np.bincount(gid)
         multi = size[gid] > 1
-        rep = np.full(len(size), n, dtype=np.int64)
-        np.minimum.at(rep, gid, idx)
+        rep = _group_reduce(np.minimum, gid, idx, len(size), n)
         uid[idx[multi]] = rep[gid[multi]]
         ncoll = int((size > 1).sum())
     # ---- measured effective durations and gaps
     pe = np.where(prev >= 0, re[np.maximum(prev, 0)], 0.0)
     xe = np.where(xdep >= 0, re[np.maximum(xdep, 0)], 0.0)
-    gstart = np.full(n, -np.inf)
-    np.maximum.at(gstart, uid, rs)
+    gstart = _group_reduce(np.maximum, uid, rs, n, -np.inf)
     ingroup = np.bincount(uid, minlength=n)[uid] > 1
     dm = np.where(is_recv, np.maximum(0.0, re - np.maximum(rs, xe)),
                   np.where(ingroup, np.maximum(0.0, re - gstart[uid]), re - rs))
@@ -323,8 +323,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     _, _, g1 = _lex([k, op, worker])
     n1 = int(g1.max()) + 1
     med1 = group_median(g1, dm, n1)
-    first1 = np.full(n1, n, dtype=np.int64)
-    np.minimum.at(first1, g1, np.arange(n))
+    first1 = _group_reduce(np.minimum, g1, np.arange(n), n1, n)
     _, _, g2 = _lex([k[first1], op[first1]])
     med2 = group_median(g2, med1, int(g2.max()) + 1)
     dt = med2[g2[g1]]  # g2: the (step, optype) group of each (step, optype, worker) group
