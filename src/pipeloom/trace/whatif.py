@@ -186,6 +186,9 @@ class Model:
     pipeline_edges: int = 0
     p2p_pairs: int = 0
     collectives: int = 0
+    coll_pos: np.ndarray | None = None
+    coll_starts: np.ndarray | None = None
+    coll_of: np.ndarray | None = None
 
     @property
     def W(self) -> int:
@@ -415,12 +418,28 @@ def _kahn(U: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
 
 
 # ------------------------------------------------------------------------------------------ replay
+def _collective_durations(model: Model, D: np.ndarray) -> np.ndarray:
+    """A collective takes the longest of its members' transfer times (members are contiguous in replay order)."""
+    if model.coll_pos is None:
+        sizes = np.diff(np.r_[model.ustart, model.n])
+        multi = np.flatnonzero(sizes > 1)
+        pos = np.concatenate([np.arange(model.ustart[u], model.ustart[u] + sizes[u]) for u in multi]) \
+            if len(multi) else np.zeros(0, dtype=np.int64)
+        starts = np.r_[0, np.cumsum(sizes[multi])[:-1]] if len(multi) else np.zeros(0, dtype=np.int64)
+        model.coll_pos, model.coll_starts = pos, starts
+        model.coll_of = np.repeat(np.arange(len(multi)), sizes[multi]) if len(multi) else pos
+    if not len(model.coll_pos):
+        return D
+    D = D.copy()
+    D[model.coll_pos] = np.maximum.reduceat(D[model.coll_pos], model.coll_starts, axis=0)[model.coll_of]
+    return D
+
+
 def replay(model: Model, D: np.ndarray, *, gaps: bool = False) -> np.ndarray:
     """Step times (steps x scenarios) of the model replayed with durations ``D`` (ops x scenarios, replay order)."""
     n = model.n
     B = D.shape[1]
-    if len(model.ustart) < n:  # a collective takes the longest of its members' transfer times
-        D = np.maximum.reduceat(D, model.ustart, axis=0)[model.unit_of]
+    D = _collective_durations(model, D)
     end = np.zeros((n + 1, B))
     gap = model.gap[:, None] if gaps else None
     prev, xdep, rec = model.prev, model.xdep, model.is_recv
@@ -442,9 +461,7 @@ def replay(model: Model, D: np.ndarray, *, gaps: bool = False) -> np.ndarray:
 def replay_times(model: Model, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-op (start, end) of one scenario (vector ``D``), for the timeline pictures."""
     n = model.n
-    Dm = D[:, None]
-    if len(model.ustart) < n:
-        Dm = np.maximum.reduceat(Dm, model.ustart, axis=0)[model.unit_of]
+    Dm = _collective_durations(model, D[:, None])
     end = np.zeros((n + 1, 1))
     start = np.zeros((n, 1))
     for a, b, urel, uidx in model.levels:

@@ -70,5 +70,5 @@ def op_timeline_trace(path: str, tracks: list[tuple[str, list[str], list[list[tu
     data = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": "pipeloom", **(info or {})}}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_write(path) as fh:
-        json.dump(data, fh, separators=(",", ":"))
+        fh.write(json.dumps(data, separators=(",", ":")))  # dumps: the C encoder (json.dump streams in Python)
     return path
