@@ -3,8 +3,9 @@
 Writes (once, cached in --dir) a synthetic trace of 128 ranks (dp 16 x pp 8 x tp 1, vpp 2, 16 microbatches,
 40 steps, one slow worker planted) and, optionally, the same run with every TP rank of dp 4 x pp 8 x tp 4
 recorded; then runs `python -m pipeloom check TRACE --json` in a fresh process --runs times and reports
-the median wall time, the peak RSS of that process (getrusage of the child), and the load average of the
-machine at the time (timings on a shared machine are only comparable at similar load).
+the median wall time and CPU time (user + system) of that process, its peak RSS, and the load average
+of the machine when it started (wall times on a shared machine are only comparable at similar load; the
+analysis is single-threaded, so on an idle machine wall ~ CPU time).
 
     python bench/whatif_scale.py --runs 3 [--out docs/bench/whatif.md]
 """
@@ -43,17 +44,18 @@ def make(path: str, extra: list[str]) -> dict:
     return json.load(open(path + ".info.json"))
 
 
-def run_once(path: str) -> tuple[float, float, dict]:
+def run_once(path: str) -> tuple[float, float, float, dict]:
     args = ["check", path, "--meta", path.rsplit(".", 1)[0] + ".meta.yaml", "--json", "--out", path + ".whatif"]
     code = ("import resource, sys; from pipeloom.cli import main; rc = main(%r); "
-            "print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)" % args)
+            "u = resource.getrusage(resource.RUSAGE_SELF); "
+            "print('maxrss', u.ru_maxrss, u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(rc)" % args)
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
     wall = time.perf_counter() - t
     if p.returncode != 0:
         raise SystemExit(p.stderr)
-    peak = int(p.stderr.strip().splitlines()[-1].split()[1])  # KiB on Linux
-    return wall, peak / 1024.0, json.loads(p.stdout)
+    _, peak, cpu = p.stderr.strip().splitlines()[-1].split()  # KiB on Linux; CPU seconds (user + system)
+    return wall, int(peak) / 1024.0, float(cpu), json.loads(p.stdout)
 
 
 def main() -> int:
@@ -70,22 +72,24 @@ def main() -> int:
             continue
         path = os.path.join(a.dir, f"case{i}.parquet")
         info = make(path, extra)
-        walls, peaks, d = [], [], None
+        walls, peaks, cpus, loads, d = [], [], [], [], None
         for _ in range(a.runs):
-            load = os.getloadavg()[0]
-            w, pk, d = run_once(path)
+            loads.append(os.getloadavg()[0])
+            w, pk, cpu, d = run_once(path)
             walls.append(w)
             peaks.append(pk)
+            cpus.append(cpu)
         sw = d["by_worker"]
         top = max(sw, key=lambda x: x["slowdown"])
-        rows.append((name, info["ops"], d["ops"], len(d["steps"]), statistics.median(walls), max(peaks), load,
+        rows.append((name, info["ops"], d["ops"], len(d["steps"]), statistics.median(walls), statistics.median(cpus),
+                     max(peaks), statistics.median(loads),
                      d["replay_error"], info["planted_slowdown"], d["slowdown"], f"dp {top['dp_rank']} / pp {top['stage']}",
                      d["model"]["scenarios"]))
-    lines = ["| trace | rows | ops after TP merge | steps | wall s (median) | peak RSS MiB | load avg | replay error | "
-             "planted | S found | straggler named | replays |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trace | rows | ops after TP merge | steps | wall s | CPU s | peak RSS MiB | load avg | replay error | "
+             "planted | S found | straggler named | replays |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r[0]} | {r[1]:,} | {r[2]:,} | {r[3]} | {r[4]:.1f} | {r[5]:.0f} | {r[6]:.1f} | "
-                     f"{100 * r[7]:.3f}% | {r[8]:.3f} | {r[9]:.3f} | {r[10]} | {r[11]} |")
+        lines.append(f"| {r[0]} | {r[1]:,} | {r[2]:,} | {r[3]} | {r[4]:.1f} | {r[5]:.1f} | {r[6]:.0f} | {r[7]:.1f} | "
+                     f"{100 * r[8]:.3f}% | {r[9]:.3f} | {r[10]:.3f} | {r[11]} | {r[12]} |")
     table = "\n".join(lines)
     if a.out:
         with open(a.out) as fh:

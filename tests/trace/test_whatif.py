@@ -192,3 +192,20 @@ def test_cli_json_steps_and_errors(tmp_path, capsys):
     assert "none of the steps" in capsys.readouterr().err
     assert main(["check", str(tmp_path), "--meta", meta]) == 2  # a log directory: --meta does not apply
     assert "--meta applies to op traces" in capsys.readouterr().err
+
+
+def test_parquet_with_malformed_rows_counts_them(tmp_path):
+    cfg = OpSynthConfig(dp=2, pp=2, steps=4)
+    path, _, res = _write(tmp_path, cfg, "m.parquet", malformed=5)
+    tr = read_optrace(path)
+    assert tr.malformed == 5 and len(tr) == len(res.columns["step"])
+    assert {e.split(":")[1].strip().split(" (")[0] for e in tr.examples} >= {"negative duration", "optype missing"}
+
+
+def test_steps_option_rejects_bad_ranges():
+    from pipeloom.trace.opcheck import parse_steps
+
+    assert parse_steps("3:6") == [3, 4, 5] and parse_steps("1,4") == [1, 4]
+    for bad in ("6:3", "-1", "a:b", "x"):
+        with pytest.raises(ValueError, match="--steps"):
+            parse_steps(bad)

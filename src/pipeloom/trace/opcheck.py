@@ -30,11 +30,13 @@ def parse_steps(text: str | None) -> list[int] | None:
                 a, b = part.split(":", 1)
                 lo = int(a) if a.strip() else 0
                 hi = int(b) if b.strip() else 1 << 40
-                if hi <= lo:
+                if hi <= lo or lo < 0:
                     raise ValueError
                 out.extend(range(lo, min(hi, lo + 10_000_000)) if b.strip() else [-(lo + 1)])
             else:
                 out.append(int(part))
+                if out[-1] < 0:
+                    raise ValueError
         except ValueError:
             raise ValueError(f"--steps {text!r}: give step numbers like 5, 1,3,5 or A:B (A..B-1) or A:") from None
     return out
