@@ -209,3 +209,27 @@ def test_steps_option_rejects_bad_ranges():
     for bad in ("6:3", "-1", "a:b", "x"):
         with pytest.raises(ValueError, match="--steps"):
             parse_steps(bad)
+
+
+def test_unknown_optypes_stay_as_opaque_ops_and_tiny_shapes_work(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    res = generate(OpSynthConfig(dp=1, pp=2, steps=3, cause="none"))
+    cols = {k: list(v) for k, v in res.columns.items()}
+    n = len(cols["step"])
+    for i in range(n):  # a custom op after every optimizer, as long as the optimizer was
+        if cols["optype"][i] == "optimizer":
+            for k in cols:
+                cols[k].append(cols[k][i])
+            cols["optype"][-1] = "my-custom-op"
+    path = str(tmp_path / "u.parquet")
+    pq.write_table(pa.table(cols), path)
+    d = check_optrace(path, pictures=False)
+    assert any(o["optype"] == "my-custom-op" for o in d["by_optype"])
+    assert d["ops"] == n + 2 * 3 and d["verdicts"] == []
+    one = generate(OpSynthConfig(dp=1, pp=1, steps=2))
+    p1 = str(tmp_path / "one.parquet")
+    write(p1, one)
+    d1 = check_optrace(p1, pictures=False)
+    assert d1["replay_error"] < 1e-9 and d1["verdicts"] == []
