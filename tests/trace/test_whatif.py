@@ -83,6 +83,8 @@ def test_a_single_slow_worker_is_named_and_its_slowdown_recovered(diagnosed, nam
     assert d["slowdown"] == pytest.approx(res.planted_slowdown, rel=0.05)
     assert w["score"] > 0.9 and max(x["score"] for x in d["by_worker"] if x is not w) < 0.2
     assert d["mw"] > 0.8 and d["mw_workers"] == [want]
+    ranks = {(r["dp_rank"], r["stage"]): r["score"] for r in d["by_rank"]}
+    assert len(d["by_rank"]) == cfg.dp * cfg.pp and ranks[(want["dp_rank"], want["stage"])] == w["score"]
     assert len(d["verdicts"]) == 1 and f"dp {want['dp_rank']} / pp {want['stage']}" in d["verdicts"][0]
 
 
@@ -110,6 +112,14 @@ def test_the_partition_command_runs_and_rebalances(diagnosed, capsys):
     tl = json.load(open(d["pictures"]["timeline"]))
     names = {e["args"]["name"] for e in tl["traceEvents"] if e.get("name") == "process_name"}
     assert any("ideal" in n for n in names) and any("measured" in n for n in names)
+    # the ideal track of the slowest step spans that step's what-if ideal time (us per ms = 1000)
+    pid = next(e["pid"] for e in tl["traceEvents"] if e.get("name") == "process_name" and "ideal" in e["args"]["name"])
+    ev = [e for e in tl["traceEvents"] if e.get("ph") == "X" and e["pid"] == pid]
+    span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) / 1000
+    step = next(s for s in d["per_step"] if s["step"] == tl["otherData"]["step"])
+    assert step["slowdown"] == max(s["slowdown"] for s in d["per_step"])
+    assert span == pytest.approx(step["ideal"], rel=1e-3)
+    assert all(0.8 < s["ms"] <= 1.05 for s in d["per_step"])
 
 
 def test_random_per_step_slow_workers_are_no_fixed_straggler(diagnosed):

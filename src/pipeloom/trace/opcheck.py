@@ -55,6 +55,25 @@ def _resolve_steps(spec: list[int] | None, tr: OpTrace) -> list[int] | None:
     return sorted(out)
 
 
+def _num(x) -> float | None:
+    return None if not np.isfinite(x) else float(x)
+
+
+def _by_rank(tr: OpTrace, steps: list[int] | None, scores: np.ndarray, pp: int) -> list[dict]:
+    """Every recorded global rank with its worker's score (TP ranks of one worker share it)."""
+    keep = tr.rank >= 0
+    if steps is not None:
+        keep &= np.isin(tr.step, steps)
+    w = tr.dp[keep] * pp + tr.stage[keep]
+    r = tr.rank[keep]
+    if not r.size:
+        return []
+    pairs = np.unique(r * (int(w.max()) + 1) + w)
+    return [{"rank": int(x // (int(w.max()) + 1)), "dp_rank": int(x % (int(w.max()) + 1)) // pp,
+             "stage": int(x % (int(w.max()) + 1)) % pp, "score": float(scores[int(x % (int(w.max()) + 1))])}
+            for x in pairs]
+
+
 def default_out_dir(path: str) -> str:
     base = os.path.basename(path)
     for ext in (".csv.gz", ".parquet", ".pq", ".csv"):
@@ -115,9 +134,11 @@ def check_optrace(path: str, *, meta: str | None = None, steps: str | None = Non
         "by_optype": [{"optype": t, "slowdown": v} for t, v in sorted(res.by_optype.items(), key=lambda kv: -kv[1])],
         "per_step": [{"step": s, "measured": float(res.t_measured[i]), "replayed": float(res.t_replay[i]),
                       "ideal": float(res.t_ideal[i]), "slowdown": float(res.step_slowdown[i]),
+                      "mw": _num(res.mw_step[i]), "ms": _num(res.ms_step[i]),
                       "slowest_worker": {"dp_rank": int(np.argmax(swk[:, i])) // pp,
                                          "stage": int(np.argmax(swk[:, i])) % pp}}
                      for i, s in enumerate(res.steps)],
+        "by_rank": _by_rank(tr, sel, dg.scores, pp),
         "stragglers": [{"dp_rank": a, "stage": b} for a, b in dg.stragglers],
         "imbalanced_stages": dg.imbalanced_stages,
         "slow_optypes": dg.slow_optypes,

@@ -504,6 +504,9 @@ class WhatIf:
     ms: float
     t_fix_workers: float
     t_fix_last_stage: float
+    mw_step: np.ndarray
+    """per step M_W (NaN where the step has no slowdown to explain)"""
+    ms_step: np.ndarray
     compute_ratio: np.ndarray
     """(W, K) the worker's measured compute time / typical compute time"""
     optype_ratio: dict
@@ -604,6 +607,11 @@ def analyse(model: Model, *, threshold: float = 0.05, progress=None, max_exact: 
     b.add("fixlast", "base", lambda: m.stage == m.pp - 1)
     out = b.run(progress)
     gap_all = tb.mean() - ti.mean()
+    gk = tb - ti
+    ok = gk > 1e-9 * np.maximum(ti, 1e-12)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mw_k = np.where(ok, (tb - out["fixw"]) / np.where(ok, gk, 1), np.nan)
+        ms_k = np.where(ok, (tb - out["fixlast"]) / np.where(ok, gk, 1), np.nan)
     mw = float((tb.mean() - out["fixw"].mean()) / gap_all) if gap_all > 0 else 0.0
     ms = float((tb.mean() - out["fixlast"].mean()) / gap_all) if gap_all > 0 else 0.0
     # own slowness: measured / typical time per worker and step (compute; each optype)
@@ -626,6 +634,7 @@ def analyse(model: Model, *, threshold: float = 0.05, progress=None, max_exact: 
                   by_optype_step=by_op_step, by_stage=st, by_stage_step=st_k, by_dp=dpv, by_dp_step=dp_k,
                   worker_bound=bound, worker_bound_step=bound_k, worker_exact=exact, mw=mw, mw_workers=top, ms=ms,
                   t_fix_workers=float(out["fixw"].mean()), t_fix_last_stage=float(out["fixlast"].mean()),
+                  mw_step=mw_k, ms_step=ms_k,
                   compute_ratio=cr, optype_ratio=ratios,
                   replay_error=float(abs(ts.mean() - m.measured.mean()) / m.measured.mean()),
                   replay_error_max_step=float(err.max()), launch_slowdown=float(ts.mean() / tb.mean()),
