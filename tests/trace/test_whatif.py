@@ -200,6 +200,8 @@ def test_cli_json_steps_and_errors(tmp_path, capsys):
     assert "lacks the op-trace column" in capsys.readouterr().err
     assert main(["check", path, "--steps", "100:200"]) == 2
     assert "none of the steps" in capsys.readouterr().err
+    assert main(["check", path, "--png", str(tmp_path / "x.png")]) == 2
+    assert "--png applies to worker logs" in capsys.readouterr().err
     assert main(["check", str(tmp_path), "--meta", meta]) == 2  # a log directory: --meta does not apply
     assert "--meta applies to op traces" in capsys.readouterr().err
 

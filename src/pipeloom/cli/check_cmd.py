@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--bubble-tolerance", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",
                    help="measured bubble may exceed the planned one by this much before the verdict says so "
                         "(default: %(default)s)")
-    p.add_argument("--top", type=nonnegative_int, default=10, help="late jobs to list (default: %(default)s)")
+    p.add_argument("--top", type=nonnegative_int, default=10,
+                   help="late jobs to list (op traces: rows of the slowdown table) (default: %(default)s)")
     p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt with late jobs framed (.png, .svg or .pdf)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 unless the verdict is OK")
     g = p.add_argument_group("op traces (.parquet / .csv: what-if straggler analysis)")
@@ -54,6 +55,9 @@ def run(args) -> int:
     from ..trace.optrace import is_op_trace
 
     if is_op_trace(args.logdir):
+        if args.png or args.late_tolerance is not None:
+            raise ValueError(f"--{'png' if args.png else 'late-tolerance'} applies to worker logs; for an op trace "
+                             f"the pictures go to --out DIR")
         return run_optrace(args)
     for flag in ("meta", "steps", "layers", "out"):
         if getattr(args, flag) is not None:
