@@ -53,6 +53,7 @@ def test_tp_ranks_merge_into_their_worker(tmp_path):
 CASES = {
     "slow_worker": dict(dp=2, pp=4, vpp=1, cause="slow_worker", where=(1, 2), factor=1.8),
     "slow_worker_vpp": dict(dp=4, pp=2, vpp=2, tp=2, cause="slow_worker", where=(3, 0), factor=1.5),
+    "slow_worker_dp8": dict(dp=8, pp=2, vpp=2, tp=4, cause="slow_worker", where=(6, 1), factor=1.5),
     "heavy_stage": dict(dp=4, pp=4, vpp=2, cause="heavy_stage", where=(0, -1), factor=1.5),
     "heavy_stage_pp8": dict(dp=2, pp=8, vpp=1, cause="heavy_stage", where=(0, -1), factor=1.3),
     "random_slow": dict(dp=4, pp=4, vpp=1, cause="random_slow", factor=1.6),
@@ -72,7 +73,7 @@ def diagnosed(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["slow_worker", "slow_worker_vpp"])
+@pytest.mark.parametrize("name", ["slow_worker", "slow_worker_vpp", "slow_worker_dp8"])
 def test_a_single_slow_worker_is_named_and_its_slowdown_recovered(diagnosed, name):
     d, res, cfg = diagnosed[name]
     want = {"dp_rank": cfg.where[0], "stage": cfg.where[1]}
