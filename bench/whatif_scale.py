@@ -83,7 +83,8 @@ def main() -> int:
         top = max(sw, key=lambda x: x["slowdown"])
         rows.append((name, info["ops"], d["ops"], len(d["steps"]), statistics.median(walls), statistics.median(cpus),
                      max(peaks), statistics.median(loads),
-                     d["replay_error"], info["planted_slowdown"], d["slowdown"], f"dp {top['dp_rank']} / pp {top['stage']}",
+                     d["replay_error"], info["planted_slowdown"], d["slowdown"],
+                     f"dp {top['dp_rank']} / pp {top['stage']}",
                      d["model"]["scenarios"]))
     lines = ["| trace | rows | ops after TP merge | steps | wall s | CPU s | peak RSS MiB | load avg | replay error | "
              "planted | S found | straggler named | replays |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

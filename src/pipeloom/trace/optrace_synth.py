@@ -143,7 +143,7 @@ def _simulate(oplists: list[list[tuple]], durs: list[list[float]], gdur: dict, g
             ops = oplists[w]
             while ptr[w] < len(ops) and not waiting[w]:
                 i = ptr[w]
-                name, kind, key = ops[i][0], ops[i][1], ops[i][2]
+                kind, key = ops[i][1], ops[i][2]
                 if kind == "recv":
                     if key not in send_end:
                         break

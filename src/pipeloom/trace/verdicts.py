@@ -137,7 +137,8 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
     return dg
 
 
-def _partition(r: WhatIf, comp: np.ndarray, layers: int | None, vpp: int, costs_path: str) -> tuple[str | None, dict | None]:
+def _partition(r: WhatIf, comp: np.ndarray, layers: int | None, vpp: int,
+               costs_path: str) -> tuple[str | None, dict | None]:
     """Layer costs fitted from per-stage compute (uniform layers assumed now; the extra of the first and last
     stage becomes the embedding and the head) and the ``pipeloom partition`` command that rebalances them."""
     pp = r.pp
@@ -151,10 +152,12 @@ def _partition(r: WhatIf, comp: np.ndarray, layers: int | None, vpp: int, costs_
     scale = per_layer[0] if per_layer[0] > 0 else 1.0
 
     def c(f, b):
-        return {"F": round(float(f / scale), 4), "B": round(float(b / 2 / scale), 4), "W": round(float(b / 2 / scale), 4)}
+        return {"F": round(float(f / scale), 4), "B": round(float(b / 2 / scale), 4),
+                "W": round(float(b / 2 / scale), 4)}
 
     costs = {"layers": dict(count=int(L), **c(*per_layer)), "embedding": c(*extra[0]), "head": c(*extra[-1])}
-    cmd = f"pipeloom partition --layer-costs {costs_path} --pp {pp}" + (f" --vpp {vpp}" if vpp > 1 else "") + " --balance"
+    cmd = (f"pipeloom partition --layer-costs {costs_path} --pp {pp}" + (f" --vpp {vpp}" if vpp > 1 else "")
+           + " --balance")
     if layers is None:
         cmd += f"  (assumes {L} layers; pass --layers)"
     return cmd, costs
