@@ -1,4 +1,5 @@
-"""``pipeloom run``: train the built-in example model with a schedule on torch.distributed."""
+"""``pipeloom run``: train the built-in example model, or a transformers model (``--model PATH``), with a
+schedule on torch.distributed."""
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,10 @@ def _seconds(text: str) -> float:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
-        help="run a schedule for real on torch.distributed (example model, CPU/gloo or torchrun)",
+        help="run a schedule for real on torch.distributed (example or transformers model, CPU/gloo or torchrun)",
         description=(
-            "Train the built-in example model (a small Llama-style decoder on synthetic data) with a\n"
+            "Train the built-in example model (a small Llama-style decoder on synthetic data), or a\n"
+            "transformers model (--model PATH, optionally --weights and --data FILE), with a\n"
             "pipeline schedule on torch.distributed. Without torchrun the command spawns pp*dp ranks\n"
             "on this machine (gloo on 127.0.0.1, CPU); under torchrun (RANK/WORLD_SIZE set) it runs\n"
             "one rank per process and uses NCCL when CUDA is available. --verify compares the first\n"
@@ -121,8 +123,10 @@ def add_parser(sub) -> None:
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
                    help="fail when a rank waits longer than this on a peer (default: 120)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: schedule, pp, vpp, microbatches, steps, loss, step_time_s "
-                        "(+ max_loss_diff, max_grad_diff with --verify)")
+                   help="print one JSON object: schedule, pp, vpp, microbatches, steps, loss, step_time_s, "
+                        "deferred_wgrad_share (per chunk with W jobs: share of its weight-gradient FLOPs deferred "
+                        "to W; null without W jobs) (+ max_loss_diff, max_grad_diff with --verify; model, "
+                        "tied_across_stages, tied_weight_diff with --model PATH)")
     p.set_defaults(func=run)
 
 
