@@ -7,7 +7,7 @@ import math
 import sys
 
 from .common import (add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option, add_partition_options,
-                     add_schedule_option, add_shape_options, fmt, number_type, plan_inputs,
+                     add_schedule_option, add_shape_options, fmt, number_type, partition_given, plan_inputs,
                      positive_int, print_json)
 from ..schedule import io as schedule_io
 
@@ -196,6 +196,10 @@ def run_config(args):
     vpp = args.vpp or registry.default_vpp(schedule)
     measured = _is_measured(args)
     layers = args.layers if args.layers is not None else model.layers if model is not None else max(8, pp * vpp)
+    if model is not None and partition_given(args) and args.vocab is None and args.hidden is None:
+        # the model's own head size and tokens per sequence cost its chunks (the partitioner balances them)
+        args = argparse.Namespace(**vars(args))
+        args.vocab, args.hidden, args.seq = model.vocab, model.hidden, args.seq or args.seq_len
     spec, pplan = plan_inputs(args, schedule, pp=pp, microbatches=m, vpp=vpp,
                               costs="" if measured else args.costs, layers=layers)
     return RunConfig(schedule=schedule, pp=pp, vpp=vpp, microbatches=m, spec=spec, mem_limit=args.mem_limit,

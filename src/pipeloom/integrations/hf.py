@@ -280,6 +280,7 @@ class HFRunModel:
     name: str = ""
     layers: int = 0
     vocab: int = 0
+    hidden: int = 0
     max_seq: int = 0
     _names: dict = field(default_factory=dict, repr=False)
 
@@ -290,6 +291,7 @@ class HFRunModel:
         self.name = self.name or f"{cfg.model_type} ({os.path.basename(os.path.dirname(config_path(self.spec))) or '.'})"
         self.layers = int(cfg.num_hidden_layers)
         self.vocab = int(cfg.vocab_size)
+        self.hidden = int(cfg.hidden_size)
         self.max_seq = int(getattr(cfg, "max_position_embeddings", 0) or getattr(cfg, "n_positions", 0) or 1 << 30)
 
     def build(self, seed: int) -> nn.Module:
