@@ -189,3 +189,69 @@ def test_hf_models_run_and_match_the_unsplit_model(tmp_path, model_dirs):
         loss_of(AutoModelForCausalLM.from_pretrained(saved)), abs=1e-5)
     assert res["data-1f1b-pp2-dp2"]["losses"][0] == pytest.approx(loss_of(build_model(model_dirs["llama"], seed=5)),
                                                                    abs=1e-5)
+
+
+def _torch_stage_rank(model_dir: str):
+    """One rank of torch's own runtime (PipelineStage + Schedule1F1B) on a tied qwen2's chunks."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from pipeloom.models.llama import loss_fn
+    from pipeloom.runtime.tied import TiedGrads
+
+    rank = dist.get_rank()
+    every = pipeline_chunks(build_model(model_dir, seed=2), even_layer_split(4, 2))
+    mod = every[rank]
+    runtime = Schedule1F1B(PipelineStage(mod, rank, 2, torch.device("cpu")), n_microbatches=4, loss_fn=loss_fn)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, VOCAB, (8, 8), generator=g), torch.randint(0, VOCAB, (8, 8), generator=g)
+    losses: list = []
+    runtime.step(x) if rank == 0 else runtime.step(target=y, losses=losses)
+    tied = TiedGrads(tied_parameters(every), lambda k: k, [[0, 1]], {rank: mod}, pp_rank=rank, dp_rank=0)
+    tied.reduce()
+    out = [None, None]
+    dist.all_gather_object(out, ({n: p.grad.tolist() for n, p in mod.named_parameters()},
+                                 [float(v.detach()) for v in losses], len(tied.cross)))
+    return out, x.tolist(), y.tolist()  # plain lists: tensors from a finished process are not readable
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_chunks_run_in_torch_pipelinestage_with_tied_grads_summed(model_dirs):
+    from pipeloom.models.llama import loss_fn
+    from pipeloom.runtime.launch import spawn
+
+    per_rank, x, y = spawn(_torch_stage_rank, 2, (model_dirs["qwen2"],), timeout_s=300)
+    x, y = torch.tensor(x), torch.tensor(y)
+    ref = build_model(model_dirs["qwen2"], seed=2)
+    want = []
+    for xm, ym in zip(x.chunk(4), y.chunk(4)):
+        loss = loss_fn(ref(input_ids=xm).logits, ym)
+        (loss / 4).backward()  # torch's runtime scales the grads by 1/microbatches
+        want.append(loss.item())
+    ref_grads = {n: p.grad for n, p in ref.named_parameters(remove_duplicate=False)}
+    assert per_rank[1][1] == pytest.approx(want, abs=1e-5)
+    names = set()
+    for grads, _, cross in per_rank:
+        assert cross == 1
+        for n, gr in grads.items():
+            assert (torch.tensor(gr) - ref_grads[n]).abs().max().item() <= TOL, n
+            names.add(n)
+    assert names == set(ref_grads)  # every parameter, the tied one under both of its names
+
+
+def test_layer_partition_costs_the_models_own_head(tmp_path):
+    """--balance with --model PATH: the model's vocabulary and width cost the head, so the last stage of a
+    large-vocabulary model gets fewer layers; the split given by --layers-per-device is the one run."""
+    from pipeloom.cli import build_parser
+    from pipeloom.cli.run_cmd import run_config
+
+    cfg = dict(CONFIGS["llama"], vocab_size=32000)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    p = build_parser()
+    rc = run_config(p.parse_args(["run", "--model", str(tmp_path), "--pp", "2", "-s", "1f1b", "--balance"]))
+    assert sum(rc.layers_per_chunk) == 8 and rc.layers_per_chunk[1] < rc.layers_per_chunk[0]
+    rc = run_config(p.parse_args(["run", "--model", str(tmp_path), "--pp", "2", "--layers-per-device", "3,5"]))
+    assert rc.layers_per_chunk == (3, 5)
+    rc = run_config(p.parse_args(["run", "--model", str(tmp_path), "--pp", "2"]))
+    assert rc.layers_per_chunk is None and rc.model.layers == 8  # an even split of the model's 8 layers
