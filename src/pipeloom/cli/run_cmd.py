@@ -197,9 +197,10 @@ def run_config(args):
     measured = _is_measured(args)
     layers = args.layers if args.layers is not None else model.layers if model is not None else max(8, pp * vpp)
     if model is not None and partition_given(args) and args.vocab is None and args.hidden is None:
-        # the model's own head size and tokens per sequence cost its chunks (the partitioner balances them)
+        # the model costs its own layers and head, as 'plan --model' does (models.hf_config.resolve_model)
         args = argparse.Namespace(**vars(args))
-        args.vocab, args.hidden, args.seq = model.vocab, model.hidden, args.seq or args.seq_len
+        args._partition_model = True
+        args.seq = args.seq or args.seq_len
     spec, pplan = plan_inputs(args, schedule, pp=pp, microbatches=m, vpp=vpp,
                               costs="" if measured else args.costs, layers=layers)
     return RunConfig(schedule=schedule, pp=pp, vpp=vpp, microbatches=m, spec=spec, mem_limit=args.mem_limit,

@@ -48,12 +48,16 @@ class HFModelError(ValueError):
 
 # ---------------------------------------------------------------------------- config and model
 def config_path(spec: str) -> str:
-    """The config.json of ``spec``: a path to the file itself or a directory holding one."""
-    path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
-    if not os.path.isfile(path):
+    """The config.json of ``spec``: a path to the file itself or a directory holding one, or the name of a
+    published config shipped with pipeloom (:func:`pipeloom.models.hf_config.hf_config_path`)."""
+    from ..models.hf_config import hf_config_path
+
+    path = hf_config_path(spec)
+    if path is None or not os.path.isfile(path):
         raise HFModelError(f"--model {spec}: no such file or directory with a config.json; give a built-in "
-                           f"example name or a path to a transformers config.json (or its directory)")
-    return path
+                           f"example name, a path to a transformers config.json (or its directory) or a "
+                           f"published config shipped with pipeloom")
+    return str(path)
 
 
 def load_config(spec: str):
@@ -288,7 +292,10 @@ class HFRunModel:
         cfg = load_config(self.spec)
         if self.weights and not has_weights(self.spec):
             build_model(self.spec, weights=True, config=cfg)  # raises the one-line error
-        self.name = self.name or f"{cfg.model_type} ({os.path.basename(os.path.dirname(config_path(self.spec))) or '.'})"
+        path = config_path(self.spec)
+        where = os.path.basename(os.path.dirname(os.path.abspath(path))) if os.path.basename(path) == "config.json" \
+            else os.path.splitext(os.path.basename(path))[0]
+        self.name = self.name or f"{cfg.model_type} ({where})"
         self.layers = int(cfg.num_hidden_layers)
         self.vocab = int(cfg.vocab_size)
         self.hidden = int(cfg.hidden_size)
