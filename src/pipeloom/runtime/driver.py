@@ -100,6 +100,14 @@ class RunConfig:
     """testing: make the loss of this microbatch NaN in the first step"""
     fault_exit_rank: int | None = None
     """testing: this global rank dies (os._exit) at its first job"""
+    overlap_grad_reduce: bool = True
+    """dp > 1: start each chunk's gradient reduction asynchronously right after its last W/BW on the rank
+    (overlapped with the pipeline drain) instead of one blocking all-reduce after the step"""
+    zero: int = 0
+    """1: ZeRO-1 (reduce-scatter the gradients, fp32 weights and AdamW states sharded over dp, all-gather
+    the parameters); 0: every dp rank keeps the whole optimizer"""
+    fault_hang_rank: int | None = None
+    """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
@@ -111,6 +119,8 @@ class RunConfig:
                              f"even size), e.g. {max(8, self.dim // 8 * 8)}")
         if self.dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
+        if self.zero not in (0, 1):
+            raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
         window = parse_profile_steps(self.profile_steps)
@@ -241,10 +251,11 @@ def worker(cfg: RunConfig) -> dict:
                  schedule=schedule_io.to_dict(sched), costs=costs, profile_steps=window,
                  machine=int(os.environ.get("GROUP_RANK", 0)), run_id=run_id[0]) if cfg.log_dir else None
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
+    reducer = make_dp_reducer(cfg, dp_group)
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,
                           log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False,
-                          strict_p2p=cfg.strict_p2p)
+                          strict_p2p=cfg.strict_p2p, reducer=reducer)
     if cfg.fault_nan_mb is not None:
         def poisoned(out, target, _lf=ex.loss_fn):
             loss = _lf(out, target)
@@ -254,7 +265,9 @@ def worker(cfg: RunConfig) -> dict:
         def dead(job, run):
             os._exit(3)  # a crash without any report, like a killed process
         ex.on_job = dead
-    opt = torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+    if cfg.fault_hang_rank == rank:
+        _hang_before_reduction(ex)
+    opt = make_optimizer(cfg, ex)
     losses, times, waits = [], [], []
     verify = None
     try:
@@ -266,10 +279,12 @@ def worker(cfg: RunConfig) -> dict:
             waits.append(ex.last_stats.wait_s)
             losses.append(loss)
             if cfg.verify and step == 0:
-                verify = _verify(ex, cfg, mcfg, sched, loss, build_reference)
+                verify, ref = _verify(ex, cfg, mcfg, sched, loss, build_reference)
             opt.step()
             opt.zero_grad(set_to_none=True)
             ex.sync_params()
+            if cfg.verify and step == 0:
+                verify.update(_verify_params(ex, ref))
     finally:
         if log is not None:
             log.close(cfg.steps - 1)
@@ -280,15 +295,49 @@ def worker(cfg: RunConfig) -> dict:
     timed = ts[1:] if len(ts) > 1 else ts
     out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "microbatches": sched.microbatches,
            "steps": cfg.steps, "loss": losses[-1], "losses": losses, "step_time_s": statistics.median(timed),
-           "dtype": cfg.dtype, "world_size": dist.get_world_size()}
+           "dtype": cfg.dtype, "world_size": dist.get_world_size(), "zero": cfg.zero,
+           "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1}
     if verify is not None:
         out.update(verify)
     return out if rank == 0 else None
 
 
-def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: float, build_reference) -> dict:
-    """Each rank runs the (tiny) reference itself and compares its own chunks; MAX over ranks."""
+def make_dp_reducer(cfg: RunConfig, dp_group):
+    """The gradient reducer of the run's options: ZeRO-1 reduce-scatter, per-chunk overlapped all-reduce,
+    or one all-reduce after the step; every wait bounded by ``timeout_s``."""
+    from .grads import AllReduceAfterAccumulation, OverlappedAllReduce, ZeroReduceScatter
+    if cfg.zero == 1:
+        return ZeroReduceScatter(dp_group, overlap=cfg.overlap_grad_reduce, timeout_s=cfg.timeout_s)
+    if cfg.overlap_grad_reduce:
+        return OverlappedAllReduce(dp_group, timeout_s=cfg.timeout_s)
+    return AllReduceAfterAccumulation(dp_group, timeout_s=cfg.timeout_s)
+
+
+def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
+    """AdamW over the executor's parameters, or over this rank's ZeRO-1 shards."""
+    from .grads import Zero1Optimizer, ZeroReduceScatter
+    if isinstance(ex.reducer, ZeroReduceScatter):
+        return Zero1Optimizer(ex.reducer, ex.grads, ex.master, torch.optim.AdamW, timeout_s=cfg.timeout_s, lr=cfg.lr)
+    return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+
+
+def _hang_before_reduction(ex: PipelineExecutor) -> None:
+    """Fault testing: this rank stops for good before its first data-parallel reduction."""
+    red = ex.reducer
+    for name in ("_launch", "finish"):
+        if hasattr(red, name):
+            def stuck(*a, **k):
+                time.sleep(3600)
+            setattr(red, name, stuck)
+            return
+
+
+def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: float, build_reference):
+    """Each rank runs the (tiny) reference itself and compares its own chunks; MAX over ranks. Returns
+    the comparison and the reference model after one AdamW step (for :func:`_verify_params`). With
+    ZeRO-1 the reduced gradients are the shards: each rank compares its shards."""
     from ..models.llama import loss_fn
+    from .grads import ZeroReduceScatter
     ref = build_reference(mcfg, cfg.seed)
     xs, ys = [], []
     for r in range(cfg.dp):
@@ -297,15 +346,47 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: f
         ys += y
     ref_loss, ref_grads = reference_step(ref, loss_fn, xs, ys)
     gd, missing = 0.0, 0
-    for name, p in ex.named_parameters():
-        if p.grad is None or name not in ref_grads:
-            missing += 1
-            continue
-        gd = max(gd, (p.grad.detach().float().cpu() - ref_grads[name]).abs().max().item())
+    if isinstance(ex.reducer, ZeroReduceScatter):
+        names = {p: n for k in sorted(ex.modules) for n, p in ex.modules[k].named_parameters()}
+        buf = ex.grads
+        flat = torch.zeros(buf.flat.numel(), dtype=torch.float32)
+        for seg in buf.segments:
+            off = seg.start
+            for p in seg.params:
+                g = ref_grads.get(names[p])
+                if g is None:
+                    missing += 1
+                else:
+                    flat[off:off + p.numel()] = g.flatten()
+                off += p.numel()
+        for seg, sh in zip(buf.segments, ex.reducer.shard_grads()):
+            lo, hi = ex.reducer.shard(seg)
+            gd = max(gd, (sh.detach().float().cpu() - flat[lo:hi]).abs().max().item() if hi > lo else 0.0)
+    else:
+        for name, p in ex.named_parameters():
+            if p.grad is None or name not in ref_grads:
+                missing += 1
+                continue
+            gd = max(gd, (p.grad.detach().float().cpu() - ref_grads[name]).abs().max().item())
     t = torch.tensor([abs(loss - ref_loss), gd, float(missing)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr)
+    ropt.step()
     return {"max_loss_diff": t[0].item(), "max_grad_diff": t[1].item(), "reference_loss": ref_loss,
-            "params_missing_grad": int(t[2].item())}
+            "params_missing_grad": int(t[2].item())}, ref
+
+
+def _verify_params(ex: PipelineExecutor, ref) -> dict:
+    """After the first optimizer step: max |parameter - reference parameter after one AdamW step|
+    (the fp32 values: parameters, or master copies with bf16), MAX over ranks."""
+    want = dict(ref.named_parameters())
+    d = 0.0
+    for name, p in ex.named_parameters():
+        if name in want:
+            d = max(d, (p.detach().float().cpu() - want[name].detach()).abs().max().item())
+    t = torch.tensor([d], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"max_param_diff": t[0].item()}
 
 
 def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
