@@ -285,18 +285,22 @@ def worker(cfg: RunConfig) -> dict:
             ex.sync_params()
             if cfg.verify and step == 0:
                 verify.update(_verify_params(ex, ref))
+            if step == 0:
+                static = _static_bytes(ex, opt)
     finally:
         if log is not None:
             log.close(cfg.steps - 1)
     # slowest rank's time per step; skip the first step (shape negotiation, warm-up) when there are more
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static))
     ts = t.tolist()
     timed = ts[1:] if len(ts) > 1 else ts
     out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "microbatches": sched.microbatches,
            "steps": cfg.steps, "loss": losses[-1], "losses": losses, "step_time_s": statistics.median(timed),
            "dtype": cfg.dtype, "world_size": dist.get_world_size(), "zero": cfg.zero,
-           "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1}
+           "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1, "rank_bytes": ranks}
     if verify is not None:
         out.update(verify)
     return out if rank == 0 else None
@@ -319,6 +323,22 @@ def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
     if isinstance(ex.reducer, ZeroReduceScatter):
         return Zero1Optimizer(ex.reducer, ex.grads, ex.master, torch.optim.AdamW, timeout_s=cfg.timeout_s, lr=cfg.lr)
     return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+
+
+def _static_bytes(ex: PipelineExecutor, opt) -> dict:
+    """Measured bytes of this rank's static training state after an optimizer step: parameters
+    (their storage: the ZeRO-1 flat fp32 tensor, padding included, when the parameters live in it),
+    the gradient buffer, and the optimizer (per-element state tensors, plus fp32 master copies)."""
+    from .grads import Zero1Optimizer
+    nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    state = [t for st in getattr(opt, "optimizer", opt).state.values() for t in st.values()
+             if torch.is_tensor(t) and t.dim() > 0]
+    if isinstance(opt, Zero1Optimizer):
+        params = nb(ex._allp) if ex.master else nb([opt.flat])
+        master = nb([opt.flat]) if ex.master else 0
+    else:
+        params, master = nb(ex._allp), nb(ex.master.values())
+    return {"params_bytes": params, "grads_bytes": nb([ex.grads.flat]), "optimizer_bytes": nb(state) + master}
 
 
 def _hang_before_reduction(ex: PipelineExecutor) -> None:
