@@ -210,7 +210,7 @@ def _batch(mcfg, cfg: RunConfig, sched: Schedule, step: int, replica: int):
 _MESHES: dict = {}
 
 
-def _groups(pp: int, dp: int):
+def _groups(pp: int, dp: int, timeout_s: float | None = None):
     """(pp global ranks of my pipeline, dp group or None, pp_rank, dp_rank) on a (dp, pp) DeviceMesh."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != pp * dp:
@@ -222,8 +222,23 @@ def _groups(pp: int, dp: int):
         _MESHES[key] = init_device_mesh(dev.type, (dp, pp), mesh_dim_names=("dp", "pp"))
     mesh = _MESHES[key]
     pp_ranks = dist.get_process_group_ranks(mesh.get_group("pp"))
-    dp_group = mesh.get_group("dp") if dp > 1 else None
+    dp_group = _dp_group(mesh, pp, dp, timeout_s) if dp > 1 else None
     return pp_ranks, dp_group, mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+
+
+def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None):
+    """The mesh's dp group of this rank, or (with ``timeout_s``) the same ranks in a group whose
+    collectives give up after ``timeout_s`` (gloo ignores a collective's wait timeout and uses its
+    group's; every rank creates every dp group, in the same order, once per timeout)."""
+    if timeout_s is None:
+        return mesh.get_group("dp")
+    key = ("dp", dp, pp, float(timeout_s))
+    if key not in _MESHES:
+        import datetime as _dt
+        groups = [dist.new_group([s + k * pp for k in range(dp)], timeout=_dt.timedelta(seconds=timeout_s))
+                  for s in range(pp)]
+        _MESHES[key] = groups[mesh.get_local_rank("pp")]
+    return _MESHES[key]
 
 
 def worker(cfg: RunConfig) -> dict:
@@ -235,7 +250,7 @@ def worker(cfg: RunConfig) -> dict:
     _check_shape(cfg, sched)
     costs = cfg.planned_costs.to_dict() if cfg.planned_costs is not None else None
     pp, dp = sched.pp, cfg.dp
-    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp)
+    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s)
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
