@@ -106,6 +106,10 @@ class RunConfig:
     zero: int = 0
     """1: ZeRO-1 (reduce-scatter the gradients, fp32 weights and AdamW states sharded over dp, all-gather
     the parameters); 0: every dp rank keeps the whole optimizer"""
+    rank_order: str = "dp-pp"
+    """how global ranks map onto (dp, pp): ``dp-pp`` (dp outer: ranks 0..pp-1 are one whole pipeline) or
+    ``pp-dp`` (pp outer: ranks 0..dp-1 are the replicas of stage 0, so with one node per stage the pipeline
+    crosses nodes and the dp reduction stays inside a node)"""
     fault_hang_rank: int | None = None
     """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
 
@@ -119,6 +123,8 @@ class RunConfig:
                              f"even size), e.g. {max(8, self.dim // 8 * 8)}")
         if self.dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
+        if self.rank_order not in ("dp-pp", "pp-dp"):
+            raise ValueError(f"rank order must be dp-pp or pp-dp, got {self.rank_order!r}")
         if self.zero not in (0, 1):
             raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
         if self.timeout_s <= 0:
@@ -210,34 +216,39 @@ def _batch(mcfg, cfg: RunConfig, sched: Schedule, step: int, replica: int):
 _MESHES: dict = {}
 
 
-def _groups(pp: int, dp: int, timeout_s: float | None = None):
-    """(pp global ranks of my pipeline, dp group or None, pp_rank, dp_rank) on a (dp, pp) DeviceMesh."""
+def _groups(pp: int, dp: int, timeout_s: float | None = None, order: str = "dp-pp"):
+    """(pp global ranks of my pipeline, dp group or None, pp_rank, dp_rank) on a DeviceMesh of shape
+    (dp, pp) (``order`` dp-pp) or (pp, dp) (pp-dp)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != pp * dp:
         raise ValueError(f"world size {world} != pp*dp = {pp}*{dp}")
-    key = (dp, pp)
+    key = (dp, pp, order)
     if key not in _MESHES:
         from torch.distributed.device_mesh import init_device_mesh
         dev = default_device()
-        _MESHES[key] = init_device_mesh(dev.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+        shape, names = ((dp, pp), ("dp", "pp")) if order == "dp-pp" else ((pp, dp), ("pp", "dp"))
+        _MESHES[key] = init_device_mesh(dev.type, shape, mesh_dim_names=names)
     mesh = _MESHES[key]
     pp_ranks = dist.get_process_group_ranks(mesh.get_group("pp"))
-    dp_group = _dp_group(mesh, pp, dp, timeout_s) if dp > 1 else None
+    dp_group = _dp_group(mesh, pp, dp, timeout_s, order) if dp > 1 else None
     return pp_ranks, dp_group, mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
 
 
-def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None):
+def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None, order: str):
     """The mesh's dp group of this rank, or (with ``timeout_s``) the same ranks in a group whose
     collectives give up after ``timeout_s`` (gloo ignores a collective's wait timeout and uses its
     group's; every rank creates every dp group, in the same order, once per timeout)."""
     if timeout_s is None:
         return mesh.get_group("dp")
-    key = ("dp", dp, pp, float(timeout_s))
+    key = ("dp", dp, pp, order, float(timeout_s))
     if key not in _MESHES:
         import datetime as _dt
-        groups = [dist.new_group([s + k * pp for k in range(dp)], timeout=_dt.timedelta(seconds=timeout_s))
-                  for s in range(pp)]
-        _MESHES[key] = groups[mesh.get_local_rank("pp")]
+        ranks = [[s + k * pp for k in range(dp)] if order == "dp-pp" else [s * dp + k for k in range(dp)]
+                 for s in range(pp)]
+        groups = [dist.new_group(r, timeout=_dt.timedelta(seconds=timeout_s)) for r in ranks]
+        mine = groups[mesh.get_local_rank("pp")]
+        assert dist.get_rank() in ranks[mesh.get_local_rank("pp")]
+        _MESHES[key] = mine
     return _MESHES[key]
 
 
@@ -250,7 +261,7 @@ def worker(cfg: RunConfig) -> dict:
     _check_shape(cfg, sched)
     costs = cfg.planned_costs.to_dict() if cfg.planned_costs is not None else None
     pp, dp = sched.pp, cfg.dp
-    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s)
+    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s, cfg.rank_order)
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
@@ -490,7 +501,8 @@ def calibrate(cfg: RunConfig) -> RunConfig:
                                    verify=False, measure_costs=False, fault_nan_mb=None, fault_exit_rank=None)
         if torchrun:
             worker(ccfg)
-            dist.barrier()
+            from .grads import barrier
+            barrier(None, cfg.timeout_s, "the barrier after the calibration run")
             out = [fit_chunk_costs(read_logs(box[0])) if dist.get_rank() == 0 else None]
             dist.broadcast_object_list(out, src=0)
             measured = out[0]
