@@ -9,12 +9,12 @@ def add_dp_options(p, *, gantt: bool = False) -> None:
     g = p.add_argument_group(
         "data parallel",
         "With --dp N > 1 the step also reduces every device's gradients over N replicas (ring collectives, "
-        "see docs/simulator.md): the result gets step_time, dp_exposed (the un-hidden tail) and dp_hidden_share. "
+        "see docs/runtime.md): the result gets step_time, dp_exposed (the un-hidden tail) and dp_hidden_share. "
         "Gradient bytes come from --model or --param-bytes; one cost unit is --dp-unit-ms milliseconds.")
     g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default: 1, no reduction)")
     g.add_argument("--model", default=None, metavar="PRESET",
                    help="gradient bytes per chunk from this model's parameters (see 'pipeloom memory --list'), "
-                        "its layers split over the chunks as --layers-per-chunk-style even split")
+                        "its layers split evenly over the chunks")
     g.add_argument("--param-bytes", default=None, metavar="BYTES",
                    help="gradient bytes of the whole model (split evenly over the chunks), or one value per "
                         "global chunk (B0,B1,...); suffixes KB/MB/GB/KiB/MiB/GiB allowed")
