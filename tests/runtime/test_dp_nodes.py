@@ -69,25 +69,48 @@ def test_two_nodes_pp_across_dp_within_verify_and_merged_logs(tmp_path):
     assert rep["ranks"] == 4 if "ranks" in rep else True
 
 
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        out += [int(k) for k in kids]
+        todo += [int(k) for k in kids]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def test_a_dead_node_ends_the_other_with_one_line_error(tmp_path):
-    procs = _agents(["--steps", "200", "--inject-delay", "2:0.05"], timeout="10")
-    time.sleep(1.0)
+    procs = _agents(["--steps", "500", "--inject-delay", "2:0.02"], timeout="10")
     deadline = time.monotonic() + 300
-    # wait until node 1's workers are running (both agents rendezvoused), then kill node 1 entirely
+    # wait until both nodes' workers run (the agents rendezvoused), then kill node 1: agent and workers
     while time.monotonic() < deadline:
-        kids = subprocess.run(["pgrep", "-g", str(procs[1].pid)], capture_output=True, text=True).stdout.split()
-        if len(kids) >= 3:
+        workers = [_descendants(p.pid) for p in procs]
+        if all(len(w) >= 2 for w in workers) or any(p.poll() is not None for p in procs):
             break
         time.sleep(0.5)
-    time.sleep(8.0)
-    os.killpg(procs[1].pid, signal.SIGKILL)
+    assert all(p.poll() is None for p in procs), "a node ended before the fault"
+    time.sleep(5.0)  # past the rendezvous and the first steps
+    for pid in [procs[1].pid] + _descendants(procs[1].pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     t0 = time.monotonic()
+    node0 = _descendants(procs[0].pid)
     outs = _finish(procs[:1], 240)
+    _finish(procs[1:], 10)
     assert procs[0].returncode != 0
     err = outs[0][1]
-    lines = [ln for ln in err.splitlines() if ln.startswith("pipeloom: error:")]
+    lines = [ln for ln in err.splitlines() if ln.startswith("pipeloom: error: rank")]
     assert lines and all(len(ln) < 600 for ln in lines), err[-3000:]
     assert time.monotonic() - t0 < 200
     time.sleep(1.0)
-    left = subprocess.run(["pgrep", "-g", str(procs[0].pid)], capture_output=True, text=True).stdout.split()
-    assert not left, f"ranks left running on node 0: {left}"
+    left = [pid for pid in node0 if _alive(pid)]
+    assert not left, f"processes left running on node 0: {left}"

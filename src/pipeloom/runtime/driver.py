@@ -293,6 +293,7 @@ def worker(cfg: RunConfig) -> dict:
         ex.on_job = dead
     if cfg.fault_hang_rank == rank:
         _hang_before_reduction(ex)
+    _bound_world_waits(cfg.timeout_s)
     opt = make_optimizer(cfg, ex)
     losses, times, waits = [], [], []
     verify = None
@@ -349,6 +350,22 @@ def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
     if isinstance(ex.reducer, ZeroReduceScatter):
         return Zero1Optimizer(ex.reducer, ex.grads, ex.master, torch.optim.AdamW, timeout_s=cfg.timeout_s, lr=cfg.lr)
     return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+
+
+def _bound_world_waits(timeout_s: float) -> None:
+    """After setup (every rank has built its model: one barrier with the setup allowance), let the world
+    group's collectives (the step's loss all-reduce) wait at most ``timeout_s`` instead of the group's
+    setup timeout (300 s at least): gloo applies a group's timeout, not a per-wait one, so a dead node
+    would otherwise hold the other node's ranks for minutes."""
+    import datetime as _dt
+
+    from .grads import barrier
+    barrier(None, max(timeout_s, 120.0), "the barrier before the first step")
+    try:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+        _set_pg_timeout(_dt.timedelta(seconds=timeout_s))
+    except (ImportError, RuntimeError, ValueError):  # an older torch or a backend without it: the group's timeout
+        pass
 
 
 def _static_bytes(ex: PipelineExecutor, opt) -> dict:

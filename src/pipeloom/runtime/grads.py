@@ -185,9 +185,12 @@ class Arrivals:
     process group's key-value store before it joins one, so that a rank whose wait times out can name
     the peers that never arrived (a timed-out collective itself names nobody)."""
 
+    _made: dict[str, int] = {}  # instances per name: every rank makes them in the same order
+
     def __init__(self, group, name: str) -> None:
         self.group = group
-        self.name = name
+        n = Arrivals._made[name] = Arrivals._made.get(name, 0) + 1
+        self.name = f"{name}{n}"  # a new key space per instance: counts of earlier runs do not mix in
         self.peers = dist.get_process_group_ranks(group) if group is not None else [dist.get_rank()]
         self.me = dist.get_rank()
         self.seq = 0
