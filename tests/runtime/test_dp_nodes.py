@@ -1,7 +1,8 @@
 """Two torchrun agents on this machine acting as two nodes (c10d rendezvous on 127.0.0.1): pp across the
 nodes, dp within each (--rank-order pp-dp), --verify passing with the overlapped reduction and ZeRO-1;
 each node logs under LOGDIR/machine<k>/ and ``pipeloom check`` merges both nodes' logs. A node that
-dies ends the run on the other one with a one-line error and no rank left running."""
+dies (node 1; node 0 hosts the rendezvous store, as the node at --rdzv-endpoint does) ends the run on
+the other one with a one-line error and no rank left running."""
 from __future__ import annotations
 
 import json
@@ -33,7 +34,19 @@ def _agents(extra: list[str], log_dir=None, timeout: str = "60"):
             argv += ["--log-dir", str(log_dir / f"machine{k}")]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
+        if k == 0:  # node 0 hosts the rendezvous store (as the node at --rdzv-endpoint does on a cluster)
+            _wait_listening(port)
     return procs
+
+
+def _wait_listening(port: int, limit: float = 120.0) -> None:
+    import socket
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
 
 
 def _finish(procs, timeout: float):
@@ -87,30 +100,32 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_dead_node_ends_the_other_with_one_line_error(tmp_path):
-    procs = _agents(["--steps", "500", "--inject-delay", "2:0.02"], timeout="10")
+    procs = _agents(["--steps", "500", "--inject-delay", "2:0.02"], log_dir=tmp_path, timeout="10")
     deadline = time.monotonic() + 300
-    # wait until both nodes' workers run (the agents rendezvoused), then kill node 1: agent and workers
+    log0 = tmp_path / "machine0" / "workerlog.0.partial"  # the name while the run writes it
+    # wait until training runs on node 0 (its log has finished steps: past the rendezvous and setup,
+    # whose waits have their own, longer allowance), then kill node 1: agent and workers
     while time.monotonic() < deadline:
-        workers = [_descendants(p.pid) for p in procs]
-        if all(len(w) >= 2 for w in workers) or any(p.poll() is not None for p in procs):
+        if log0.exists() and log0.read_text().count('"step_end"') >= 2:
+            break
+        if any(p.poll() is not None for p in procs):
             break
         time.sleep(0.5)
     assert all(p.poll() is None for p in procs), "a node ended before the fault"
-    time.sleep(5.0)  # past the rendezvous and the first steps
+    node0 = _descendants(procs[0].pid)
     for pid in [procs[1].pid] + _descendants(procs[1].pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     t0 = time.monotonic()
-    node0 = _descendants(procs[0].pid)
     outs = _finish(procs[:1], 240)
     _finish(procs[1:], 10)
     assert procs[0].returncode != 0
     err = outs[0][1]
     lines = [ln for ln in err.splitlines() if ln.startswith("pipeloom: error: rank")]
     assert lines and all(len(ln) < 600 for ln in lines), err[-3000:]
-    assert time.monotonic() - t0 < 200
+    assert time.monotonic() - t0 < 120  # --timeout 10: no 300 s default anywhere
     time.sleep(1.0)
     left = [pid for pid in node0 if _alive(pid)]
     assert not left, f"processes left running on node 0: {left}"
