@@ -122,3 +122,19 @@ def test_a_wait_that_times_out_names_the_collective():
     with pytest.raises(PeerError, match=r"rank 0: step 3: data-parallel all-reduce of chunk 1: timed out after 0.5s"):
         wait_named(Never(), 0.5, "step 3: data-parallel all-reduce of chunk 1", Arrivals(None, "t"))
     barrier(None, 5.0, "a barrier of one")  # passes at once
+
+
+@pytest.mark.parametrize("kw,match", [(dict(zero=2), "zero must be 0"), (dict(rank_order="pp"), "rank order must be")])
+def test_run_config_rejects_bad_dp_options(kw, match):
+    from pipeloom.runtime.driver import RunConfig
+    with pytest.raises(ValueError, match=match):
+        RunConfig(**kw)
+
+
+def test_cli_run_rejects_zero_2(capsys):
+    from pipeloom.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--zero", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeloom: error:") and "--zero" in err and err.count("\n") == 1
