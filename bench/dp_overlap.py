@@ -2,7 +2,7 @@
 gloo on CPU, the two settings alternating in ONE process group), and the simulator's predicted hidden
 share (pipeloom.sim.dp) for that run and for Llama-2 7B pp 4 x dp 8 on a 100 Gb/s link.
 
-    python bench/dp_overlap.py [--reps 5] [--steps 4] [--dim 256] [--out docs/bench/dp_overlap.md]
+    python bench/dp_overlap.py [--reps 5] [--steps 4] [--dim 256] [--out TABLE.md]
 
 For the local prediction the costs are fitted from a logged run of the same config
 (pipeloom.trace.check.fit_chunk_costs, ms) and the link from a timed all-reduce of one stage's
@@ -152,10 +152,10 @@ def main() -> None:
     text = "\n".join(["## pp 2 x dp 2, gloo on CPU (this machine)", "", *lines, "",
                       "## Llama-2 7B, pp 4 x dp 8, 100 Gb/s (simulated)", "", *big, ""])
     print(text)
-    if args.out:
-        with open(args.out + ".table", "w") as fh:
+    if args.out:  # the tables only (docs/bench/dp_overlap.md has them with the reading around them)
+        with open(args.out, "w") as fh:
             fh.write(f"<!-- {cmd.strip()} -->\n{text}")
-        print(f"wrote {args.out}.table")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
