@@ -79,7 +79,9 @@ def test_two_nodes_pp_across_dp_within_verify_and_merged_logs(tmp_path):
                          text=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}, timeout=120)
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
-    assert rep["ranks"] == 4 if "ranks" in rep else True
+    # both nodes' logs merged: 4 ranks, pp 2 x dp 2, two clock domains (machine0, machine1) aligned
+    assert (rep["pp"], rep["dp"], len(rep["per_rank"])) == (2, 2, 4)
+    assert len(rep["clock_offsets_s"]) == 2 and rep["clock_alignment"] != "none", rep["clock_alignment"]
 
 
 def _descendants(pid: int) -> list[int]:
