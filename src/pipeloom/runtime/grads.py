@@ -241,7 +241,7 @@ def wait_named(work, timeout_s: float | None, what: str, arrivals: Arrivals | No
            else f" (group ranks {', '.join(map(str, arrivals.peers))})" if arrivals is not None else "")
     after = f" after {timeout_s:g}s" if timeout_s is not None and err.startswith("timed out") else ""
     raise PeerError(f"rank {dist.get_rank()}: {what}: {err.split(' (')[0]}{after}{who}"
-                    + (f" [{err.split(' (', 1)[1]}" if " (" in err and not gone else ""))
+                    + (f" ({err.split(' (', 1)[1]}" if " (" in err and not gone else ""))
 
 
 def barrier(group=None, timeout_s: float | None = None, what: str = "barrier") -> None:
