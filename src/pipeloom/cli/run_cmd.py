@@ -15,6 +15,9 @@ _DEFAULTS = {"schedule": "1f1b", "pp": 2, "microbatches": 4}
 
 # max |diff| accepted by --verify: fp32 must match the reference to float rounding; bf16 only roughly
 TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2}
+# parameters after the first AdamW step: its update lr*g/(|g|+eps) turns the rounding of a gradient
+# near eps into a good part of lr, so they are checked to a share of lr (a real bug moves them by ~lr)
+PARAM_TOLERANCE = 0.05
 
 
 def _delay(text: str) -> tuple[int, float]:
@@ -150,7 +153,8 @@ def run(args) -> int:
         return 0
     tol = TOLERANCE[cfg.dtype]
     ok = not args.verify or (res["max_loss_diff"] <= tol and res["max_grad_diff"] <= tol
-                             and res["max_param_diff"] <= tol and res["params_missing_grad"] == 0)
+                             and res["max_param_diff"] <= max(tol, PARAM_TOLERANCE * args.lr)
+                             and res["params_missing_grad"] == 0)
     if args.json:
         print_json({k: res[k] for k in ("schedule", "pp", "vpp", "dp", "microbatches", "steps", "loss",
                                         "step_time_s", "losses", "dtype", "zero", "overlap_grad_reduce")}

@@ -110,6 +110,9 @@ class RunConfig:
     """how global ranks map onto (dp, pp): ``dp-pp`` (dp outer: ranks 0..pp-1 are one whole pipeline) or
     ``pp-dp`` (pp outer: ranks 0..dp-1 are the replicas of stage 0, so with one node per stage the pipeline
     crosses nodes and the dp reduction stays inside a node)"""
+    return_params: bool = False
+    """testing: rank 0's result carries every parameter after the first optimizer step (``params``, name ->
+    flat list of floats, from dp replica 0) and the largest difference between dp replicas (``replica_param_diff``)"""
     fault_hang_rank: int | None = None
     """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
 
@@ -296,7 +299,7 @@ def worker(cfg: RunConfig) -> dict:
     _bound_world_waits(cfg.timeout_s)
     opt = make_optimizer(cfg, ex)
     losses, times, waits = [], [], []
-    verify = None
+    verify = params = None
     try:
         for step in range(cfg.steps):
             x, y = _batch(mcfg, cfg, sched, step, dp_rank)
@@ -314,6 +317,8 @@ def worker(cfg: RunConfig) -> dict:
                 verify.update(_verify_params(ex, ref))
             if step == 0:
                 static = _static_bytes(ex, opt)
+                if cfg.return_params:
+                    params = _gather_params(ex, dp_rank)
     finally:
         if log is not None:
             log.close(cfg.steps - 1)
@@ -330,6 +335,8 @@ def worker(cfg: RunConfig) -> dict:
            "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1, "rank_bytes": ranks}
     if verify is not None:
         out.update(verify)
+    if cfg.return_params:
+        out.update(params or {})
     return out if rank == 0 else None
 
 
@@ -350,6 +357,19 @@ def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
     if isinstance(ex.reducer, ZeroReduceScatter):
         return Zero1Optimizer(ex.reducer, ex.grads, ex.master, torch.optim.AdamW, timeout_s=cfg.timeout_s, lr=cfg.lr)
     return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+
+
+def _gather_params(ex: PipelineExecutor, dp_rank: int) -> dict | None:
+    """Testing: every rank's fp32 parameters to rank 0 (see ``RunConfig.return_params``)."""
+    mine = {n: p.detach().float().cpu().clone() for n, p in ex.named_parameters()}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (dp_rank, mine))
+    if dist.get_rank() != 0:
+        return None
+    first = {n: t for r, ps in every if r == 0 for n, t in ps.items()}
+    diff = max([(t - first[n]).abs().max().item() for r, ps in every if r != 0 for n, t in ps.items()] or [0.0])
+    # plain lists: tensors would go back through the spawn queue as shared memory of an exiting process
+    return {"params": {n: t.flatten().tolist() for n, t in first.items()}, "replica_param_diff": diff}
 
 
 def _bound_world_waits(timeout_s: float) -> None:
