@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..schedule.planning import compare, evaluate
 from .common import TORCH_PREFIX, add_planning_options, fmt, partition_given, plan_inputs, plan_named, print_json
+from .dp_options import add_dp_options, dp_result, dp_wanted
 
 
 def add_parser(sub) -> None:
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
                    help="'stage' (default): --costs F/B/W are for a device's whole stage and are split over its "
                         "vpp chunks, so schedules with different vpp model the same network; 'chunk': per chunk "
                         "pass as in simulate (needs --vpp)")
+    add_dp_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object {'rows': [...]}")
     p.set_defaults(func=run)
 
@@ -64,6 +66,20 @@ def _torch_rows(spec, vpp: int, *, explicit_vpp: bool) -> list[dict]:
     return rows
 
 
+def _add_dp(args, spec, rows: list[dict]) -> None:
+    """step_time, dp_exposed, dp_hidden_share of every simulated row (the dp reduction of sim.dp)."""
+    from dataclasses import replace
+
+    from ..sim.simulate import simulate
+
+    for r in rows:
+        if "error" in r or r.get("makespan") is None:
+            continue
+        s = spec if not r["schedule"].startswith(TORCH_PREFIX) else replace(spec, options={})
+        sched = plan_named(r["schedule"], s, check=False)
+        r.update(dp_result(args, sched, simulate(sched, s.costs, s.mem)).to_dict())
+
+
 def run(args) -> int:
     from ..schedule import registry
 
@@ -79,7 +95,11 @@ def run(args) -> int:
         rows += [r for r in compare(spec, names) if args.vpp or "takes vpp" not in r.get("error", "")]
         if args.with_torch:
             rows += _torch_rows(spec, vpp, explicit_vpp=bool(args.vpp))
-    rows.sort(key=lambda r: ("error" in r, r.get("makespan") or 0, max(r.get("peak_memory") or [0])))
+        if dp_wanted(args):
+            _add_dp(args, spec, [r for r in rows if r.get("vpp") == vpp])
+    dp = dp_wanted(args)
+    rows.sort(key=lambda r: ("error" in r, (r.get("step_time") if dp else None) or r.get("makespan") or 0,
+                             max(r.get("peak_memory") or [0])))
     if args.json:
         print_json({"pp": args.pp, "microbatches": args.microbatches, "costs": args.costs,
                     "costs_per": args.costs_per, "mem_limit": args.mem_limit, "rows": rows})
@@ -91,14 +111,18 @@ def run(args) -> int:
     per = "full-stage pass (split over vpp chunks)" if args.costs_per == "stage" else "chunk pass"
     t = Table(title=f"pp={args.pp}  m={args.microbatches}  memory limit {args.mem_limit}\n"
                     f"costs {args.costs} per {per}", title_justify="left")
-    for c in ("schedule", "vpp", "makespan", "vs best", "bubble", "stage bubble", "peak mem"):
+    for c in ("schedule", "vpp", "makespan", "vs best", "bubble", "stage bubble", "peak mem") + \
+            ((f"step (dp={args.dp})", "dp hidden") if dp else ()):
         t.add_column(c, justify="left" if c == "schedule" else "right", no_wrap=True)
     ok = [r for r in rows if "error" not in r]
-    best = min((r["makespan"] for r in ok), default=None)
+    key = "step_time" if dp else "makespan"
+    best = min((r[key] for r in ok if r.get(key) is not None), default=None)
     for r in ok:
-        t.add_row(r["schedule"], str(r["vpp"]), fmt(r["makespan"]), f"{r['makespan'] / best:.3f}" if best else "-",
+        extra = (fmt(r["step_time"]), "-" if r.get("dp_hidden_share") is None else f"{r['dp_hidden_share']:.1%}") \
+            if dp and "step_time" in r else (("-", "-") if dp else ())
+        t.add_row(r["schedule"], str(r["vpp"]), fmt(r["makespan"]), f"{r[key] / best:.3f}" if best and r.get(key) else "-",
                   f"{r['bubble']:.1%}", f"{r['stage_bubble']:.1%}", fmt(max(r["peak_memory"]), 3)
-                  + ("" if r["valid"] else " [red]invalid[/red]"))
+                  + ("" if r["valid"] else " [red]invalid[/red]"), *extra)
     con.print(t)
     skipped = [r for r in rows if "error" in r]
     if skipped:

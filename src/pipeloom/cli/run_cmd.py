@@ -16,6 +16,9 @@ _DEFAULTS = {"schedule": "1f1b", "pp": 2, "microbatches": 4}
 
 # max |diff| accepted by --verify: fp32 must match the reference to float rounding; bf16 only roughly
 TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2}
+# parameters after the first AdamW step: its update lr*g/(|g|+eps) turns the rounding of a gradient
+# near eps into a good part of lr, so they are checked to a share of lr (a real bug moves them by ~lr)
+PARAM_TOLERANCE = 0.05
 
 
 def _delay(text: str) -> tuple[int, float]:
@@ -49,7 +52,8 @@ def add_parser(sub) -> None:
             "pipeline schedule on torch.distributed. Without torchrun the command spawns pp*dp ranks\n"
             "on this machine (gloo on 127.0.0.1, CPU); under torchrun (RANK/WORLD_SIZE set) it runs\n"
             "one rank per process and uses NCCL when CUDA is available. --verify compares the first\n"
-            "step's loss and every gradient with a single-process reference (exit code 1 on failure)."),
+            "step's loss and every gradient with a single-process reference, and the parameters after the\n"
+            "first AdamW step (exit code 1 on failure)."),
         epilog=(
             "examples:\n"
             "  pipeloom run --example llama-tiny --schedule zbv --pp 4 --microbatches 8 --verify\n"
@@ -84,6 +88,19 @@ def add_parser(sub) -> None:
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
+    g = p.add_argument_group("data parallel", "How the dp replicas' gradients are reduced (docs/runtime.md).")
+    g.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=True,
+                   help="start each chunk's reduction asynchronously right after its last W/BW on the rank, "
+                        "overlapped with the pipeline drain (default)")
+    g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
+                   help="one blocking all-reduce of all gradients after the last job")
+    g.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="1: ZeRO-1: reduce-scatter the gradients, keep fp32 weights and AdamW states for this "
+                        "rank's 1/dp shard only, all-gather the parameters (default: 0)")
+    g.add_argument("--rank-order", choices=["dp-pp", "pp-dp"], default="dp-pp",
+                   help="global rank -> (dp, pp): dp-pp (default: ranks 0..pp-1 are one pipeline) or pp-dp "
+                        "(ranks 0..dp-1 are stage 0's replicas: with one node per stage, pp crosses nodes and "
+                        "dp stays inside a node)")
     g = p.add_argument_group("planning", "The schedule is planned as 'pipeloom plan' plans it, from these options.")
     add_mem_limit_option(g, default=None, help="memory limit for memory-aware schedules: none, 1p, 1.5p, 2p or units")
     add_costs_option(g, default=None,
@@ -156,12 +173,13 @@ def run(args) -> int:
         return 0
     tol = TOLERANCE[cfg.dtype]
     ok = not args.verify or (res["max_loss_diff"] <= tol and res["max_grad_diff"] <= tol
+                             and res["max_param_diff"] <= max(tol, PARAM_TOLERANCE * args.lr)
                              and res["params_missing_grad"] == 0)
     if args.json:
         print_json({k: res[k] for k in ("schedule", "pp", "vpp", "dp", "microbatches", "steps", "loss",
-                                        "step_time_s", "losses", "dtype")}
+                                        "step_time_s", "losses", "dtype", "zero", "overlap_grad_reduce")}
                    | ({"max_loss_diff": res["max_loss_diff"], "max_grad_diff": res["max_grad_diff"],
-                       "verified": ok} if args.verify else {})
+                       "max_param_diff": res["max_param_diff"], "verified": ok} if args.verify else {})
                    | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
                    | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
                       if k in res})
@@ -183,7 +201,8 @@ def run_config(args):
     common = dict(dp=args.dp, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
                   dim=args.dim or 64, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
-                  dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype)
+                  dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype,
+                  overlap_grad_reduce=args.overlap_grad_reduce, zero=args.zero, rank_order=args.rank_order)
     if args.plan:
         sched = schedule_io.load(args.plan)
         return RunConfig(plan=sched, pp=sched.pp, microbatches=sched.microbatches, n_layers=args.layers, **common)
@@ -264,6 +283,9 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
     t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
     t.add_row("microbatches", str(res["microbatches"]))
     t.add_row("dtype", res["dtype"])
+    if res["dp"] > 1:
+        t.add_row("dp gradient reduction", ("ZeRO-1 reduce-scatter" if res["zero"] else "all-reduce")
+                  + (", overlapped per chunk" if res["overlap_grad_reduce"] else ", after the step"))
     if measured:
         c = res["planned_costs"]
         t.add_row("measured costs (ms/chunk)", f"F={_ms(c['F'])} B={_ms(c['B'])} W={_ms(c['W'])} comm={c['comm']:.3g}")
@@ -273,6 +295,7 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
     if args.verify:
         t.add_row("max |loss - reference|", fmt(res["max_loss_diff"], 3))
         t.add_row("max |grad - reference|", fmt(res["max_grad_diff"], 3))
+        t.add_row("max |param - reference| after step 1", fmt(res["max_param_diff"], 3))
         t.add_row("verify", ("[green]PASS[/]" if ok else "[red]FAIL[/]") + f" (tolerance {tol:g})")
     if res.get("tied_across_stages"):
         t.add_row("tied weights across stages", f"{res['tied_across_stages']} (max copy difference "

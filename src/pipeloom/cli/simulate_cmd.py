@@ -7,6 +7,7 @@ from ..schedule.planning import evaluate, make_spec
 from .common import (PARTITION_KEYS, add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option,
                      add_partition_options, add_schedule_option, add_shape_options, fmt, mem_model_from_args,
                      plan_named, print_json, spec_from_args)
+from .dp_options import add_dp_options, dp_result, dp_wanted
 
 
 def add_parser(sub) -> None:
@@ -32,6 +33,7 @@ def add_parser(sub) -> None:
     add_mem_option(p)
     add_builder_options(p)
     add_partition_options(p)
+    add_dp_options(p, gantt=True)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object (public contract)")
     p.set_defaults(func=run)
 
@@ -53,6 +55,21 @@ def run(args) -> int:
         spec = spec_from_args(args, args.schedule)
         sched = plan_named(args.schedule, spec, check=False)
     res = evaluate(sched, spec)
+    if dp_wanted(args) and res["makespan"] is not None:
+        from ..sim.simulate import simulate
+        sim = simulate(sched, spec.costs, spec.mem)
+        dpr = dp_result(args, sched, sim)
+        res.update(dpr.to_dict())
+        if args.dp_gantt:
+            from ..viz.gantt import draw_gantt
+            from ..viz.timeline import from_sim
+            from .common import check_out_path
+            check_out_path("--dp-gantt", args.dp_gantt, (".png", ".svg", ".pdf"))
+            tl = from_sim(sim, mem=spec.mem)
+            tl.dp_bands = dpr.intervals
+            print(f"wrote {draw_gantt(tl, args.dp_gantt)}", file=__import__("sys").stderr)
+    elif getattr(args, "dp_gantt", None):
+        raise ValueError("--dp-gantt draws the dp reduction: give --dp N with --model or --param-bytes")
     if args.json:
         print_json(res)
     else:
@@ -96,6 +113,10 @@ def print_result(res: dict) -> None:
     t.add_row("stage bubble (max over devices)", fmt(res["stage_bubble"]))
     if res["peak_memory"] is not None:
         t.add_row("peak memory per device", " ".join(fmt(x, 3) for x in res["peak_memory"]))
+    if "step_time" in res:
+        t.add_row(f"step time with dp={res['dp']} reduction", fmt(res["step_time"]))
+        t.add_row("dp exposed (un-hidden tail)", fmt(res["dp_exposed"]))
+        t.add_row("dp hidden share", "-" if res["dp_hidden_share"] is None else f"{res['dp_hidden_share']:.1%}")
     t.add_row("memory limit", fmt(res["memory_limit"]) if res["memory_limit"] is not None else "none")
     t.add_row("valid", "yes" if res["valid"] else "[red]NO[/red]")
     con = Console()

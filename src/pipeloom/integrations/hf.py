@@ -325,6 +325,7 @@ class HFRunModel:
             (loss / n).backward()
             total += loss.item()
         self._names = canonical_names(model)
+        self.reference = model  # the data-parallel check steps its optimizer and compares parameters
         return total / n, {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
     def canonical(self, name: str) -> str:

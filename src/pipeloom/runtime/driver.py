@@ -109,6 +109,21 @@ class RunConfig:
     """a token file (flat uint16/uint32 ids, see :mod:`pipeloom.runtime.data`); None: synthetic data"""
     data_dtype: str = "uint16"
     """the token file's integer type"""
+    overlap_grad_reduce: bool = True
+    """dp > 1: start each chunk's gradient reduction asynchronously right after its last W/BW on the rank
+    (overlapped with the pipeline drain) instead of one blocking all-reduce after the step"""
+    zero: int = 0
+    """1: ZeRO-1 (reduce-scatter the gradients, fp32 weights and AdamW states sharded over dp, all-gather
+    the parameters); 0: every dp rank keeps the whole optimizer"""
+    rank_order: str = "dp-pp"
+    """how global ranks map onto (dp, pp): ``dp-pp`` (dp outer: ranks 0..pp-1 are one whole pipeline) or
+    ``pp-dp`` (pp outer: ranks 0..dp-1 are the replicas of stage 0, so with one node per stage the pipeline
+    crosses nodes and the dp reduction stays inside a node)"""
+    return_params: bool = False
+    """testing: rank 0's result carries every parameter after the first optimizer step (``params``, name ->
+    flat list of floats, from dp replica 0) and the largest difference between dp replicas (``replica_param_diff``)"""
+    fault_hang_rank: int | None = None
+    """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
@@ -120,6 +135,10 @@ class RunConfig:
                              f"even size), e.g. {max(8, self.dim // 8 * 8)}")
         if self.dtype not in ("fp32", "bf16"):
             raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
+        if self.rank_order not in ("dp-pp", "pp-dp"):
+            raise ValueError(f"rank order must be dp-pp or pp-dp, got {self.rank_order!r}")
+        if self.zero not in (0, 1):
+            raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
         window = parse_profile_steps(self.profile_steps)
@@ -225,20 +244,40 @@ def _batch(mcfg, cfg: RunConfig, sched: Schedule, step: int, replica: int):
 _MESHES: dict = {}
 
 
-def _groups(pp: int, dp: int):
-    """(pp global ranks of my pipeline, dp group or None, pp_rank, dp_rank) on a (dp, pp) DeviceMesh."""
+def _groups(pp: int, dp: int, timeout_s: float | None = None, order: str = "dp-pp"):
+    """(pp global ranks of my pipeline, dp group or None, pp_rank, dp_rank) on a DeviceMesh of shape
+    (dp, pp) (``order`` dp-pp) or (pp, dp) (pp-dp)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != pp * dp:
         raise ValueError(f"world size {world} != pp*dp = {pp}*{dp}")
-    key = (dp, pp)
+    key = (dp, pp, order)
     if key not in _MESHES:
         from torch.distributed.device_mesh import init_device_mesh
         dev = default_device()
-        _MESHES[key] = init_device_mesh(dev.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+        shape, names = ((dp, pp), ("dp", "pp")) if order == "dp-pp" else ((pp, dp), ("pp", "dp"))
+        _MESHES[key] = init_device_mesh(dev.type, shape, mesh_dim_names=names)
     mesh = _MESHES[key]
     pp_ranks = dist.get_process_group_ranks(mesh.get_group("pp"))
-    dp_group = mesh.get_group("dp") if dp > 1 else None
+    dp_group = _dp_group(mesh, pp, dp, timeout_s, order) if dp > 1 else None
     return pp_ranks, dp_group, mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+
+
+def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None, order: str):
+    """The mesh's dp group of this rank, or (with ``timeout_s``) the same ranks in a group whose
+    collectives give up after ``timeout_s`` (gloo ignores a collective's wait timeout and uses its
+    group's; every rank creates every dp group, in the same order, once per timeout)."""
+    if timeout_s is None:
+        return mesh.get_group("dp")
+    key = ("dp", dp, pp, order, float(timeout_s))
+    if key not in _MESHES:
+        import datetime as _dt
+        ranks = [[s + k * pp for k in range(dp)] if order == "dp-pp" else [s * dp + k for k in range(dp)]
+                 for s in range(pp)]
+        groups = [dist.new_group(r, timeout=_dt.timedelta(seconds=timeout_s)) for r in ranks]
+        mine = groups[mesh.get_local_rank("pp")]
+        assert dist.get_rank() in ranks[mesh.get_local_rank("pp")]
+        _MESHES[key] = mine
+    return _MESHES[key]
 
 
 def worker(cfg: RunConfig) -> dict:
@@ -250,7 +289,7 @@ def worker(cfg: RunConfig) -> dict:
     _check_shape(cfg, sched)
     costs = cfg.planned_costs.to_dict() if cfg.planned_costs is not None else None
     pp, dp = sched.pp, cfg.dp
-    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp)
+    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s, cfg.rank_order)
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
@@ -260,8 +299,12 @@ def worker(cfg: RunConfig) -> dict:
     if cfg.model is not None:
         from .tied import TiedGrads
         mods, ties = cfg.model.chunks(split, mine, cfg.seed, device)
-        grid = _MESHES[(dp, pp)].mesh.tolist()
+        mesh = _MESHES[(dp, pp, cfg.rank_order)].mesh.tolist()  # global ranks as [dp][pp], whatever the order
+        grid = mesh if cfg.rank_order == "dp-pp" else [list(r) for r in zip(*mesh)]
         tied = TiedGrads(ties, sched.device_of, grid, dict(zip(mine, mods)), pp_rank=pp_rank, dp_rank=dp_rank)
+        if tied.cross and cfg.zero:
+            raise ValueError("--zero 1 with weights tied across stages (here the embedding and the head) is not "
+                             "supported: ZeRO-1 keeps the reduced gradients in shards; use --zero 0")
     else:
         mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
@@ -273,10 +316,11 @@ def worker(cfg: RunConfig) -> dict:
                  schedule=schedule_io.to_dict(sched), costs=costs, profile_steps=window,
                  machine=int(os.environ.get("GROUP_RANK", 0)), run_id=run_id[0]) if cfg.log_dir else None
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
+    reducer = make_dp_reducer(cfg, dp_group)
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,
                           log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False,
-                          strict_p2p=cfg.strict_p2p)
+                          strict_p2p=cfg.strict_p2p, reducer=reducer)
     if cfg.fault_nan_mb is not None:
         def poisoned(out, target, _lf=ex.loss_fn):
             loss = _lf(out, target)
@@ -286,9 +330,12 @@ def worker(cfg: RunConfig) -> dict:
         def dead(job, run):
             os._exit(3)  # a crash without any report, like a killed process
         ex.on_job = dead
-    opt = torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+    if cfg.fault_hang_rank == rank:
+        _hang_before_reduction(ex)
+    _bound_world_waits(cfg.timeout_s)
+    opt = make_optimizer(cfg, ex)
     losses, times, waits = [], [], []
-    verify = None
+    verify = params = None
     tied_diff = 0.0
     try:
         for step in range(cfg.steps):
@@ -301,23 +348,32 @@ def worker(cfg: RunConfig) -> dict:
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
             if cfg.verify and step == 0:
-                verify = _verify(ex, cfg, mcfg, sched, loss, build_reference)
+                verify, ref = _verify(ex, cfg, mcfg, sched, loss, build_reference)
             opt.step()
             opt.zero_grad(set_to_none=True)
             ex.sync_params()
             if tied:
                 tied_diff = max(tied_diff, tied.max_weight_diff())
+            if cfg.verify and step == 0:
+                verify.update(_verify_params(ex, ref))
+            if step == 0:
+                static = _static_bytes(ex, opt)
+                if cfg.return_params:
+                    params = _gather_params(ex, dp_rank)
     finally:
         if log is not None:
             log.close(cfg.steps - 1)
     # slowest rank's time per step; skip the first step (shape negotiation, warm-up) when there are more
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static))
     ts = t.tolist()
     timed = ts[1:] if len(ts) > 1 else ts
     out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "microbatches": sched.microbatches,
            "steps": cfg.steps, "loss": losses[-1], "losses": losses, "step_time_s": statistics.median(timed),
-           "dtype": cfg.dtype, "world_size": dist.get_world_size()}
+           "dtype": cfg.dtype, "world_size": dist.get_world_size(), "zero": cfg.zero,
+           "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1, "rank_bytes": ranks}
     if verify is not None:
         out.update(verify)
     if cfg.model is not None:
@@ -328,6 +384,8 @@ def worker(cfg: RunConfig) -> dict:
         out["tied_across_stages"] = len(tied.cross)
         out["tied_weight_diff"] = d.item()
     out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
+    if cfg.return_params:
+        out.update(params or {})
     return out if rank == 0 else None
 
 
@@ -351,9 +409,87 @@ def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule
     return {str(k): shares[k] for k in sorted(shares)} or None
 
 
-def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: float, build_reference) -> dict:
-    """Each rank runs the (tiny) reference itself and compares its own chunks; MAX over ranks."""
+def make_dp_reducer(cfg: RunConfig, dp_group):
+    """The gradient reducer of the run's options: ZeRO-1 reduce-scatter, per-chunk overlapped all-reduce,
+    or one all-reduce after the step; every wait bounded by ``timeout_s``."""
+    from .grads import AllReduceAfterAccumulation, OverlappedAllReduce, ZeroReduceScatter
+    if cfg.zero == 1:
+        return ZeroReduceScatter(dp_group, overlap=cfg.overlap_grad_reduce, timeout_s=cfg.timeout_s)
+    if cfg.overlap_grad_reduce:
+        return OverlappedAllReduce(dp_group, timeout_s=cfg.timeout_s)
+    return AllReduceAfterAccumulation(dp_group, timeout_s=cfg.timeout_s)
+
+
+def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
+    """AdamW over the executor's parameters, or over this rank's ZeRO-1 shards."""
+    from .grads import Zero1Optimizer, ZeroReduceScatter
+    if isinstance(ex.reducer, ZeroReduceScatter):
+        return Zero1Optimizer(ex.reducer, ex.grads, ex.master, torch.optim.AdamW, timeout_s=cfg.timeout_s, lr=cfg.lr)
+    return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
+
+
+def _gather_params(ex: PipelineExecutor, dp_rank: int) -> dict | None:
+    """Testing: every rank's fp32 parameters to rank 0 (see ``RunConfig.return_params``)."""
+    mine = {n: p.detach().float().cpu().clone() for n, p in ex.named_parameters()}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (dp_rank, mine))
+    if dist.get_rank() != 0:
+        return None
+    first = {n: t for r, ps in every if r == 0 for n, t in ps.items()}
+    diff = max([(t - first[n]).abs().max().item() for r, ps in every if r != 0 for n, t in ps.items()] or [0.0])
+    # plain lists: tensors would go back through the spawn queue as shared memory of an exiting process
+    return {"params": {n: t.flatten().tolist() for n, t in first.items()}, "replica_param_diff": diff}
+
+
+def _bound_world_waits(timeout_s: float) -> None:
+    """After setup (every rank has built its model: one barrier with the setup allowance), let the world
+    group's collectives (the step's loss all-reduce) wait at most ``timeout_s`` instead of the group's
+    setup timeout (300 s at least): gloo applies a group's timeout, not a per-wait one, so a dead node
+    would otherwise hold the other node's ranks for minutes."""
+    import datetime as _dt
+
+    from .grads import barrier
+    barrier(None, max(timeout_s, 120.0), "the barrier before the first step")
+    try:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+        _set_pg_timeout(_dt.timedelta(seconds=timeout_s))
+    except (ImportError, RuntimeError, ValueError):  # an older torch or a backend without it: the group's timeout
+        pass
+
+
+def _static_bytes(ex: PipelineExecutor, opt) -> dict:
+    """Measured bytes of this rank's static training state after an optimizer step: parameters
+    (their storage: the ZeRO-1 flat fp32 tensor, padding included, when the parameters live in it),
+    the gradient buffer, and the optimizer (per-element state tensors, plus fp32 master copies)."""
+    from .grads import Zero1Optimizer
+    nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    state = [t for st in getattr(opt, "optimizer", opt).state.values() for t in st.values()
+             if torch.is_tensor(t) and t.dim() > 0]
+    if isinstance(opt, Zero1Optimizer):
+        params = nb(ex._allp) if ex.master else nb([opt.flat])
+        master = nb([opt.flat]) if ex.master else 0
+    else:
+        params, master = nb(ex._allp), nb(ex.master.values())
+    return {"params_bytes": params, "grads_bytes": nb([ex.grads.flat]), "optimizer_bytes": nb(state) + master}
+
+
+def _hang_before_reduction(ex: PipelineExecutor) -> None:
+    """Fault testing: this rank stops for good before its first data-parallel reduction."""
+    red = ex.reducer
+    for name in ("_launch", "finish"):
+        if hasattr(red, name):
+            def stuck(*a, **k):
+                time.sleep(3600)
+            setattr(red, name, stuck)
+            return
+
+
+def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: float, build_reference):
+    """Each rank runs the (tiny) reference itself and compares its own chunks; MAX over ranks. Returns
+    the comparison and the reference model after one AdamW step (for :func:`_verify_params`). With
+    ZeRO-1 the reduced gradients are the shards: each rank compares its shards."""
     from ..models.llama import loss_fn
+    from .grads import ZeroReduceScatter
     xs, ys = [], []
     for r in range(cfg.dp):
         x, y = _batch(mcfg, cfg, sched, 0, r)
@@ -361,21 +497,56 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: f
         ys += y
     if cfg.model is not None:  # the unsplit model; a chunk's name of a tied weight -> the reference's
         ref_loss, ref_grads = cfg.model.reference_step(cfg.seed, loss_fn, xs, ys)
-        canon = cfg.model.canonical
+        ref, canon = cfg.model.reference, cfg.model.canonical
     else:
-        ref_loss, ref_grads = reference_step(build_reference(mcfg, cfg.seed), loss_fn, xs, ys)
+        ref = build_reference(mcfg, cfg.seed)
+        ref_loss, ref_grads = reference_step(ref, loss_fn, xs, ys)
         canon = str
     gd, missing = 0.0, 0
-    for name, p in ex.named_parameters():
-        name = canon(name)
-        if p.grad is None or name not in ref_grads:
-            missing += 1
-            continue
-        gd = max(gd, (p.grad.detach().float().cpu() - ref_grads[name]).abs().max().item())
+    if isinstance(ex.reducer, ZeroReduceScatter):
+        names = {p: canon(n) for k in sorted(ex.modules) for n, p in ex.modules[k].named_parameters()}
+        buf = ex.grads
+        flat = torch.zeros(buf.flat.numel(), dtype=torch.float32)
+        for seg in buf.segments:
+            off = seg.start
+            for p in seg.params:
+                g = ref_grads.get(names[p])
+                if g is None:
+                    missing += 1
+                else:
+                    flat[off:off + p.numel()] = g.flatten()
+                off += p.numel()
+        for seg, sh in zip(buf.segments, ex.reducer.shard_grads()):
+            lo, hi = ex.reducer.shard(seg)
+            gd = max(gd, (sh.detach().float().cpu() - flat[lo:hi]).abs().max().item() if hi > lo else 0.0)
+    else:
+        for name, p in ex.named_parameters():
+            name = canon(name)
+            if p.grad is None or name not in ref_grads:
+                missing += 1
+                continue
+            gd = max(gd, (p.grad.detach().float().cpu() - ref_grads[name]).abs().max().item())
     t = torch.tensor([abs(loss - ref_loss), gd, float(missing)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr)
+    ropt.step()
     return {"max_loss_diff": t[0].item(), "max_grad_diff": t[1].item(), "reference_loss": ref_loss,
-            "params_missing_grad": int(t[2].item())}
+            "params_missing_grad": int(t[2].item())}, (ref, canon)
+
+
+def _verify_params(ex: PipelineExecutor, ref_and_names) -> dict:
+    """After the first optimizer step: max |parameter - reference parameter after one AdamW step|
+    (the fp32 values: parameters, or master copies with bf16), MAX over ranks."""
+    ref, canon = ref_and_names
+    want = dict(ref.named_parameters())
+    d = 0.0
+    for name, p in ex.named_parameters():
+        name = canon(name)
+        if name in want:
+            d = max(d, (p.detach().float().cpu() - want[name].detach()).abs().max().item())
+    t = torch.tensor([d], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"max_param_diff": t[0].item()}
 
 
 def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
@@ -447,7 +618,8 @@ def calibrate(cfg: RunConfig) -> RunConfig:
                                    verify=False, measure_costs=False, fault_nan_mb=None, fault_exit_rank=None)
         if torchrun:
             worker(ccfg)
-            dist.barrier()
+            from .grads import barrier
+            barrier(None, cfg.timeout_s, "the barrier after the calibration run")
             out = [fit_chunk_costs(read_logs(box[0])) if dist.get_rank() == 0 else None]
             dist.broadcast_object_list(out, src=0)
             measured = out[0]

@@ -42,7 +42,7 @@ from ..schedule.validate import summary, validate
 from .commplan import Msg, build_comm_plan, needed, produced
 from ..trace.writer import JobLog
 from .p2p import P2P, PeerError
-from .grads import GradBuffer, GradReducer, make_reducer
+from .grads import GradBuffer, GradReducer, barrier, make_reducer
 from .splitgrad import SplitGrad, weight_grads
 
 
@@ -277,7 +277,7 @@ class PipelineExecutor:
             self._negotiate_shapes()
         profiled = self.log is not None and self.log.profiled(step)
         if profiled:
-            dist.barrier()
+            barrier(None, self.timeout_s, f"step {step}: the barrier before a logged step")
             self.log.begin_step(step)
         self._inp: dict[tuple[int, int], torch.Tensor] = {}
         self._out: dict[tuple[int, int], torch.Tensor] = {}
@@ -486,7 +486,7 @@ class PipelineExecutor:
 
         Starts with a barrier so that the first collective involves every rank (NCCL requires
         that before batched P2P)."""
-        dist.barrier()
+        barrier(None, max(self.timeout_s, self.p2p.setup_timeout_s), "the barrier before shape negotiation")
         for k in sorted(self.modules):
             if k == 0:
                 x = self._inputs[0].to(self.device)

@@ -16,6 +16,7 @@ from ..core.files import atomic_write
 from .timeline import IDLE_COLOR, KIND_COLORS, KIND_NAMES, Timeline, shade
 
 MEM_COLOR = "#7b68b5"
+DP_COLOR = "#8c564b"
 LATE_COLOR = "#d62728"
 LATE_EDGE = "#111111"
 WAIT_COLOR = "#888888"
@@ -34,6 +35,7 @@ def _legend_rows(tl: Timeline, width_in: float, with_memory: bool) -> int:
     n = len(tl.kinds()) + (tl.vpp if tl.vpp > 1 else 0) + 1 + (1 if with_memory else 0)
     n += (1 if with_memory and tl.mem_limit is not None else 0)
     n += any(b.wait > 0 for r in tl.rows for b in r.bars) + any(b.late > 0 for r in tl.rows for b in r.bars)
+    n += any(tl.dp_bands)
     return -(-n // legend_cols(n, width_in))
 
 
@@ -64,6 +66,7 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
     ax = fig.add_axes((left_in / w_in, bottom_in / h_in, 1 - (left_in + right_in) / w_in,
                        1 - (top_in + bottom_in) / h_in))
     t0, t1 = tl.t0, tl.t1 if tl.t1 > tl.t0 else tl.t0 + 1.0
+    t1 = max([t1] + [e for band in tl.dp_bands for _, e, _ in band])  # a dp tail may end after the last job
     span = t1 - t0
     mem_h = 0.55 if with_mem else 0.0
     pitch = 1.0 + (0.12 + mem_h if with_mem else 0.0) + 0.22
@@ -73,7 +76,7 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
     char_px = font * 0.62 / 72 * dpi
     peak = max(tl.peak_memory(), tl.mem_limit or 0.0) or 1.0
 
-    rects, colors, edges, lws, waits = [], [], [], [], []
+    rects, colors, edges, lws, waits, dp_rects = [], [], [], [], [], []
     windows = [(s, e) for _, s, e in tl.steps] or [(t0, t1)]
     for r, row in enumerate(tl.rows):
         y = r * pitch
@@ -112,9 +115,16 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
                     ha="left", color=MEM_COLOR, clip_on=False)
         ax.text(t1 + span * 0.006, y + 0.5, f"bubble {100 * tl.bubble(row):.1f}%", fontsize=7, va="center",
                 ha="left", clip_on=False)
+        if r < len(tl.dp_bands) and tl.dp_bands[r]:  # the dp collectives: a thin band in the gap under the row
+            yd = y + pitch - 0.21
+            for s, e, _ in tl.dp_bands[r]:
+                dp_rects.append(Rectangle((s, yd), e - s, 0.16))
     ax.add_collection(PatchCollection(rects, facecolors=colors, edgecolors=edges, linewidths=lws, zorder=3))
     if waits:
         ax.add_collection(PatchCollection(waits, facecolors=WAIT_COLOR, edgecolors="none", zorder=2))
+    if dp_rects:
+        ax.add_collection(PatchCollection(dp_rects, facecolors=DP_COLOR, edgecolors="white", linewidths=0.3,
+                                          zorder=3, gid="dp-reduction"))
     for step, s, e in tl.steps:
         for x in (s, e):
             ax.axvline(x, color="#555555", linewidth=0.6, linestyle=":", zorder=0)
@@ -143,6 +153,8 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         if tl.mem_limit is not None:
             handles.append(Line2D([], [], color=LATE_COLOR, linestyle="--", linewidth=0.9,
                                   label=f"memory limit {tl.mem_limit:.3g}"))
+    if dp_rects:
+        handles.append(Patch(facecolor=DP_COLOR, label="data-parallel gradient reduction (band under a row)"))
     if any(b.wait > 0 for r in tl.rows for b in r.bars):
         handles.append(Patch(facecolor=WAIT_COLOR, label="logged inside a job, spent waiting for its input"))
     if any(b.late > 0 for r in tl.rows for b in r.bars):

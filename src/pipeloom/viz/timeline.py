@@ -98,6 +98,9 @@ class Timeline:
     """(step, start, end) of each step drawn (measured runs)"""
     mem_limit: float | None = None
     subtitle: str = ""
+    dp_bands: list[list[tuple[float, float, str]]] = field(default_factory=list)
+    """per row: (start, end, label) of the data-parallel gradient collectives (pipeloom.sim.dp), drawn as a
+    thin band under the row; empty = none"""
 
     def bubble(self, row: Row) -> float:
         """Idle fraction of ``row`` over the whole window (or summed over the steps when given)."""
