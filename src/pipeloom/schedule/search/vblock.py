@@ -1,0 +1,302 @@
+"""Building-block V schedules at a memory budget (private helper, no torch).
+
+pipeloom's own implementation of the *idea* of the controllable-memory construction (Qi et al.
+2024, "Pipeline Parallelism with Controllable Memory"): every device repeats one fixed pattern
+of its four passes per microbatch, each shifted by a period of 6 unit slots (F and B of both
+local chunks and two W), so that a microbatch's activations on a device live for a fixed
+number of slots (its *lifespan*): the lifespans, hence the memory, are set by the pattern's
+shape, not by a greedy. A block is described by :class:`Block`:
+
+* the forward of chunk 0 runs down the devices ``s0`` slots apart, turns on the last device
+  ``1 + t1`` slots later into chunk 1, which runs back up ``s1`` slots apart;
+* after a gap of ``1 + g`` slots on device 0, the input-grad backward B of chunk 1 runs down
+  ``s2`` slots apart, turns on the last device ``1 + t3`` slots later and B of chunk 0 runs
+  up ``s3`` slots apart.
+
+(With all steps 1 this is the paper's V-Min block, steps 2/1/2/1 its V-Half block.) A block is
+usable when each device's four passes fall on four different slots modulo 6; the two slots
+left per period take the weight-grad jobs W (oldest B first). The repeated pattern is then
+*squeezed*: in the warm-up and the cool-down (outside the steady state that starts with
+device 0's first chunk-0 B and ends with its last chunk-0 F) each job moves to the earliest
+free slot after its dependencies where the device's memory stays within the cap. The
+per-device slot order is the schedule; it is re-timed with the real per-chunk costs and
+``comm`` by the caller (:func:`pipeloom.schedule.search.greedy.result_of`), which also checks the
+memory limit under the real memory model. Only V placement with two chunks per device.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from itertools import product
+from typing import Iterator
+
+from ...core.ir import Job, Kind, Placement
+
+PERIOD = 6
+_F0, _F1, _B1, _B0, _W = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One building block (see the module docstring); recorded as the schedule's policy."""
+
+    s0: int = 1
+    s1: int = 1
+    s2: int = 1
+    s3: int = 1
+    t1: int = 0
+    g: int = 0
+    t3: int = 0
+    squeeze_cap: str = "limit"
+    """'limit': the squeeze may use memory up to the limit; 'block': up to the block's own peak"""
+    builder: str = "vblock"
+
+
+def applies(prob) -> bool:
+    return prob.vpp == 2 and prob.placement is Placement.V
+
+
+def offsets(pp: int, blk: Block) -> list[list[int]] | None:
+    """Per device the slots of F0, F1, B1, B0 of microbatch 0; None when two collide modulo the period."""
+    f0 = [blk.s0 * i for i in range(pp)]
+    f1 = [0] * pp
+    f1[pp - 1] = f0[pp - 1] + 1 + blk.t1
+    for i in range(pp - 2, -1, -1):
+        f1[i] = f1[i + 1] + blk.s1
+    b1 = [0] * pp
+    b1[0] = f1[0] + 1 + blk.g
+    for i in range(1, pp):
+        b1[i] = b1[i - 1] + blk.s2
+    b0 = [0] * pp
+    b0[pp - 1] = b1[pp - 1] + 1 + blk.t3
+    for i in range(pp - 2, -1, -1):
+        b0[i] = b0[i + 1] + blk.s3
+    out = []
+    for i in range(pp):
+        row = [f0[i], f1[i], b1[i], b0[i]]
+        if len({x % PERIOD for x in row}) != 4:
+            return None
+        out.append(row)
+    return out
+
+
+def build(prob, blk: Block, cap: float | None = None) -> list[list[Job]] | None:
+    """Per-device job lists of block ``blk`` for ``prob`` (vpp 2, V placement), or None if unusable."""
+    pp, m = prob.pp, prob.m
+    base = offsets(pp, blk)
+    if base is None:
+        return None
+    nc = 2 * pp
+    a, bfree = prob.a, prob.b
+    chunk = [[d, nc - 1 - d] for d in range(pp)]  # local chunk -> global chunk
+    # slot times T[d][type][mb] of F0, F1, B1, B0, then W of chunk 1 and W of chunk 0 (types 4, 5)
+    T = [[[base[d][k] + PERIOD * j for j in range(m)] for k in range(4)] for d in range(pp)]
+    for d in range(pp):
+        T[d].extend(_put_w(T[d], m))
+    # memory change of each type on device d
+    dm = [[a[chunk[d][0]], a[chunk[d][1]], -bfree[chunk[d][1]], -bfree[chunk[d][0]],
+           bfree[chunk[d][1]] - a[chunk[d][1]], bfree[chunk[d][0]] - a[chunk[d][0]]] for d in range(pp)]
+    if cap is None:
+        cap = prob.limit
+    _squeeze(pp, m, T, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
+    T = [row[:4] for row in T]
+    _squeeze(pp, m, T, dm, cap, 4, movable=(2, 3))  # without W: B into the slots W left (cool-down)
+    seqs = []
+    for d in range(pp):
+        ev = sorted((T[d][k][j], k, j) for k in range(4) for j in range(m))
+        seqs.append(_with_w(ev, chunk[d]))
+    return seqs
+
+
+def _put_w(Td, m) -> list[list[int]]:
+    """Slots of the W jobs (chunk 1's, chunk 0's) placed in the free slots of one device, oldest B first."""
+    ev = sorted((Td[k][j], k) for k in range(4) for j in range(m))
+    w = ([], [])
+    due = [0, 0]
+    t = 0
+    i = 0
+    n = len(ev)
+    while i < n or due[0] or due[1]:
+        if i < n and ev[i][0] == t:
+            k = ev[i][1]
+            i += 1
+            if k == _B1:
+                due[0] += 1
+            elif k == _B0:
+                due[1] += 1
+        else:
+            for x in (0, 1):
+                if due[x]:
+                    w[x].append(t)
+                    due[x] -= 1
+                    break
+        t += 1
+    return [w[0], w[1]]
+
+
+def _with_w(ev, chunks) -> list[Job]:
+    """Jobs in slot order with W placed in the free slots (chunk-1 W first, oldest B first), rest at the end."""
+    out: list[Job] = []
+    pend = ([], [])  # per local chunk, microbatches whose W is due (FIFO)
+    head = [0, 0]
+    t = ev[0][0] if ev else 0
+    i = 0
+    n = len(ev)
+    while i < n:
+        slot, k, j = ev[i]
+        if slot <= t:
+            i += 1
+            if k <= _F1:
+                out.append(Job(Kind.F, j, chunks[k]))
+            else:
+                lc = 1 if k == _B1 else 0
+                out.append(Job(Kind.B, j, chunks[lc]))
+                pend[lc].append(j)
+            t = max(t, slot) + 1
+            continue
+        for lc in (1, 0):  # a free slot: one W if any is due
+            if head[lc] < len(pend[lc]):
+                out.append(Job(Kind.W, pend[lc][head[lc]], chunks[lc]))
+                head[lc] += 1
+                break
+        t += 1
+    for lc in (1, 0):
+        for j in pend[lc][head[lc]:]:
+            out.append(Job(Kind.W, j, chunks[lc]))
+    return out
+
+
+def _deps(T, pp, d, k, j) -> int:
+    dep = T[d][k][j - 1] if j else -1
+    if k == _F0:
+        if d:
+            dep = max(dep, T[d - 1][_F0][j])
+    elif k == _F1:
+        dep = max(dep, T[d][_F0][j], T[d + 1][_F1][j] if d < pp - 1 else -1)
+    elif k == _B1:
+        dep = max(dep, T[d][_F1][j], T[d - 1][_B1][j] if d else -1)
+    elif k == _B0:
+        dep = max(dep, T[d][_B1][j], T[d + 1][_B0][j] if d < pp - 1 else -1)
+    else:
+        dep = max(dep, T[d][_B1 if k == 4 else _B0][j])
+    return dep
+
+
+def _squeeze(pp, m, T, dm, cap, ntypes, movable):
+    """Move warm-up and cool-down jobs (types in ``movable``) to the earliest free slot after their
+    dependencies where the device's running memory stays within ``cap`` (in place).
+
+    Without W jobs (``ntypes`` 4) memory is counted as if W ran right after its B, so only moves
+    that never raise memory (B) are made then."""
+    horizon = max(T[d][k][m - 1] for d in range(pp) for k in range(ntypes)) + 2
+    occ = [bytearray(horizon) for _ in range(pp)]
+    run = [[0.0] * horizon for _ in range(pp)]
+    for d in range(pp):
+        delta = [0.0] * (horizon + 1)
+        for k in range(ntypes):
+            x = dm[d][k] if ntypes == 6 or k < _B1 else dm[d][k] + dm[d][4 if k == _B1 else 5]
+            for t in T[d][k]:
+                occ[d][t] = 1
+                delta[t] += x
+        cur = 0.0
+        r = run[d]
+        for t in range(horizon):
+            cur += delta[t]
+            r[t] = cur
+    heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(ntypes)]
+    heapq.heapify(heap)
+    steady = False
+    f0_dev0 = 0
+    mov = [k in movable for k in range(ntypes)]
+    while heap:
+        t, d, k, j = heapq.heappop(heap)
+        if j + 1 < m:
+            heapq.heappush(heap, (T[d][k][j + 1], d, k, j + 1))
+        if d == 0 and k == _B0 and j == 0:
+            steady = f0_dev0 < m
+        if d == 0 and k == _F0:
+            f0_dev0 += 1
+            if steady and f0_dev0 == m:
+                steady = False
+                continue
+        if steady or not mov[k]:
+            continue
+        dep = _deps(T, pp, d, k, j)
+        x = dm[d][k] if ntypes == 6 or k < _B1 else dm[d][k] + dm[d][4 if k == _B1 else 5]
+        o = occ[d]
+        r = run[d]
+        for s in range(dep + 1, t):
+            if o[s]:
+                continue
+            if x > 0 and max(r[s:t]) + x > cap + 1e-9:
+                continue
+            o[t] = 0
+            o[s] = 1
+            for u in range(s, t):
+                r[u] += x
+            T[d][k][j] = s
+            break
+
+
+#: the step shapes tried, most useful first (V-Min's all-1 and V-Half's 2/1/2/1 lead)
+STEPS = ((1, 1, 1, 1), (2, 1, 2, 1), (1, 2, 1, 2), (2, 2, 2, 2), (2, 1, 1, 1), (1, 1, 2, 1),
+         (1, 2, 1, 1), (1, 1, 1, 2), (3, 1, 3, 1), (2, 2, 1, 1), (1, 1, 2, 2))
+
+
+def blocks(pp: int, max_gap: int | None = None) -> Iterator[Block]:
+    """Usable blocks for ``pp`` devices: every step shape, turn gaps 0-1, device-0 gap 0..max_gap."""
+    if max_gap is None:
+        max_gap = 2 * PERIOD
+    for steps in STEPS:
+        for t1, t3 in product((0, 1), (0, 1)):
+            for g in range(max_gap + 1):
+                blk = Block(*steps, t1=t1, g=g, t3=t3)
+                if offsets(pp, blk) is not None:
+                    yield blk
+
+
+def pattern_peak(prob, blk: Block) -> float | None:
+    """The largest memory of any device running the unsqueezed repeated block (W in the free slots);
+    the squeeze never raises it above the limit, so a block over the limit is not worth building."""
+    pp = prob.pp
+    base = offsets(pp, blk)
+    if base is None:
+        return None
+    m = min(prob.m, 3 * pp + 4)
+    nc = 2 * pp
+    a, bfree = prob.a, prob.b
+    out = 0.0
+    for d in range(pp):
+        c0, c1 = d, nc - 1 - d
+        Td = [[base[d][k] + PERIOD * j for j in range(m)] for k in range(4)]
+        w1, w0 = _put_w(Td, m)
+        dm = (a[c0], a[c1], -bfree[c1], -bfree[c0], bfree[c1] - a[c1], bfree[c0] - a[c0])
+        ev = sorted([(t, k) for k in range(4) for t in Td[k]] + [(t, 4) for t in w1] + [(t, 5) for t in w0])
+        cur = 0.0
+        for _t, k in ev:
+            cur += dm[k]
+            if cur > out:
+                out = cur
+    return out
+
+
+def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Block]]:
+    """Job lists of the usable blocks whose repeated pattern fits the limit, the roomiest first, while the
+    jobs built stay within ``max_jobs`` (each build places every job once)."""
+    if not applies(prob):
+        return
+    njobs = 3 * prob.m * prob.nc
+    fits = []
+    for blk in blocks(prob.pp):
+        pk = pattern_peak(prob, blk)
+        if pk is not None and pk <= prob.limit + 1e-9:
+            fits.append((-pk, len(fits), blk))
+    fits.sort()
+    spent = 0
+    for _pk, _i, blk in fits:
+        if spent + njobs > max_jobs:
+            return
+        spent += njobs
+        seqs = build(prob, blk)
+        if seqs is not None:
+            yield seqs, blk
