@@ -26,7 +26,7 @@ memory limit under the real memory model. Only V placement with two chunks per d
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator
 
@@ -47,8 +47,9 @@ class Block:
     t1: int = 0
     g: int = 0
     t3: int = 0
-    squeeze_cap: str = "limit"
-    """'limit': the squeeze may use memory up to the limit; 'block': up to the block's own peak"""
+    second: str = "w"
+    """second squeeze of the cool-down without the W jobs: 'w' (F and B move; memory counted with W in
+    the free slots), 'b' (only B moves; W counted right after its B), '' (none)"""
     builder: str = "vblock"
 
 
@@ -100,11 +101,14 @@ def build(prob, blk: Block, cap: float | None = None) -> list[list[Job]] | None:
         cap = prob.limit
     _squeeze(pp, m, T, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
     T = [row[:4] for row in T]
-    _squeeze(pp, m, T, dm, cap, 4, movable=(2, 3))  # without W: B into the slots W left (cool-down)
+    if blk.second == "b":  # without W: B into the slots W left (cool-down only)
+        _squeeze(pp, m, T, dm, cap, 4, movable=(2, 3), warm=False)
+    elif blk.second == "w":
+        _squeeze_implicit_w(pp, m, T, dm, cap)
     seqs = []
     for d in range(pp):
         ev = sorted((T[d][k][j], k, j) for k in range(4) for j in range(m))
-        seqs.append(_with_w(ev, chunk[d]))
+        seqs.append(_with_w(ev, chunk[d], dm[d], cap))
     return seqs
 
 
@@ -134,35 +138,49 @@ def _put_w(Td, m) -> list[list[int]]:
     return [w[0], w[1]]
 
 
-def _with_w(ev, chunks) -> list[Job]:
-    """Jobs in slot order with W placed in the free slots (chunk-1 W first, oldest B first), rest at the end."""
+def _with_w(ev, chunks, dm, cap) -> list[Job]:
+    """Jobs in slot order with W placed in the free slots (chunk-1 W first, oldest B first), rest at the end.
+
+    ``dm``: the memory change of each type on the device; a forward that would lift memory over
+    ``cap`` first runs pending W jobs (the slots moved by the squeeze can leave a W later than
+    the memory check assumed)."""
     out: list[Job] = []
     pend = ([], [])  # per local chunk, microbatches whose W is due (FIFO)
     head = [0, 0]
+    mem = 0.0
     t = ev[0][0] if ev else 0
     i = 0
     n = len(ev)
+
+    def one_w() -> bool:
+        nonlocal mem
+        for lc in (1, 0):
+            if head[lc] < len(pend[lc]):
+                out.append(Job(Kind.W, pend[lc][head[lc]], chunks[lc]))
+                head[lc] += 1
+                mem += dm[4 if lc == 1 else 5]
+                return True
+        return False
+
     while i < n:
         slot, k, j = ev[i]
         if slot <= t:
             i += 1
             if k <= _F1:
+                while mem + dm[k] > cap + 1e-9 and one_w():
+                    pass
                 out.append(Job(Kind.F, j, chunks[k]))
             else:
                 lc = 1 if k == _B1 else 0
                 out.append(Job(Kind.B, j, chunks[lc]))
                 pend[lc].append(j)
+            mem += dm[k]
             t = max(t, slot) + 1
             continue
-        for lc in (1, 0):  # a free slot: one W if any is due
-            if head[lc] < len(pend[lc]):
-                out.append(Job(Kind.W, pend[lc][head[lc]], chunks[lc]))
-                head[lc] += 1
-                break
+        one_w()  # a free slot: one W if any is due
         t += 1
-    for lc in (1, 0):
-        for j in pend[lc][head[lc]:]:
-            out.append(Job(Kind.W, j, chunks[lc]))
+    while one_w():
+        pass
     return out
 
 
@@ -182,7 +200,7 @@ def _deps(T, pp, d, k, j) -> int:
     return dep
 
 
-def _squeeze(pp, m, T, dm, cap, ntypes, movable):
+def _squeeze(pp, m, T, dm, cap, ntypes, movable, warm=True):
     """Move warm-up and cool-down jobs (types in ``movable``) to the earliest free slot after their
     dependencies where the device's running memory stays within ``cap`` (in place).
 
@@ -206,6 +224,7 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable):
     heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(ntypes)]
     heapq.heapify(heap)
     steady = False
+    cool = False
     f0_dev0 = 0
     mov = [k in movable for k in range(ntypes)]
     while heap:
@@ -218,8 +237,9 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable):
             f0_dev0 += 1
             if steady and f0_dev0 == m:
                 steady = False
+                cool = True
                 continue
-        if steady or not mov[k]:
+        if steady or not mov[k] or not (warm or cool):
             continue
         dep = _deps(T, pp, d, k, j)
         x = dm[d][k] if ntypes == 6 or k < _B1 else dm[d][k] + dm[d][4 if k == _B1 else 5]
@@ -238,6 +258,76 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable):
             break
 
 
+def _peak_implicit_w(row, dm) -> float:
+    """Peak memory of one device whose slots hold the types in ``row`` (-1 = free), W in the free slots
+    (chunk 1's first, in B order)."""
+    due1 = due0 = 0
+    cur = pk = 0.0
+    d0, d1, d2, d3, d4, d5 = dm
+    for k in row:
+        if k < 0:
+            if due1:
+                due1 -= 1
+                cur += d4
+            elif due0:
+                due0 -= 1
+                cur += d5
+            continue
+        if k == 0:
+            cur += d0
+        elif k == 1:
+            cur += d1
+        elif k == 2:
+            cur += d2
+            due1 += 1
+        else:
+            cur += d3
+            due0 += 1
+        if cur > pk:
+            pk = cur
+    return pk
+
+
+def _squeeze_implicit_w(pp, m, T, dm, cap):
+    """Second squeeze (cool-down only, F and B, no W jobs): a move is kept when the device's peak, with W
+    in the free slots, stays within ``cap`` (in place)."""
+    horizon = max(T[d][k][m - 1] for d in range(pp) for k in range(4)) + 1
+    rows = []
+    for d in range(pp):
+        row = [-1] * (horizon + 2 * m + 2)  # room for the W tail
+        for k in range(4):
+            for t in T[d][k]:
+                row[t] = k
+        rows.append(row)
+    heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(4)]
+    heapq.heapify(heap)
+    steady = cool = False
+    f0_dev0 = 0
+    while heap:
+        t, d, k, j = heapq.heappop(heap)
+        if j + 1 < m:
+            heapq.heappush(heap, (T[d][k][j + 1], d, k, j + 1))
+        if d == 0 and k == _B0 and j == 0:
+            steady = f0_dev0 < m
+        if d == 0 and k == _F0:
+            f0_dev0 += 1
+            if steady and f0_dev0 == m:
+                steady, cool = False, True
+                continue
+        if not cool:
+            continue
+        dep = _deps(T, pp, d, k, j)
+        row = rows[d]
+        for s in range(dep + 1, t):
+            if row[s] >= 0:
+                continue
+            row[s], row[t] = k, -1
+            if _peak_implicit_w(row, dm[d]) <= cap + 1e-9:
+                T[d][k][j] = s
+                break
+            row[s], row[t] = -1, k
+
+
 #: the step shapes tried, most useful first (V-Min's all-1 and V-Half's 2/1/2/1 lead)
 STEPS = ((1, 1, 1, 1), (2, 1, 2, 1), (1, 2, 1, 2), (2, 2, 2, 2), (2, 1, 1, 1), (1, 1, 2, 1),
          (1, 2, 1, 1), (1, 1, 1, 2), (3, 1, 3, 1), (2, 2, 1, 1), (1, 1, 2, 2))
@@ -253,6 +343,8 @@ def blocks(pp: int, max_gap: int | None = None) -> Iterator[Block]:
                 blk = Block(*steps, t1=t1, g=g, t3=t3)
                 if offsets(pp, blk) is not None:
                     yield blk
+                    yield replace(blk, second="b")
+                    yield replace(blk, second="")
 
 
 def pattern_peak(prob, blk: Block) -> float | None:
