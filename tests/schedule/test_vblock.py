@@ -19,7 +19,7 @@ from pipeloom.schedule.validate import validate
 from pipeloom.sim.simulate import simulate
 from strategies import draw_costs
 
-FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODELS = (MemModel(), MemModel(a=0.5, b=0.0))  # default, and B frees nothing (the torch runtime's model)
 
 

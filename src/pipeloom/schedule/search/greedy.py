@@ -500,7 +500,7 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
         # building blocks with a fixed lifespan (the controllable-memory construction): they win at
         # budgets below 1p, where the greedy's memory-blind order leaves bubbles
         vbest: PassResult | None = None
-        for seqs, blk in _vblock.candidates(prob, budget_jobs):
+        for seqs, blk in _vblock.candidates(prob, budget_jobs // 4):
             r = result_of(prob, seqs, blk)
             if r is not None and (vbest is None or _better(r, vbest, prob)):
                 vbest = r

@@ -113,27 +113,26 @@ def build(prob, blk: Block, cap: float | None = None) -> list[list[Job]] | None:
 
 
 def _put_w(Td, m) -> list[list[int]]:
-    """Slots of the W jobs (chunk 1's, chunk 0's) placed in the free slots of one device, oldest B first."""
+    """Slots of the W jobs (chunk 1's, chunk 0's) placed in the free slots of one device, oldest B first
+    (one queue over both chunks)."""
     ev = sorted((Td[k][j], k) for k in range(4) for j in range(m))
     w = ([], [])
-    due = [0, 0]
+    due: list[int] = []  # local W types (0: chunk 1, 1: chunk 0) in B order
+    head = 0
     t = 0
     i = 0
     n = len(ev)
-    while i < n or due[0] or due[1]:
+    while i < n or head < len(due):
         if i < n and ev[i][0] == t:
             k = ev[i][1]
             i += 1
             if k == _B1:
-                due[0] += 1
+                due.append(0)
             elif k == _B0:
-                due[1] += 1
-        else:
-            for x in (0, 1):
-                if due[x]:
-                    w[x].append(t)
-                    due[x] -= 1
-                    break
+                due.append(1)
+        elif head < len(due):
+            w[due[head]].append(t)
+            head += 1
         t += 1
     return [w[0], w[1]]
 
@@ -333,8 +332,13 @@ STEPS = ((1, 1, 1, 1), (2, 1, 2, 1), (1, 2, 1, 2), (2, 2, 2, 2), (2, 1, 1, 1), (
          (1, 2, 1, 1), (1, 1, 1, 2), (3, 1, 3, 1), (2, 2, 1, 1), (1, 1, 2, 2))
 
 
+#: the second-squeeze variants tried for every block (see :attr:`Block.second`)
+SECOND = ("w", "b", "")
+
+
 def blocks(pp: int, max_gap: int | None = None) -> Iterator[Block]:
-    """Usable blocks for ``pp`` devices: every step shape, turn gaps 0-1, device-0 gap 0..max_gap."""
+    """Usable blocks for ``pp`` devices: every step shape, turn gaps 0-1, device-0 gap 0..max_gap (with the
+    default second squeeze; :func:`candidates` adds the other variants)."""
     if max_gap is None:
         max_gap = 2 * PERIOD
     for steps in STEPS:
@@ -343,8 +347,6 @@ def blocks(pp: int, max_gap: int | None = None) -> Iterator[Block]:
                 blk = Block(*steps, t1=t1, g=g, t3=t3)
                 if offsets(pp, blk) is not None:
                     yield blk
-                    yield replace(blk, second="b")
-                    yield replace(blk, second="")
 
 
 def pattern_peak(prob, blk: Block) -> float | None:
@@ -354,7 +356,9 @@ def pattern_peak(prob, blk: Block) -> float | None:
     base = offsets(pp, blk)
     if base is None:
         return None
-    m = min(prob.m, 3 * pp + 4)
+    # enough microbatches to reach the steady state: the longest lifespan on a device, in periods, plus slack
+    life = max(row[3] - row[0] for row in base)
+    m = min(prob.m, life // PERIOD + 4)
     nc = 2 * pp
     a, bfree = prob.a, prob.b
     out = 0.0
@@ -382,7 +386,8 @@ def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Block]]:
     for blk in blocks(prob.pp):
         pk = pattern_peak(prob, blk)
         if pk is not None and pk <= prob.limit + 1e-9:
-            fits.append((-pk, len(fits), blk))
+            for second in SECOND:
+                fits.append((-pk, len(fits), replace(blk, second=second)))
     fits.sort()
     spent = 0
     for _pk, _i, blk in fits:
