@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import product
 from typing import Iterator
 
@@ -47,6 +48,8 @@ class Block:
     t1: int = 0
     g: int = 0
     t3: int = 0
+    period: int = PERIOD
+    """slots per microbatch: 6 (four passes and two W) or more (idle slots: less memory, below V-Min)"""
     second: str = "w"
     """second squeeze of the cool-down without the W jobs: 'w' (F and B move; memory counted with W in
     the free slots), 'b' (only B moves; W counted right after its B), '' (none)"""
@@ -59,23 +62,19 @@ def applies(prob) -> bool:
 
 def offsets(pp: int, blk: Block) -> list[list[int]] | None:
     """Per device the slots of F0, F1, B1, B0 of microbatch 0; None when two collide modulo the period."""
-    f0 = [blk.s0 * i for i in range(pp)]
-    f1 = [0] * pp
-    f1[pp - 1] = f0[pp - 1] + 1 + blk.t1
-    for i in range(pp - 2, -1, -1):
-        f1[i] = f1[i + 1] + blk.s1
-    b1 = [0] * pp
-    b1[0] = f1[0] + 1 + blk.g
-    for i in range(1, pp):
-        b1[i] = b1[i - 1] + blk.s2
-    b0 = [0] * pp
-    b0[pp - 1] = b1[pp - 1] + 1 + blk.t3
-    for i in range(pp - 2, -1, -1):
-        b0[i] = b0[i + 1] + blk.s3
+    return _offsets(pp, blk.s0, blk.s1, blk.s2, blk.s3, blk.t1, blk.g, blk.t3, blk.period)
+
+
+@lru_cache(maxsize=4096)
+def _offsets(pp, s0, s1, s2, s3, t1, g, t3, period):
+    f1_last = s0 * (pp - 1) + 1 + t1
+    b1_0 = f1_last + s1 * (pp - 1) + 1 + g
+    b0_last = b1_0 + s2 * (pp - 1) + 1 + t3
     out = []
     for i in range(pp):
-        row = [f0[i], f1[i], b1[i], b0[i]]
-        if len({x % PERIOD for x in row}) != 4:
+        row = [s0 * i, f1_last + s1 * (pp - 1 - i), b1_0 + s2 * i, b0_last + s3 * (pp - 1 - i)]
+        r0, r1, r2, r3 = (x % period for x in row)
+        if r0 == r1 or r0 == r2 or r0 == r3 or r1 == r2 or r1 == r3 or r2 == r3:
             return None
         out.append(row)
     return out
@@ -91,7 +90,7 @@ def build(prob, blk: Block, cap: float | None = None) -> list[list[Job]] | None:
     a, bfree = prob.a, prob.b
     chunk = [[d, nc - 1 - d] for d in range(pp)]  # local chunk -> global chunk
     # slot times T[d][type][mb] of F0, F1, B1, B0, then W of chunk 1 and W of chunk 0 (types 4, 5)
-    T = [[[base[d][k] + PERIOD * j for j in range(m)] for k in range(4)] for d in range(pp)]
+    T = [[[base[d][k] + blk.period * j for j in range(m)] for k in range(4)] for d in range(pp)]
     for d in range(pp):
         T[d].extend(_put_w(T[d], m))
     # memory change of each type on device d
@@ -332,11 +331,14 @@ STEPS = ((1, 1, 1, 1), (2, 1, 2, 1), (1, 2, 1, 2), (2, 2, 2, 2), (2, 1, 1, 1), (
          (1, 2, 1, 1), (1, 1, 1, 2), (3, 1, 3, 1), (2, 2, 1, 1), (1, 1, 2, 2))
 
 
+#: the periods tried, in order, until some block fits the limit (7 and more: budgets below V-Min's)
+PERIODS = (6, 7, 8, 9, 10, 12)
+
 #: the second-squeeze variants tried for every block (see :attr:`Block.second`)
 SECOND = ("w", "b", "")
 
 
-def blocks(pp: int, max_gap: int | None = None) -> Iterator[Block]:
+def blocks(pp: int, max_gap: int | None = None, period: int = PERIOD) -> Iterator[Block]:
     """Usable blocks for ``pp`` devices: every step shape, turn gaps 0-1, device-0 gap 0..max_gap (with the
     default second squeeze; :func:`candidates` adds the other variants)."""
     if max_gap is None:
@@ -344,12 +346,12 @@ def blocks(pp: int, max_gap: int | None = None) -> Iterator[Block]:
     for steps in STEPS:
         for t1, t3 in product((0, 1), (0, 1)):
             for g in range(max_gap + 1):
-                blk = Block(*steps, t1=t1, g=g, t3=t3)
+                blk = Block(*steps, t1=t1, g=g, t3=t3, period=period)
                 if offsets(pp, blk) is not None:
                     yield blk
 
 
-def pattern_peak(prob, blk: Block) -> float | None:
+def pattern_peak(prob, blk: Block, stop: float = float("inf")) -> float | None:
     """The largest memory of any device running the unsqueezed repeated block (W in the free slots);
     the squeeze never raises it above the limit, so a block over the limit is not worth building."""
     pp = prob.pp
@@ -358,13 +360,13 @@ def pattern_peak(prob, blk: Block) -> float | None:
         return None
     # enough microbatches to reach the steady state: the longest lifespan on a device, in periods, plus slack
     life = max(row[3] - row[0] for row in base)
-    m = min(prob.m, life // PERIOD + 4)
+    m = min(prob.m, life // blk.period + 4)
     nc = 2 * pp
     a, bfree = prob.a, prob.b
     out = 0.0
     for d in range(pp):
         c0, c1 = d, nc - 1 - d
-        Td = [[base[d][k] + PERIOD * j for j in range(m)] for k in range(4)]
+        Td = [[base[d][k] + blk.period * j for j in range(m)] for k in range(4)]
         w1, w0 = _put_w(Td, m)
         dm = (a[c0], a[c1], -bfree[c1], -bfree[c0], bfree[c1] - a[c1], bfree[c0] - a[c0])
         ev = sorted([(t, k) for k in range(4) for t in Td[k]] + [(t, 4) for t in w1] + [(t, 5) for t in w0])
@@ -373,6 +375,8 @@ def pattern_peak(prob, blk: Block) -> float | None:
             cur += dm[k]
             if cur > out:
                 out = cur
+        if out > stop:  # over ``stop``: the exact peak is not needed
+            return out
     return out
 
 
@@ -383,11 +387,14 @@ def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Block]]:
         return
     njobs = 3 * prob.m * prob.nc
     fits = []
-    for blk in blocks(prob.pp):
-        pk = pattern_peak(prob, blk)
-        if pk is not None and pk <= prob.limit + 1e-9:
-            for second in SECOND:
-                fits.append((-pk, len(fits), replace(blk, second=second)))
+    for period in PERIODS:  # longer periods (idle slots, less memory) only when no shorter one fits
+        for blk in blocks(prob.pp, period=period):
+            pk = pattern_peak(prob, blk, prob.limit + 1e-9)
+            if pk is not None and pk <= prob.limit + 1e-9:
+                for second in SECOND:
+                    fits.append((-pk, len(fits), replace(blk, second=second)))
+        if fits:
+            break
     fits.sort()
     spent = 0
     for _pk, _i, blk in fits:
