@@ -380,17 +380,47 @@ def pattern_peak(prob, blk: Block, stop: float = float("inf")) -> float | None:
     return out
 
 
+#: above this many jobs the blocks are ordered by their lifespans instead of their exact pattern peak (cheaper)
+EXACT_ORDER_MAX_JOBS = 1000
+
+
+def _lifespan(pp: int, blk: Block) -> float:
+    """Slots from F to B summed over the two chunks, largest over the devices, in periods (a memory proxy)."""
+    base = offsets(pp, blk)
+    return max(row[3] - row[0] + row[2] - row[1] for row in base) / blk.period
+
+
 def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Block]]:
     """Job lists of the usable blocks whose repeated pattern fits the limit, the roomiest first, while the
     jobs built stay within ``max_jobs`` (each build places every job once)."""
     if not applies(prob):
         return
     njobs = 3 * prob.m * prob.nc
+    stop = prob.limit + 1e-9
+    if njobs > EXACT_ORDER_MAX_JOBS:  # big shapes: check the roomiest (by lifespan) first, build the first fits
+        spent = 0
+        for period in PERIODS:
+            found = False
+            for blk in sorted(blocks(prob.pp, period=period), key=lambda b: -_lifespan(prob.pp, b)):
+                pk = pattern_peak(prob, blk, stop)
+                if pk is None or pk > stop:
+                    continue
+                found = True
+                for second in SECOND:
+                    if spent + njobs > max_jobs:
+                        return
+                    spent += njobs
+                    seqs = build(prob, replace(blk, second=second))
+                    if seqs is not None:
+                        yield seqs, replace(blk, second=second)
+            if found:
+                return
+        return
     fits = []
     for period in PERIODS:  # longer periods (idle slots, less memory) only when no shorter one fits
         for blk in blocks(prob.pp, period=period):
-            pk = pattern_peak(prob, blk, prob.limit + 1e-9)
-            if pk is not None and pk <= prob.limit + 1e-9:
+            pk = pattern_peak(prob, blk, stop)
+            if pk is not None and pk <= stop:
                 for second in SECOND:
                     fits.append((-pk, len(fits), replace(blk, second=second)))
         if fits:
