@@ -17,6 +17,7 @@ is reproduced). ``bound`` is pipeloom's proven lower bound of the makespan under
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -30,7 +31,9 @@ from pipeloom.schedule.search.bounds import lower_bound
 from pipeloom.sim.simulate import simulate
 
 EPS = 1e-9
-DEFAULT_REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "official_vshape.json"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_REF = ROOT.parent / "shared" / "reference" / "official_vshape.json"
+SHIPPED_REF = ROOT / "tests" / "data" / "official_vshape.json.gz"  # the same file, gzip -9 (tests/data/README.md)
 MODELS = {"default": ("peak_default", MemModel()), "b0": ("peak_b0", MemModel(a=0.5, b=0.0))}
 
 
@@ -68,13 +71,15 @@ def run_case(c: dict, model: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", default=os.environ.get("PIPELOOM_VSHAPE_REFERENCE", str(DEFAULT_REF)),
-                    help="path of official_vshape.json")
+    ap.add_argument("--reference", default=os.environ.get("PIPELOOM_VSHAPE_REFERENCE"),
+                    help="path of official_vshape.json (default: $PIPELOOM_VSHAPE_REFERENCE, else "
+                         "../shared/reference/official_vshape.json, else tests/data/official_vshape.json.gz)")
     ap.add_argument("--models", default="default,b0", help="memory models to compare: default, b0")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--markdown", action="store_true", help="print the markdown table (docs/bench)")
     args = ap.parse_args(argv)
-    path = Path(args.reference)
+    path = Path(args.reference) if args.reference else next(
+        (p for p in (DEFAULT_REF, SHIPPED_REF) if p.is_file()), DEFAULT_REF)
     if not path.is_file():
         print(f"reference file not found ({path}); nothing to compare, skipping", file=sys.stderr)
         return 0
@@ -82,7 +87,8 @@ def main(argv=None) -> int:
     bad = [x for x in models if x not in MODELS]
     if bad:
         ap.error(f"unknown memory model(s) {', '.join(bad)}; allowed: {', '.join(MODELS)}")
-    cases = json.loads(path.read_text())["cases"]
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+        cases = json.load(f)["cases"]
     work = [(c, mdl) for c in cases for mdl in models]
     from rich.progress import track
     rows = [run_case(c, mdl) for c, mdl in track(work, description="planning", transient=True,
