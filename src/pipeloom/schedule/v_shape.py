@@ -35,12 +35,18 @@ are accepted up to 400 jobs); by default shapes of 201 to 400 jobs get the tail-
 search ``_polish.lns`` instead (0.6 deterministic seconds; off when ``polish`` is given).
 A shorter schedule is kept only if it validates under the limit; ``meta['polished_from']`` then holds the greedy makespan.
 
-``vhalf`` and ``vmin`` are the same ZB-V greedy planned under the activation-memory budgets
-of V-Half and V-Min in Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"
-(table of the paper's released code: V-Half ``(p+2)//2`` and V-Min ``(p+4)//3`` microbatch
-activations, against 1F1B's ``p``). They are NOT the paper's hand-built repeating building
-blocks: the greedy finds its own order within that budget (raised to the smallest feasible
-limit where the budget is below it). A tighter ``--mem-limit`` than the budget is honoured.
+``vhalf`` and ``vmin`` are the same ``zbv`` planned under the activation-memory budgets of V-Half
+and V-Min in Qi et al. 2024, "Pipeline Parallelism with Controllable Memory" (table of the
+paper's released code: V-Half ``(p+2)//2`` and V-Min ``(p+4)//3`` microbatch activations, against
+1F1B's ``p``), raised to the smallest feasible limit where the budget is below it; a tighter
+``--mem-limit`` than the budget is honoured.
+
+Building blocks (:mod:`pipeloom.schedule.search.vblock`): with vpp = 2 and a memory limit the
+search also builds the paper's kind of schedule, a per-device block repeated every 6 unit slots
+with fixed lifespans, over a family of block shapes whose repeated pattern fits the limit,
+squeezed in the warm-up and cool-down and re-timed with the real costs. Such a candidate is kept
+only when it beats the greedy / lock-step ones; below 1p it usually does (pp 4, m 16, V-Min
+budget: 107 instead of 126, the proven optimum).
 """
 from __future__ import annotations
 

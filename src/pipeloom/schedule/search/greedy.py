@@ -49,6 +49,7 @@ from itertools import product
 
 from ...core.costs import Costs, MemModel
 from . import lockstep as _vlockstep
+from . import vblock as _vblock
 from ...core import rules
 from ...core.errors import DeadlockError
 from ...core.ir import Job, Kind, Placement, device_of, make_schedule
@@ -495,6 +496,20 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
             lbest = _polish(prob, lbest, ls_budget)
             if best is None or _better(lbest, best, prob):
                 best = lbest
+    if _vblock.applies(prob) and njobs <= budget_jobs // 4 and prob.limit < INF:
+        # building blocks with a fixed lifespan (the controllable-memory construction): they win at
+        # budgets below 1p, where the greedy's memory-blind order leaves bubbles
+        vbest: PassResult | None = None
+        big = njobs > _vblock.EXACT_ORDER_MAX_JOBS
+        for seqs, blk in _vblock.candidates(prob, budget_jobs // (8 if big else 4)):
+            r = result_of(prob, seqs, blk)
+            if r is not None and (vbest is None or _better(r, vbest, prob)):
+                vbest = r
+        if vbest is not None:
+            # (pp 6, m 24, V-Min: 162 -> 161 needs ~200 swaps; big shapes get the greedy's own budget)
+            vbest = _polish(prob, vbest, ls_budget if big else 2 * ls_budget)
+            if best is None or _better(vbest, best, prob):
+                best = vbest
     if best is None:
         return None
     evals = insert_budget // max(njobs, 1)
