@@ -286,8 +286,36 @@ def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=None if isinstance(obj, dict) and len(obj) < 20 else 1)
-    sys.stdout.write("\n")
+    """Print ``obj`` as one strict JSON object (RFC 8259: no NaN or Infinity). A non-finite number in a
+    result is refused with a one-line error naming where it is, never printed as invalid JSON."""
+    sys.stdout.write(json_text(obj) + "\n")
+
+
+def json_text(obj) -> str:
+    """``obj`` as strict JSON text (see :func:`print_json`)."""
+    try:
+        return json.dumps(obj, allow_nan=False, indent=None if isinstance(obj, dict) and len(obj) < 20 else 1)
+    except ValueError:
+        where = _non_finite(obj, "")
+        raise ValueError(f"the result is not finite at {where or 'a value'}; refusing to print it as JSON "
+                         f"(an input is too large or degenerate: scale the costs down or check the inputs)") from None
+
+
+def _non_finite(obj, path: str) -> str | None:
+    """The path (``makespan``, ``peak_memory[2]``) of the first non-finite float in ``obj``, or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return f"{path or 'the top'} ({obj})"
+    if isinstance(obj, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for p, v in items:
+        found = _non_finite(v, p)
+        if found:
+            return found
+    return None
 
 
 def fmt(x, digits: int = 4) -> str:

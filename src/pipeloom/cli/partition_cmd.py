@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..schedule.planning import evaluate, make_spec, plan
 from ..schedule import registry
 from .common import (add_costs_option, add_mem_limit_option, add_partition_options, add_schedule_option,
-                     add_shape_options, fmt, partition_from_args, positive_int)
+                     add_shape_options, fmt, partition_from_args, positive_int, print_json)
 
 _EPILOG = """\
 where the layers go:
@@ -105,7 +104,7 @@ def run(args) -> int:
                           "moves": pplan.balance.moves,
                           "dp_seg_layer_num": pplan.balance.dp.partition.seg_layer_num}
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
     else:
         _print(out, part, cc)
     return 0 if out["simulated"]["valid"] else 1
