@@ -17,7 +17,10 @@ SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
 def run(capsys, *argv):
-    rc = main(list(argv))
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -136,3 +139,63 @@ def test_memory_and_recursion_errors_are_one_line(capsys, monkeypatch):
         rc, _, err = run(capsys, "simulate", "-s", "1f1b", "--pp", "2", "-m", "2")
         assert rc == 2
         one_error_line(err)
+
+
+# ---------------------------------------------------------------------- 3. layer-cost files
+LC_CASES = [
+    ("dup_head.csv", "name,F,B,W,mem\nl0,1,1,1,1\nl1,1,1,1,1\nhead,2,2,2,1\nhead,9,9,9,1\n", "row 5: a second row named 'head'"),
+    ("dup_layer.csv", "name,F,B,W\nl0,1,1,1\nl1,1,1,1\nl1,2,2,2\n", "row 4: a second row named 'l1'"),
+    ("dup_col.csv", "name,F,F\nl0,1,1\nl1,1,1\n", "column 'f' twice"),
+    ("dup_key.json", '{"layers": [{"F": 1}, {"F": 1}], "head": {"F": 1}, "head": {"F": 2}}', "'head' is given twice"),
+    ("zero.csv", "name,F,B,W\nl0,0,0,0\nl1,0,0,0\n", "F, B and W are 0 for every layer"),
+    ("zero.json", '{"layers": {"count": 4, "F": 0, "B": 0, "W": 0}}', "F, B and W are 0 for every layer"),
+    ("mem0.csv", "name,F,B,W,mem\nl0,1,1,1,0\nl1,1,1,1,0\n", "mem is 0 for every layer"),
+    ("mem0.json", '{"layers": {"count": 4, "F": 1, "mem": 0}}', "mem is 0 for every layer"),
+    ("count.json", '{"layers": {"count": 100000000, "F": 1}}', "above the cap of 1,000,000"),
+    ("binary.csv", b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 50, "not a text file"),
+    ("deep.json", '{"layers": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),
+    ("bigfield.csv", "name,F\n" + "x" * 200_000 + ",1\n", "not a readable CSV"),
+]
+
+
+@pytest.mark.parametrize("name,text,expect", LC_CASES, ids=[c[0] for c in LC_CASES])
+@pytest.mark.parametrize("cmd", ["partition", "simulate"])
+def test_layer_cost_file_errors(tmp_path, capsys, name, text, expect, cmd):
+    f = tmp_path / name
+    (f.write_bytes if isinstance(text, bytes) else f.write_text)(text)
+    argv = ["partition", "--pp", "2"] if cmd == "partition" else ["simulate", "-s", "1f1b", "--pp", "2", "-m", "4"]
+    rc, out, err = run(capsys, *argv, "--layer-costs", str(f), "--json")
+    assert rc == 2 and out == ""
+    line = one_error_line(err)
+    assert expect in line and name in line
+
+
+# ---------------------------------------------------------------------- 4. caps on numbers
+CAP_CASES = [
+    (["plan", "-s", "1f1b", "--pp", "4", "-m", "10000000"], "microbatches = 10,000,000 is above the cap"),
+    (["simulate", "-s", "1f1b", "--pp", "100000000", "-m", "8"], "pp = 100,000,000 is above the cap"),
+    (["simulate", "-s", "1f1b", "--pp", "4096", "-m", "4096"], "forward jobs"),
+    (["simulate", "-s", "1f1b", "--pp", "4", "-m", "8", "--layers", "1000000000"], "--layers: 1,000,000,000 is above"),
+    (["partition", "--pp", "4", "--layers", "1000000000"], "--layers: 1,000,000,000 is above"),
+    (["simulate", "-s", "zbv", "--pp", "4", "-m", "8", "-O", "polish=1e9"], "option polish = 1000000000.0 is above"),
+    (["simulate", "-s", "zbv", "--pp", "4", "-m", "8", "-O", "insert_budget=1e18"], "insert_budget"),
+    (["simulate", "-s", "zbh1", "--pp", "4", "-m", "8", "-O", "budget=1e18"], "option budget"),
+    (["simulate", "-s", "optimal", "--pp", "2", "-m", "2", "-O", "time_limit=1e9"], "option time_limit"),
+    (["partition", "--pp", "2", "--layers", "8", "--balance", "--max-evals", "100000000"], "--max-evals"),
+    (["run", "--pp", "64", "--dp", "64", "-m", "64"], "--allow-oversubscribe"),
+]
+
+
+@pytest.mark.parametrize("argv,expect", CAP_CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in CAP_CASES])
+def test_absurd_numbers_are_refused_naming_the_cap(capsys, argv, expect):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    line = one_error_line(err)
+    assert expect in line and "cap" in line or "--allow-oversubscribe" in line
+
+
+def test_caps_live_in_one_place():
+    from pipeloom.core import costs, limits
+    from pipeloom.schedule.io import native
+
+    assert native.MAX_JOBS is limits.MAX_JOBS and costs.MAX_COST is limits.MAX_COST

@@ -7,6 +7,7 @@ import math
 import sys
 
 from ..core.costs import RUNTIMES, MemModel, runtime_mem_model
+from ..core.limits import MAX_LAYERS
 from ..schedule.planning import make_spec, plan
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
@@ -26,6 +27,21 @@ def _int_at_least(lo: int):
 
 positive_int = _int_at_least(1)
 nonnegative_int = _int_at_least(0)
+
+
+def capped_int(lo: int, cap: int):
+    """argparse type: an integer in [lo, cap] (``cap`` from :mod:`pipeloom.core.limits`)."""
+    base = _int_at_least(lo)
+
+    def parse(text: str) -> int:
+        v = base(text)
+        if v > cap:
+            raise argparse.ArgumentTypeError(f"{v:,} is above the cap of {cap:,} (caps: docs/robustness.md)")
+        return v
+    return parse
+
+
+layers_int = capped_int(1, MAX_LAYERS)
 
 
 def number_type(lo: float, hi: float | None = None, *, unit: str = "a number", hi_open: bool = False):
@@ -167,7 +183,7 @@ def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) ->
         "Split L layers over pp*vpp chunks and derive per-chunk F/B/W and memory from them (see "
         "'pipeloom partition --help'). Without these options every chunk costs --costs F/B/W.")
     if layers:
-        g.add_argument("--layers", type=positive_int, default=None, metavar="L",
+        g.add_argument("--layers", type=layers_int, default=None, metavar="L",
                        help="number of transformer layers; uniform split: per-chunk counts differ by at most one, "
                             "the L %% (pp*vpp) extra layers go to the first global chunks")
     g.add_argument("--layers-per-device", default=None, metavar="N0,N1,..",

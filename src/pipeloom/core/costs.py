@@ -17,12 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from .limits import MAX_COST  # the largest duration or comm latency (core/limits.py)
+
 Num = Union[float, int]
 PerChunk = Union[Num, Sequence[Num]]
 
-#: the largest duration or comm latency a cost may have. Costs are relative (only their ratios matter), and
-#: with this cap a schedule of 10^7 jobs still sums to a finite makespan; 1e308 would overflow to infinity.
-MAX_COST = 1e12
 
 
 def _expand(value: PerChunk, num_chunks: int, what: str) -> list[float]:
