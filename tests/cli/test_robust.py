@@ -199,3 +199,51 @@ def test_caps_live_in_one_place():
     from pipeloom.schedule.io import native
 
     assert native.MAX_JOBS is limits.MAX_JOBS and costs.MAX_COST is limits.MAX_COST
+
+
+# ---------------------------------------------------------------------- 5. SIGINT stops CP-SAT and the polish
+def _interrupt_when(argv, marker):
+    """Start the CLI, wait (reading stderr, not sleeping) until it reports ``marker``, send SIGINT;
+    (exit code, seconds from SIGINT to exit, stderr)."""
+    import signal
+    import time
+
+    p = subprocess.Popen([PY, "-m", "pipeloom", "--progress", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        seen = []
+        while True:  # the process reports each long step on stderr (--progress) before starting it
+            line = p.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if marker in line:
+                break
+        assert seen and marker in seen[-1], "".join(seen)
+        time.sleep(0.5)  # let it get into the solve (the report comes just before); the assert is on the exit
+        p.send_signal(signal.SIGINT)
+        t = time.monotonic()
+        rc = p.wait(timeout=30)
+        return rc, time.monotonic() - t, p.stderr.read(), p.stdout.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+def test_sigint_stops_the_exact_solver():
+    rc, dt, err, out = _interrupt_when(
+        ["simulate", "-s", "optimal", "--pp", "4", "-m", "8", "--vpp", "2", "--mem-limit", "1p", "--costs",
+         "F=4,B=6,W=3,comm=1", "-O", "time_limit=60", "-O", "hints=false", "--json"], "solving with CP-SAT")
+    assert rc == 130 and "pipeloom: interrupted" in err and out == ""
+    assert dt < 2.0
+
+
+@pytest.mark.slow
+def test_sigint_stops_the_polish():
+    rc, dt, err, out = _interrupt_when(
+        ["simulate", "-s", "zbv", "--pp", "4", "-m", "12", "--mem-limit", "1p", "--costs", "F=4,B=6,W=3,comm=1",
+         "-O", "polish=600", "--json"], "polishing with CP-SAT")
+    assert rc == 130 and "pipeloom: interrupted" in err and out == ""
+    assert dt < 2.0

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version="pipeloom 0.1.0")
     p.add_argument("--debug", action="store_true",
                    help="show the Python traceback of an unexpected error (give it before COMMAND)")
+    p.add_argument("--progress", action="store_true",
+                   help="report long work (planning, solving, balancing) on stderr even when it is not a terminal "
+                        "(on a terminal a status line shows by default); give it before COMMAND")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     p.set_defaults(_subparsers=sub)
     for name in COMMANDS:
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        rc = args.func(args)
+        with _progress(args):
+            rc = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away is seen now (a BrokenPipeError below)
     except KeyboardInterrupt:
         print("pipeloom: interrupted", file=sys.stderr)
@@ -88,6 +92,43 @@ def main(argv: list[str] | None = None) -> int:
 
 #: exit code of an unforeseen error (a bug in pipeloom); bad input is 2, a failed check 1, SIGINT 130
 INTERNAL_ERROR = 3
+
+
+def _progress(args):
+    """Listen to :mod:`pipeloom.core.progress` while the command runs: a rich status line when stderr is a
+    terminal, plain ``pipeloom: ...`` lines with --progress, else nothing (stdout is never touched)."""
+    import contextlib
+
+    from ..core import progress
+
+    if sys.stderr.isatty():
+        return _rich_status()
+    if getattr(args, "progress", False):
+        return progress.listening(lambda msg: print(f"pipeloom: {msg}", file=sys.stderr, flush=True))
+    return contextlib.nullcontext()
+
+
+@__import__("contextlib").contextmanager
+def _rich_status():
+    from rich.console import Console
+
+    from ..core import progress
+
+    status = None
+
+    def show(msg: str) -> None:
+        nonlocal status
+        if status is None:
+            status = Console(stderr=True).status(msg)
+            status.start()
+        else:
+            status.update(msg)
+    try:
+        with progress.listening(show):
+            yield
+    finally:
+        if status is not None:
+            status.stop()
 
 
 def _error(msg: str, args) -> int:

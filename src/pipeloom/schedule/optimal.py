@@ -53,6 +53,7 @@ from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
 from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
+from ..core import progress
 from ..core.limits import MAX_SOLVER_SECONDS
 
 #: the solver refuses larger problems unless ``allow_large=True`` (e.g. pp 4, m 8, vpp 2, split)
@@ -379,6 +380,7 @@ def optimal(spec: PlanSpec) -> Schedule:
         if budget <= 0.05:
             break
         used.append(form)
+        progress.report(f"solving with CP-SAT ({form} model, {len(jobs)} jobs, at most {budget:.3g} s; Ctrl-C stops)")
         res = solve_graph(g, form, vals, objective, time_limit=budget, workers=workers, seed=seed)
         if res is None:
             continue
