@@ -247,3 +247,125 @@ def test_sigint_stops_the_polish():
          "-O", "polish=600", "--json"], "polishing with CP-SAT")
     assert rc == 130 and "pipeloom: interrupted" in err and out == ""
     assert dt < 2.0
+
+
+# ---------------------------------------------------------------------- 7. inputs that used to crash, one line each
+def test_schedule_csv_with_a_huge_field(tmp_path, capsys):
+    f = tmp_path / "big.csv"
+    f.write_text("device,step,job\n0,0," + "F" * 200_000 + "\n")
+    rc, out, err = run(capsys, "show", str(f))
+    assert rc == 2 and "big.csv" in one_error_line(err) and "CSV" in err
+
+
+def test_deeply_nested_json_plan(tmp_path, capsys):
+    f = tmp_path / "deep.json"
+    f.write_text('{"devices": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    rc, out, err = run(capsys, "show", str(f))
+    assert rc == 2 and "deep.json" in one_error_line(err)
+
+
+# ---------------------------------------------------------------------- 8. clearer messages
+def test_negative_mem_limit_is_a_value_not_an_option(capsys):
+    rc, out, err = run(capsys, "simulate", "-s", "1f1b", "--pp", "4", "-m", "8", "--mem-limit", "-1p")
+    line = one_error_line(err)
+    assert rc == 2 and "must be > 0" in line and "expected one argument" not in line
+
+
+def test_unknown_placement_lists_the_allowed_values(capsys):
+    rc, out, err = run(capsys, "simulate", "-s", "optimal", "--pp", "2", "-m", "2", "-O", "placement=zigzag")
+    line = one_error_line(err)
+    assert rc == 2 and "'v'" in line and "'interleaved'" in line and "zigzag" in line
+
+
+# ---------------------------------------------------------------------- 9. logs that cannot be real
+def _logs(tmp_path, edit=None, **cfg):
+    from pipeloom import make_spec, plan
+    from pipeloom.trace.synth import SynthConfig, write_logs
+
+    d = tmp_path / "logs"
+    write_logs(str(d), plan("1f1b", make_spec(pp=2, microbatches=4)), SynthConfig(**cfg))
+    if edit:
+        for p in sorted(d.iterdir()):
+            lines = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+            new = edit(p.name, lines)
+            if isinstance(new, bytes):
+                p.write_bytes(new)
+            else:
+                p.write_text("".join(json.dumps(x) + "\n" for x in new))
+    return str(d)
+
+
+def _shift(name, lines, seconds, only="workerlog.1"):
+    for x in lines:
+        for k in ("start", "end", "t"):
+            if k in x and name == only:
+                x[k] += seconds
+    return lines
+
+
+def _all_equal(name, lines):
+    for x in lines:
+        for k in ("start", "end", "t"):
+            if k in x:
+                x[k] = 1_763_884_800.0
+    return lines
+
+
+def _no_run_id_hours_apart(name, lines):
+    for x in lines:
+        if x["event"] == "meta":
+            x.pop("run_id", None)
+    return _shift(name, lines, 2 * 86_400)
+
+
+def _meta(name, lines, fn):
+    for x in lines:
+        if x["event"] == "meta":
+            fn(x)
+    return lines
+
+
+def _huge_end(name, lines):
+    for x in lines:
+        if x["event"] == "job" and x["step"] == 3 and name == "workerlog.1":
+            x["end"] = 1e308
+            break
+    return lines
+
+
+#: logs whose times cannot be real: `check` refuses them (`trace` draws what was logged)
+BAD_TIMES = {
+    "all timestamps equal": (_all_equal, "last 0 s"),
+    "one clock 3 h off": (lambda n, L: _shift(n, L, 3 * 3600), "rank(s) 1 start 3 h after rank(s) 0"),
+    "two runs without run_id": (_no_run_id_hours_apart, "different runs"),
+    "job end 1e308": (_huge_end, "not a real time"),
+}
+#: logs that are not logs or carry no usable plan: both commands refuse them
+BAD_PLANS = {
+    "schedule is a string": (lambda n, L: _meta(n, L, lambda m: m.update(schedule="1f1b")),
+                             "the plan in the logs is invalid"),
+    "schedule is invalid": (lambda n, L: _meta(n, L, lambda m: m["schedule"]["devices"][0].reverse()),
+                            "the plan in the logs is invalid"),
+    "no meta line": (lambda n, L: [x for x in L if x["event"] != "meta"], "the logs have no meta line"),
+    "binary": (lambda n, L: bytes(range(256)) * 8, "binary data, not a worker log"),
+}
+CASES = [(c, "check") for c in {**BAD_TIMES, **BAD_PLANS}] + [(c, "trace") for c in BAD_PLANS]
+
+
+@pytest.mark.parametrize("case,cmd", CASES, ids=[f"{cmd}: {c}" for c, cmd in CASES])
+def test_impossible_logs_get_no_verdict(tmp_path, capsys, case, cmd):
+    edit, expect = {**BAD_TIMES, **BAD_PLANS}[case]
+    d = _logs(tmp_path, edit)
+    argv = ["check", d, "--json"] if cmd == "check" else ["trace", d, "-o", str(tmp_path / "t.json")]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == "", (out, err)
+    assert expect in one_error_line(err)
+
+
+def test_real_logs_still_get_a_verdict(tmp_path, capsys):
+    """The sanity checks leave real trouble to the verdict: a slow rank, a late one, skewed machines."""
+    d = _logs(tmp_path, slow={1: 1.8}, late_start={0: 0.01})
+    rc, out, err = run(capsys, "check", d, "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["stragglers"] and "verdict" in res

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 # the subcommands; module cli/<name>_cmd.py defines add_parser(subparsers)
@@ -18,7 +19,14 @@ class CLIError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (what is wrong and where to look) instead of usage + error."""
+    """argparse with a one-line error (what is wrong and where to look) instead of usage + error.
+
+    A token like ``-1p`` or ``-1e3`` is a value (no option starts with a digit), so that ``--mem-limit -1p``
+    reaches the option's own check ("must be > 0") instead of "expected one argument"."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._negative_number_matcher = re.compile(r"^-\d|^-\.\d")
 
     def error(self, message: str):
         self.exit(2, f"pipeloom: error: {self.prog.split(' ', 1)[-1] if ' ' in self.prog else ''}"

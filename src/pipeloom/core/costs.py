@@ -184,6 +184,9 @@ def parse_mem_limit(limit: str | float | int | None, pp: int) -> float | None:
         if s in ("", "none", "inf", "unlimited"):
             return None
         m = _LIMIT_RE.match(s)
+        if s.startswith("-"):
+            raise ValueError(f"memory limit must be > 0, got {limit!r}: use none, 1p, 1.5p, 2p, Xp or a number of "
+                             f"units > 0")
         if m:
             val = float(m.group(1)) * pp
         else:
