@@ -369,3 +369,22 @@ def test_real_logs_still_get_a_verdict(tmp_path, capsys):
     assert rc == 0, err
     res = json.loads(out)
     assert res["stragglers"] and "verdict" in res
+
+
+# ---------------------------------------------------------------------- 6. progress on stderr, never in --json
+def test_progress_goes_to_stderr_and_json_stays_strict(capsys):
+    rc, out, err = run(capsys, "--progress", "simulate", "-s", "1f1b", "--pp", "4", "-m", "8", "--json")
+    assert rc == 0 and json.loads(out)["makespan"] > 0
+    assert "pipeloom: planning 1f1b" in err and "pipeloom: validating" in err
+
+
+def test_progress_of_the_balance_dp(capsys):
+    rc, out, err = run(capsys, "--progress", "partition", "--pp", "2", "--layers", "5000", "--balance",
+                       "bottleneck", "--json")
+    assert rc == 0 and json.loads(out)["layers"] == 5000
+    assert "balancing: exact DP" in err
+
+
+def test_no_progress_without_a_terminal_or_the_flag(capsys):
+    rc, out, err = run(capsys, "simulate", "-s", "1f1b", "--pp", "4", "-m", "8", "--json")
+    assert rc == 0 and err == ""

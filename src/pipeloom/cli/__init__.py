@@ -112,8 +112,24 @@ def _progress(args):
     if sys.stderr.isatty():
         return _rich_status()
     if getattr(args, "progress", False):
-        return progress.listening(lambda msg: print(f"pipeloom: {msg}", file=sys.stderr, flush=True))
+        return progress.listening(_plain_lines())
     return contextlib.nullcontext()
+
+
+def _plain_lines(every_s: float = 1.0):
+    """A listener printing ``pipeloom: MESSAGE`` lines to stderr: each new step at once, repeats of one step
+    (the same words before the first digit) at most once per ``every_s`` seconds."""
+    import time
+
+    last = {"key": None, "t": 0.0}
+
+    def show(msg: str) -> None:
+        key = re.split(r"\d", msg, maxsplit=1)[0]
+        now = time.monotonic()
+        if key != last["key"] or now - last["t"] >= every_s:
+            last.update(key=key, t=now)
+            print(f"pipeloom: {msg}", file=sys.stderr, flush=True)
+    return show
 
 
 @__import__("contextlib").contextmanager

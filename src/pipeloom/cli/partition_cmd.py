@@ -68,19 +68,12 @@ def run(args) -> int:
     m = args.microbatches or 2 * args.pp
     spec = make_spec(pp=args.pp, microbatches=m, vpp=vpp, costs=args.costs, mem_limit=args.mem_limit)
     objective = "makespan" if args.balance == "auto" else args.balance
-    progress = None
-    status = None
-    if objective == "makespan" and not args.json:
-        from rich.console import Console
+    from ..core import progress as _progress
 
-        status = Console(stderr=True).status("balancing: 0 schedules simulated")
-        status.start()
-        progress = lambda n: status.update(f"balancing: {n} schedules simulated (at most {args.max_evals})")  # noqa
-    try:
-        pplan = partition_from_args(args, spec, schedule, progress=progress, objective=objective)
-    finally:
-        if status is not None:
-            status.stop()
+    progress = None  # shown by the CLI (a status line on a terminal, lines with pipeloom --progress), not on stdout
+    if objective == "makespan":
+        progress = lambda n: _progress.report(f"balancing: {n} schedules simulated (at most {args.max_evals})")  # noqa
+    pplan = partition_from_args(args, spec, schedule, progress=progress, objective=objective)
     part, lc = pplan.partition, pplan.layer_costs
     out = part.to_dict()
     cc = lc.chunk_costs(part)
