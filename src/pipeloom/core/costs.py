@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-from .limits import MAX_COST  # the largest duration or comm latency (core/limits.py)
+from .limits import MAX_COST, MAX_MEM_UNITS  # the largest duration / comm latency, memory limit (core/limits.py)
 
 Num = Union[float, int]
 PerChunk = Union[Num, Sequence[Num]]
@@ -203,4 +203,7 @@ def parse_mem_limit(limit: str | float | int | None, pp: int) -> float | None:
         raise ValueError(f"memory limit must be > 0, got {limit!r}")
     if math.isinf(val):
         return None
+    if val > MAX_MEM_UNITS:
+        raise ValueError(f"memory limit {limit!r} = {val:g} units is above the cap of {MAX_MEM_UNITS:g} units "
+                         f"(caps: docs/robustness.md); give none for no limit")
     return val

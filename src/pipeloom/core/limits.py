@@ -26,6 +26,8 @@ MAX_SEARCH_BUDGET = 10_000_000_000
 #: the largest duration or comm latency a cost may have (costs are relative; with this cap 10^7 jobs still
 #: sum to a finite makespan, where 1e308 would overflow to infinity)
 MAX_COST = 1e12
+#: the largest finite memory limit, in units (one unit = one full-stage microbatch activation); "none" is no limit
+MAX_MEM_UNITS = 1e12
 #: evaluations of the makespan balance search (--max-evals)
 MAX_EVALS = 1_000_000
 

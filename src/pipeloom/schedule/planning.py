@@ -9,6 +9,7 @@ from dataclasses import replace
 from ..core.costs import Costs, MemModel, parse_mem_limit
 from ..core import progress
 from ..core.errors import ScheduleError
+from ..core.limits import check_shape
 from ..core.ir import Schedule
 from ..sim.simulate import simulate
 from . import registry
@@ -22,6 +23,8 @@ def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | 
     """Parse loose inputs (strings from a CLI or config) into a :class:`PlanSpec`."""
     if not isinstance(pp, int) or pp < 1:
         raise ScheduleError(f"pp must be an integer >= 1, got {pp!r}")
+    if isinstance(vpp, int) and isinstance(microbatches, int):  # before anything is sized by them
+        check_shape(pp, vpp, microbatches)
     costs = costs if isinstance(costs, Costs) else Costs.parse(costs)
     mem = mem if isinstance(mem, MemModel) else MemModel.parse(mem)
     limit = mem_limit if isinstance(mem_limit, float) else parse_mem_limit(mem_limit, pp)
