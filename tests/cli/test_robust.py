@@ -388,3 +388,20 @@ def test_progress_of_the_balance_dp(capsys):
 def test_no_progress_without_a_terminal_or_the_flag(capsys):
     rc, out, err = run(capsys, "simulate", "-s", "1f1b", "--pp", "4", "-m", "8", "--json")
     assert rc == 0 and err == ""
+
+
+# ---------------------------------------------------------------------- 11. the documented caps are the real ones
+def test_docs_list_every_cap_with_its_value():
+    import re
+    from pathlib import Path
+
+    from pipeloom.core import limits
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "robustness.md").read_text()
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", doc, flags=re.M))
+    caps = {n: getattr(limits, n) for n in dir(limits) if n.startswith(("MAX_", "RANK_"))}
+    assert set(caps) == set(rows), (set(caps) ^ set(rows))
+    for name, value in caps.items():
+        text = rows[name].strip().replace(",", "")
+        num = float(text.split()[0]) * (2**20 if text.endswith("MiB") else 1)
+        assert num == value, (name, text, value)
