@@ -139,12 +139,18 @@ def _rich_status():
     from ..core import progress
 
     status = None
+    off = False  # a command that shows its own live display (run) keeps it: rich allows one at a time
 
     def show(msg: str) -> None:
-        nonlocal status
+        nonlocal status, off
+        if off:
+            return
         if status is None:
             status = Console(stderr=True).status(msg)
-            status.start()
+            try:
+                status.start()
+            except Exception:  # rich.errors.LiveError: another display is live
+                status, off = None, True
         else:
             status.update(msg)
     try:
