@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import check_out_path, nonnegative_int, number_type, wrap
+from .common import check_out_path, nonnegative_int, number_type, positive_int, wrap
 
 
 def add_parser(sub) -> None:
@@ -15,9 +15,12 @@ def add_parser(sub) -> None:
                     "that only waited are not blamed) and a verdict. For FThenB, 1F1B and balanced interleaved "
                     "VPP the closed-form bubble positions of seed 002 are compared as well."),
         epilog="exit status: 0 when the check ran (1 with --strict and a verdict other than OK), 2 on bad input\n"
-               "example:\n  pipeloom check logs\n  pipeloom check logs --json | jq .stragglers",
+               "example:\n  pipeloom check logs\n  pipeloom check logs --json | jq .stragglers\n"
+               "  pipeloom check trace.parquet --meta meta.yaml --steps 10:30\n"
+               "op traces: exit status 1 with --strict when there is a verdict",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders")
+    p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders, a torch profiler "
+                                  "trace, or an op trace of any trainer (.parquet or .csv; see docs/diagnose.md)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: planned_bubble, measured_bubble, stragglers, late_jobs, verdict, ...")
     p.add_argument("--straggler-threshold", type=number_type(0, 1, hi_open=True), default=0.03, metavar="FRACTION",
@@ -29,13 +32,36 @@ def add_parser(sub) -> None:
     p.add_argument("--bubble-tolerance", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",
                    help="measured bubble may exceed the planned one by this much before the verdict says so "
                         "(default: %(default)s)")
-    p.add_argument("--top", type=nonnegative_int, default=10, help="late jobs to list (default: %(default)s)")
+    p.add_argument("--top", type=nonnegative_int, default=10,
+                   help="late jobs to list (op traces: rows of the slowdown table) (default: %(default)s)")
     p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt with late jobs framed (.png, .svg or .pdf)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 unless the verdict is OK")
+    g = p.add_argument_group("op traces (.parquet / .csv: what-if straggler analysis)")
+    g.add_argument("--meta", metavar="META", help="YAML or JSON with dp_size, pp_size, tp_size, vpp_size, world_size "
+                                                  "(and time_unit: s|ms|us|ns; default ms); inferred when absent")
+    g.add_argument("--steps", metavar="STEPS", help="steps to analyse: 5, 1,3,5, A:B (A..B-1) or A: (default: all)")
+    g.add_argument("--slowdown-threshold", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",
+                   help="report a worker, stage or op type when it alone slows the step by this share "
+                        "(default: %(default)s)")
+    g.add_argument("--layers", type=positive_int, default=None,
+                   help="the model's transformer layers, for the rebalancing partition command (default: 8 per stage)")
+    g.add_argument("--out", metavar="DIR", help="where the heatmap, Perfetto timeline and layer costs go "
+                                                "(default: TRACE.whatif/ beside the trace)")
+    g.add_argument("--no-pictures", action="store_true", help="skip the heatmap and the timeline")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from ..trace.optrace import is_op_trace
+
+    if is_op_trace(args.logdir):
+        if args.png or args.late_tolerance is not None:
+            raise ValueError(f"--{'png' if args.png else 'late-tolerance'} applies to worker logs; for an op trace "
+                             f"the pictures go to --out DIR")
+        return run_optrace(args)
+    for flag in ("meta", "steps", "layers", "out"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag} applies to op traces (.parquet / .csv), not to {args.logdir}")
     from ..trace.check import check_run, measured_timeline
     from ..trace.reader import read_logs
     from .common import print_json
@@ -118,3 +144,85 @@ def _print(rep, run_log, args) -> None:
         con.print(f"[yellow]warning:[/yellow] {w}")
     style = "green" if rep.ok else "red"
     con.print(f"[bold {style}]verdict: {rep.verdict}[/bold {style}]")
+
+
+# ------------------------------------------------------------------------------------------ op traces
+def run_optrace(args) -> int:
+    """check TRACE.parquet|.csv: what-if straggler analysis (trace/opcheck.py)."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..trace.opcheck import check_optrace
+    from .common import print_json
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("reading", total=None)
+
+        def progress(total=None, advance=0, what=None):
+            if total is not None:
+                bar.update(task, total=total, completed=0)
+            if what:
+                bar.update(task, description=what)
+            if advance:
+                bar.advance(task, advance)
+
+        d = check_optrace(args.logdir, meta=args.meta, steps=args.steps, threshold=args.slowdown_threshold,
+                          layers=args.layers, out_dir=args.out, pictures=not args.no_pictures, progress=progress)
+    if args.json:
+        print_json(d)
+    else:
+        _print_optrace(d, Console(file=sys.stdout), args.top)
+    return 1 if args.strict and d["verdicts"] else 0
+
+
+def _print_optrace(d: dict, con, top: int) -> None:
+    from rich import box
+    from rich.table import Table
+
+    con.width = max(con.width, 100)
+    u = d["time_unit"]
+    sz = d["sizes"]
+    con.print(f"[bold]{d['trace']}[/bold]  dp={sz['dp_size']} pp={sz['pp_size']} tp={sz['tp_size']} "
+              f"vpp={sz['vpp_size']} world={sz['world_size']}"
+              + (f" (inferred: {', '.join(d['inferred_sizes'])})" if d["inferred_sizes"] else "")
+              + f"  {len(d['steps'])} steps, {d['ops']} ops" + (f", {d['malformed_rows']} malformed rows skipped"
+                                                              if d["malformed_rows"] else ""))
+    con.print(f"step time: measured {d['step_time_measured']:.4g} {u}, replayed {d['step_time_replayed']:.4g} {u} "
+              f"(replay error {100 * d['replay_error']:.2f}%), without launch gaps {d['step_time_no_launch_gaps']:.4g}"
+              f" {u}, what-if ideal {d['step_time_ideal']:.4g} {u}")
+    con.print(f"slowdown S = [bold]{d['slowdown']:.3f}x[/bold]   M_W (top workers fixed) = {100 * d['mw']:.0f}%   "
+              f"M_S (last stage fixed) = {100 * d['ms']:.0f}%")
+    t = Table(title="what alone slows the step (S_x = ideal with x as measured / ideal)", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for c in ("op type", "S_t", "stage", "S_stage", "worker", "S_w", "score", "compute x"):
+        t.add_column(c, justify="right", no_wrap=True)
+    ops = d["by_optype"][:top]
+    stages = sorted(d["by_stage"], key=lambda r: -r["slowdown"])[:top]
+    workers = sorted(d["by_worker"], key=lambda r: -r["slowdown"])[:top]
+    for i in range(max(len(ops), len(stages), len(workers))):
+        o = ops[i] if i < len(ops) else None
+        s = stages[i] if i < len(stages) else None
+        w = workers[i] if i < len(workers) else None
+        t.add_row(o["optype"] if o else "", f"{o['slowdown']:.3f}" if o else "",
+                  str(s["stage"]) if s else "", f"{s['slowdown']:.3f}" if s else "",
+                  f"dp {w['dp_rank']} / pp {w['stage']}" if w else "",
+                  (f"{w['slowdown']:.3f}" + ("" if w["exact"] else "*")) if w else "",
+                  f"{w['score']:.2f}" if w else "",
+                  f"{w['compute_ratio']:.2f}" if w and w["compute_ratio"] is not None else "")
+    con.print(t)
+    con.print("[dim]* = bound min(S_dp, S_stage); score = share of the slowdown the worker alone explains; "
+              "compute x = its compute time / typical[/dim]")
+    for w in d["warnings"]:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+    if d["verdicts"]:
+        for v in d["verdicts"]:
+            con.print(f"[bold red]verdict:[/bold red] {v}")
+    else:
+        con.print(f"[bold green]verdict: OK[/bold green] (no worker, stage or op type slows the step by "
+                  f">= {100 * d['threshold']:.0f}%)")
+    for k, p in d["pictures"].items():
+        con.print(f"{k.replace('_', ' ')}: {p}")

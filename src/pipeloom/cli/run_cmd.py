@@ -1,4 +1,5 @@
-"""``pipeloom run``: train the built-in example model with a schedule on torch.distributed."""
+"""``pipeloom run``: train the built-in example model, or a transformers model (``--model PATH``), with a
+schedule on torch.distributed."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +7,8 @@ import math
 import sys
 
 from .common import (add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option, add_partition_options,
-                     add_schedule_option, add_shape_options, fmt, layers_int, number_type, plan_inputs,
-                     positive_int, print_json)
+                     add_schedule_option, add_shape_options, fmt, layers_int, number_type, partition_given,
+                     plan_inputs, positive_int, print_json)
 from ..schedule import io as schedule_io
 
 # defaults of the options that a --plan file replaces (None in argparse, to tell "not given" from the default)
@@ -41,9 +42,10 @@ def _seconds(text: str) -> float:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
-        help="run a schedule for real on torch.distributed (example model, CPU/gloo or torchrun)",
+        help="run a schedule for real on torch.distributed (example or transformers model, CPU/gloo or torchrun)",
         description=(
-            "Train the built-in example model (a small Llama-style decoder on synthetic data) with a\n"
+            "Train the built-in example model (a small Llama-style decoder on synthetic data), or a\n"
+            "transformers model (--model PATH, optionally --weights and --data FILE), with a\n"
             "pipeline schedule on torch.distributed. Without torchrun the command spawns pp*dp ranks\n"
             "on this machine (gloo on 127.0.0.1, CPU); under torchrun (RANK/WORLD_SIZE set) it runs\n"
             "one rank per process and uses NCCL when CUDA is available. --verify compares the first\n"
@@ -53,11 +55,20 @@ def add_parser(sub) -> None:
             "  pipeloom run --example llama-tiny --schedule zbv --pp 4 --microbatches 8 --verify\n"
             "  pipeloom run --schedule 1f1b --pp 2 --dp 2 --microbatches 4 --steps 5 --log-dir logs\n"
             "  pipeloom plan --schedule zbh1 --pp 4 -m 8 -o plan.json && pipeloom run --plan plan.json\n"
+            "  pipeloom run --model my-gpt2/config.json --schedule zbv --pp 2 -m 4 --verify\n"
+            "  pipeloom run --model my-llama/ --weights --data train.bin --seq-len 64 --steps 20"
             "  torchrun --nproc-per-node 4 -m pipeloom run --schedule zbv --pp 4 -m 8"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--example", default="llama-tiny", metavar="NAME",
                    help="built-in model to train (available: llama-tiny; default: %(default)s)")
+    p.add_argument("--model", metavar="NAME|PATH", default=None,
+                   help="the model to train: a built-in example name (llama-tiny), or a transformers "
+                        "config.json (or a directory holding one) of a decoder-only causal LM (llama, mistral, "
+                        "qwen2/3, mixtral, qwen3_moe, gpt2 families; needs the 'hf' extra); built with random "
+                        "weights from --seed, cut into the schedule's chunks by the layer partition")
+    p.add_argument("--weights", action="store_true",
+                   help="with --model PATH: load the weights from the *.safetensors files next to config.json")
     add_schedule_option(p, required=False,
                         help=f"schedule builder from the registry (see 'pipeloom compare'); default: "
                              f"{_DEFAULTS['schedule']}")
@@ -88,11 +99,17 @@ def add_parser(sub) -> None:
     g.add_argument("--layers", type=layers_int, default=None,
                    help="decoder layers (default: max(8, pp*vpp)); split evenly over the chunks unless the layer "
                         "partition options below choose the split (then they also cost the chunks)")
-    g.add_argument("--dim", type=positive_int, default=64, help="model width, a multiple of 8 (default: 64)")
+    g.add_argument("--dim", type=positive_int, default=None,
+                   help="width of the example model, a multiple of 8 (default: 64)")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="parameter dtype; bf16 keeps fp32 master weights and fp32 grads (default: fp32)")
     g.add_argument("--lr", type=number_type(0, unit="a learning rate"), default=1e-3, help="AdamW learning rate (default: 1e-3)")
     g.add_argument("--seed", type=int, default=0, help="weights and data seed (default: 0)")
+    g.add_argument("--data", metavar="FILE", default=None,
+                   help="train on this token file (token ids back to back, as nanoGPT's prepare.py writes "
+                        "train.bin), sampling --seq-len tokens at seeded offsets; default: synthetic data")
+    g.add_argument("--data-dtype", choices=("uint16", "uint32"), default="uint16",
+                   help="integer type of the --data file (default: %(default)s)")
     g = p.add_argument_group("checking, logs and faults")
     g.add_argument("--verify", action="store_true",
                    help="also run a single-process reference of the first step and compare the loss and "
@@ -109,8 +126,10 @@ def add_parser(sub) -> None:
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
                    help="fail when a rank waits longer than this on a peer (default: 120)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: schedule, pp, vpp, microbatches, steps, loss, step_time_s "
-                        "(+ max_loss_diff, max_grad_diff with --verify)")
+                   help="print one JSON object: schedule, pp, vpp, microbatches, steps, loss, step_time_s, "
+                        "deferred_wgrad_share (per chunk with W jobs: share of its weight-gradient FLOPs deferred "
+                        "to W; null without W jobs) (+ max_loss_diff, max_grad_diff with --verify; model, "
+                        "tied_across_stages, tied_weight_diff with --model PATH)")
     p.set_defaults(func=run)
 
 
@@ -125,6 +144,7 @@ def run(args) -> int:
         raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
     _check_args(args)
     cfg = run_config(args)
+    args.title = cfg.model.name if cfg.model is not None else args.example
     if not args.allow_oversubscribe and not under_torchrun():
         check_local_ranks((cfg.plan.pp if args.plan else cfg.pp) * cfg.dp)
     try:
@@ -148,7 +168,9 @@ def run(args) -> int:
                                         "step_time_s", "losses", "dtype")}
                    | ({"max_loss_diff": res["max_loss_diff"], "max_grad_diff": res["max_grad_diff"],
                        "verified": ok} if args.verify else {})
-                   | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {}))
+                   | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
+                   | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
+                      if k in res})
     else:
         _print_table(res, args, tol, ok, measured=cfg.measure_costs)
     return 0 if ok else 1
@@ -163,10 +185,11 @@ def run_config(args):
     'pipeloom plan' makes it (costs, memory, -O, layer partition), nothing planned yet."""
     from ..runtime.driver import RunConfig
 
+    model = _model(args)
     common = dict(dp=args.dp, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
-                  dim=args.dim, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
+                  dim=args.dim or 64, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
-                  dtype=args.dtype)
+                  dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype)
     if args.plan:
         sched = schedule_io.load(args.plan)
         return RunConfig(plan=sched, pp=sched.pp, microbatches=sched.microbatches, n_layers=args.layers, **common)
@@ -178,13 +201,39 @@ def run_config(args):
     m = args.microbatches or _DEFAULTS["microbatches"]
     vpp = args.vpp or registry.default_vpp(schedule)
     measured = _is_measured(args)
-    layers = args.layers if args.layers is not None else max(8, pp * vpp)
+    layers = args.layers if args.layers is not None else model.layers if model is not None else max(8, pp * vpp)
+    if model is not None and partition_given(args) and args.vocab is None and args.hidden is None:
+        # the model costs its own layers and head, as 'plan --model' does (models.hf_config.resolve_model)
+        args = argparse.Namespace(**vars(args))
+        args._partition_model = True
+        args.seq = args.seq or args.seq_len
     spec, pplan = plan_inputs(args, schedule, pp=pp, microbatches=m, vpp=vpp,
                               costs="" if measured else args.costs, layers=layers)
     return RunConfig(schedule=schedule, pp=pp, vpp=vpp, microbatches=m, spec=spec, mem_limit=args.mem_limit,
                      n_layers=args.layers,
                      layers_per_chunk=tuple(pplan.partition.seg_layer_num) if pplan is not None else None,
                      measure_costs=measured, **common)
+
+
+def _model(args):
+    """None for the built-in example, or the transformers model of ``--model PATH``."""
+    from ..runtime.driver import EXAMPLES
+    from . import CLIError
+
+    if args.model is None or args.model in EXAMPLES:
+        if args.model is not None:
+            args.example = args.model
+        if args.weights:
+            raise CLIError("--weights loads a transformers checkpoint: give --model PATH (a config.json or its "
+                           "directory with *.safetensors files); the example model has seeded weights")
+        return None
+    if args.dim is not None:
+        raise CLIError(f"--dim sets the example model's width; --model {args.model} has its own (drop --dim)")
+    try:
+        from ..integrations.hf import HFRunModel
+    except ImportError as e:
+        raise CLIError(f"--model {args.model}: needs transformers (pip install 'pipeloom[hf]'): {e}") from None
+    return HFRunModel(args.model, weights=args.weights)
 
 
 def _check_args(args) -> None:
@@ -214,7 +263,8 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"pipeloom run: {args.example}, schedule {res['schedule']}", show_header=True)
+    t = Table(title=f"pipeloom run: {getattr(args, 'title', args.example)}, schedule {res['schedule']}",
+              show_header=True)
     t.add_column("field")
     t.add_column("value", justify="right")
     t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
@@ -230,6 +280,12 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
         t.add_row("max |loss - reference|", fmt(res["max_loss_diff"], 3))
         t.add_row("max |grad - reference|", fmt(res["max_grad_diff"], 3))
         t.add_row("verify", ("[green]PASS[/]" if ok else "[red]FAIL[/]") + f" (tolerance {tol:g})")
+    if res.get("tied_across_stages"):
+        t.add_row("tied weights across stages", f"{res['tied_across_stages']} (max copy difference "
+                                                 f"{fmt(res['tied_weight_diff'], 3)})")
+    if res.get("deferred_wgrad_share"):
+        t.add_row("weight-grad FLOPs deferred to W", " ".join(
+            f"c{k}:{'-' if v is None else f'{100 * v:.0f}%'}" for k, v in res["deferred_wgrad_share"].items()))
     if args.log_dir:
         t.add_row("job logs", f"{args.log_dir}/workerlog.<rank>")
     Console().print(t)

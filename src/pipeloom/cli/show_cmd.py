@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 
 from ..core import progress
-from ..core.costs import Costs, MemModel, parse_mem_limit
+from ..core.costs import Costs, parse_mem_limit
 from ..core.errors import DeadlockError
 from ..sim.simulate import simulate
-from .common import add_costs_option, add_mem_limit_option, add_mem_option, check_out_path, positive_int, wrap
+from .common import (add_costs_option, add_mem_limit_option, add_mem_option, check_out_path, fmt,
+                     mem_model_from_args, positive_int, wrap)
 from ..schedule import io as schedule_io
 
 
@@ -55,7 +56,7 @@ def run(args) -> int:
         check_out_path("--out", out, OUTPUT_KINDS, " (.json = Chrome/Perfetto trace)")
     progress.report(f"reading {args.file}")
     sched = schedule_io.load(args.file)
-    costs, mem = Costs.parse(args.costs), MemModel.parse(args.mem)
+    costs, mem = Costs.parse(args.costs), mem_model_from_args(args)
     limit = parse_mem_limit(args.mem_limit, sched.pp)
     progress.report(f"validating and simulating {sched.num_jobs:,} jobs")
     v = validate(sched)
@@ -67,14 +68,24 @@ def run(args) -> int:
         raise ValueError(f"{args.file}: cannot be drawn, {e}") from None
     if not args.out:
         from ..viz.text import text_gantt
-        print(text_gantt(res, width=args.width or None))
+        head, *rest = text_gantt(res, width=args.width or None).split("\n")
+        print("\n".join([head, memory_line(res.peak_memory, sched.pp, limit), *rest]))
         return 0
     from ..viz import write_outputs
     from ..viz.timeline import from_sim
 
+    print(memory_line(res.peak_memory, sched.pp, limit))
     progress.report(f"drawing {', '.join(args.out)}")
     tl = from_sim(res, mem=mem, mem_limit=limit)
     for path in write_outputs(args.out, timeline=tl, us_per_unit=1000.0,
                               trace_info={"schedule": sched.name, "note": "1 cost unit drawn as 1 ms"}):
         print(f"wrote {path}")
     return 0
+
+
+def memory_line(peaks: list[float], pp: int, limit: float | None) -> str:
+    """The header line on activation memory: peak per device, the largest in units and in p (1p = pp units)."""
+    top = max(peaks) if peaks else 0.0
+    over = "" if limit is None else (f", limit {fmt(limit)}" + (" EXCEEDED" if top > limit + 1e-9 else ""))
+    return (f"peak memory per device (units): {' '.join(fmt(x, 3) for x in peaks)}  "
+            f"(max {fmt(top, 3)} = {top / pp:.3g}p{over})")

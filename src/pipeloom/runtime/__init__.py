@@ -9,6 +9,9 @@ Importing this package imports torch. Main pieces:
 * :mod:`.grads`: the step's flat fp32 gradient buffer and the :class:`GradReducer` seam
   (default: one all-reduce over data parallelism after accumulation).
 * :mod:`.commplan`: the messages of a schedule and the per-link order both ends agree on (no torch).
+* :mod:`.tied`: a weight held by chunks on several stages (tied embedding and head): its copies'
+  gradients summed over a group of the ranks holding them, before the optimizer step.
+* :mod:`.data`: token files for ``pipeloom run --data`` (no torch).
 * :mod:`.launch`: spawn local ranks or join torchrun.
 * :mod:`.example`: the ``llama-tiny`` example behind ``pipeloom run``.
 """

@@ -100,13 +100,22 @@ class RunConfig:
     """testing: make the loss of this microbatch NaN in the first step"""
     fault_exit_rank: int | None = None
     """testing: this global rank dies (os._exit) at its first job"""
+    model: object | None = None
+    """a model of your own instead of the example (e.g. :class:`pipeloom.integrations.hf.HFRunModel`):
+    attributes ``name``, ``layers``, ``vocab``, ``max_seq``; ``chunks(split, which, seed, device) ->
+    (modules, ties)``, ``reference_step(seed, loss_fn, xs, ys) -> (loss, grads by name)`` and
+    ``canonical(name)`` (a chunk's parameter name -> the reference's); picklable (sent to the ranks)"""
+    data: str | None = None
+    """a token file (flat uint16/uint32 ids, see :mod:`pipeloom.runtime.data`); None: synthetic data"""
+    data_dtype: str = "uint16"
+    """the token file's integer type"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if self.dim % 8:  # the example model has 4 heads, and rotary embeddings need an even head size
+        if self.model is None and self.dim % 8:  # the example model has 4 heads, and rotary embeddings need an even head size
             raise ValueError(f"--dim {self.dim}: the example model needs a multiple of 8 (4 attention heads of an "
                              f"even size), e.g. {max(8, self.dim // 8 * 8)}")
         if self.dtype not in ("fp32", "bf16"):
@@ -187,13 +196,29 @@ def model_config(cfg: RunConfig, num_chunks: int):
         cfg.n_layers if cfg.n_layers is not None else max(8, num_chunks)
     if n_layers < num_chunks:
         raise ValueError(f"{n_layers} layers cannot fill {num_chunks} chunks (pp*vpp); use more layers")
+    if cfg.model is not None:  # a model of its own: its layers are fixed (the shape is all the run needs here)
+        m = cfg.model
+        if n_layers != m.layers and (cfg.layers_per_chunk is not None or cfg.n_layers is not None):
+            raise ValueError(f"model {m.name} has {m.layers} layers; the run asks for {n_layers}")
+        if m.layers < num_chunks:
+            raise ValueError(f"model {m.name} has {m.layers} layers, too few for {num_chunks} chunks (pp*vpp)")
+        if cfg.seq_len > m.max_seq:
+            raise ValueError(f"--seq-len {cfg.seq_len} exceeds model {m.name}'s {m.max_seq} positions")
+        from types import SimpleNamespace
+        return SimpleNamespace(layers=m.layers, vocab=m.vocab, seq=m.max_seq, name=m.name)
     return LlamaConfig(n_layers=n_layers, dim=cfg.dim, max_seq_len=cfg.seq_len)
 
 
 def _batch(mcfg, cfg: RunConfig, sched: Schedule, step: int, replica: int):
-    from ..models.llama import synthetic_batch
     M = sched.microbatches
-    x, y = synthetic_batch(mcfg, M * cfg.microbatch_size, cfg.seq_len, seed=cfg.seed * 1_000_003 + step * 1009 + replica)
+    seed = cfg.seed * 1_000_003 + step * 1009 + replica
+    if cfg.data is not None:
+        from .data import TokenFile
+        xn, yn = TokenFile(cfg.data, cfg.data_dtype).batch(M * cfg.microbatch_size, cfg.seq_len, seed)
+        x, y = torch.from_numpy(xn), torch.from_numpy(yn)
+    else:
+        from ..models.llama import synthetic_batch
+        x, y = synthetic_batch(mcfg, M * cfg.microbatch_size, cfg.seq_len, seed=seed)
     return list(x.chunk(M)), list(y.chunk(M))
 
 
@@ -231,7 +256,14 @@ def worker(cfg: RunConfig) -> dict:
     mcfg = model_config(cfg, sched.num_chunks)
     split = _split(cfg, mcfg, sched.num_chunks)
     mine = sched.chunks_of(pp_rank)
-    mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
+    tied = None
+    if cfg.model is not None:
+        from .tied import TiedGrads
+        mods, ties = cfg.model.chunks(split, mine, cfg.seed, device)
+        grid = _MESHES[(dp, pp)].mesh.tolist()
+        tied = TiedGrads(ties, sched.device_of, grid, dict(zip(mine, mods)), pp_rank=pp_rank, dp_rank=dp_rank)
+    else:
+        mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
     run_id = [uuid.uuid4().hex[:12] if rank == 0 else None]
     if cfg.log_dir:  # every rank has the same cfg, so all of them take part
@@ -257,6 +289,7 @@ def worker(cfg: RunConfig) -> dict:
     opt = torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
     losses, times, waits = [], [], []
     verify = None
+    tied_diff = 0.0
     try:
         for step in range(cfg.steps):
             x, y = _batch(mcfg, cfg, sched, step, dp_rank)
@@ -265,11 +298,15 @@ def worker(cfg: RunConfig) -> dict:
             times.append(time.perf_counter() - t0)
             waits.append(ex.last_stats.wait_s)
             losses.append(loss)
+            if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
+                tied.reduce(lambda p: ex.master.get(p, p).grad)
             if cfg.verify and step == 0:
                 verify = _verify(ex, cfg, mcfg, sched, loss, build_reference)
             opt.step()
             opt.zero_grad(set_to_none=True)
             ex.sync_params()
+            if tied:
+                tied_diff = max(tied_diff, tied.max_weight_diff())
     finally:
         if log is not None:
             log.close(cfg.steps - 1)
@@ -283,21 +320,54 @@ def worker(cfg: RunConfig) -> dict:
            "dtype": cfg.dtype, "world_size": dist.get_world_size()}
     if verify is not None:
         out.update(verify)
+    if cfg.model is not None:
+        out["model"] = cfg.model.name
+    if tied is not None:
+        d = torch.tensor([tied_diff], dtype=torch.float64)
+        dist.all_reduce(d, op=dist.ReduceOp.MAX)
+        out["tied_across_stages"] = len(tied.cross)
+        out["tied_weight_diff"] = d.item()
+    out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
     return out if rank == 0 else None
+
+
+def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, dp_rank: int) -> dict | None:
+    """Per chunk with W jobs: the share of its weight-gradient FLOPs the split backward defers to W
+    (:func:`.splitgrad.deferred_share`, measured on one microbatch); None when the schedule has no W."""
+    from .splitgrad import deferred_share
+    mine = {}
+    if dp_rank == 0:
+        g = torch.Generator().manual_seed(cfg.seed)
+        for k in sorted(ex._splitgrad):
+            if k == 0:
+                x = _batch(mcfg, cfg, sched, 0, 0)[0][0].to(ex.device)
+            else:
+                shape, dtype = ex._in_meta[k]
+                x = torch.randn(shape, generator=g).to(device=ex.device, dtype=dtype)
+            mine[k] = deferred_share(ex.modules[k], x)["share"]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    shares = {k: v for d in every for k, v in d.items()}
+    return {str(k): shares[k] for k in sorted(shares)} or None
 
 
 def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: float, build_reference) -> dict:
     """Each rank runs the (tiny) reference itself and compares its own chunks; MAX over ranks."""
     from ..models.llama import loss_fn
-    ref = build_reference(mcfg, cfg.seed)
     xs, ys = [], []
     for r in range(cfg.dp):
         x, y = _batch(mcfg, cfg, sched, 0, r)
         xs += x
         ys += y
-    ref_loss, ref_grads = reference_step(ref, loss_fn, xs, ys)
+    if cfg.model is not None:  # the unsplit model; a chunk's name of a tied weight -> the reference's
+        ref_loss, ref_grads = cfg.model.reference_step(cfg.seed, loss_fn, xs, ys)
+        canon = cfg.model.canonical
+    else:
+        ref_loss, ref_grads = reference_step(build_reference(mcfg, cfg.seed), loss_fn, xs, ys)
+        canon = str
     gd, missing = 0.0, 0
     for name, p in ex.named_parameters():
+        name = canon(name)
         if p.grad is None or name not in ref_grads:
             missing += 1
             continue
@@ -318,7 +388,10 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
         raise ValueError(f"unknown example {example!r}; available: {', '.join(EXAMPLES)}")
     cfg = prepare(cfg)  # fail fast on a bad schedule before starting processes
     sched = cfg.schedule
-    model_config(cfg, sched.num_chunks)
+    mcfg = model_config(cfg, sched.num_chunks)
+    if cfg.data is not None:  # a short file or ids beyond the vocabulary: one line, before any process starts
+        from .data import TokenFile
+        TokenFile(cfg.data, cfg.data_dtype).check(mcfg.vocab, cfg.seq_len)
     world = sched.pp * cfg.dp
     if cfg.inject_delay and not 0 <= cfg.inject_delay[0] < world:
         raise ValueError(f"--inject-delay rank {cfg.inject_delay[0]} out of range: world size is {world}")

@@ -1,4 +1,4 @@
-"""Split backward: defer the weight gradients of a module's linears from B to W (needs torch).
+"""Split backward: defer the weight gradients of a module's GEMMs from B to W (needs torch).
 
 The ONE mechanism behind a schedule's B/W split, used by the executor
 (:mod:`pipeloom.runtime.executor`) and by the memory tracer's schedule replay
@@ -18,6 +18,12 @@ module (never on the class ``nn.Linear``) and removes them on :meth:`SplitGrad.c
 end of a ``with`` block). The hooks stash only while a :meth:`SplitGrad.deferring` block is open,
 so a module under a :class:`SplitGrad` runs its ordinary forward everywhere else.
 
+GPT-2's ``Conv1D`` (transformers' ``y = x W + b`` with ``W`` stored (in, out); recognised by its
+class name and ``nx``/``nf`` attributes, so nothing here imports transformers) is deferred the same way:
+W adds ``x^T dy``. Other weights (fused expert tensors used through slices, convolutions, norms,
+embeddings) get their gradients in B; :func:`deferred_share` measures, per chunk, which share of the
+weight-gradient FLOPs W really takes over.
+
 A linear whose parameter is also owned by a non-linear sub-module (a head tied to the embedding)
 is not deferred: that parameter must get its whole gradient in B.
 """
@@ -33,11 +39,21 @@ Stash = list
 """What one deferred forward leaves for W: a list of entries ``[linear, x, dy]`` (dy None until B)."""
 
 
-def deferrable_linears(module: nn.Module) -> list[nn.Linear]:
-    """The :class:`nn.Linear` sub-modules whose parameters no other (non-Linear) sub-module also owns."""
-    other = {id(p) for sub in module.modules() if not isinstance(sub, nn.Linear)
-             for p in sub.parameters(recurse=False)}
-    return [sub for sub in module.modules() if isinstance(sub, nn.Linear)
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2): ``y = addmm(b, x, W)`` with ``W`` of shape (nx, nf)."""
+    w = getattr(module, "weight", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(w, torch.Tensor)
+            and tuple(w.shape) == (getattr(module, "nx", None), getattr(module, "nf", None)))
+
+
+def _gemm(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or is_conv1d(module)
+
+
+def deferrable_linears(module: nn.Module) -> list[nn.Module]:
+    """The :class:`nn.Linear` (and ``Conv1D``) sub-modules whose parameters no other sub-module also owns."""
+    other = {id(p) for sub in module.modules() if not _gemm(sub) for p in sub.parameters(recurse=False)}
+    return [sub for sub in module.modules() if _gemm(sub)
             and not any(id(p) in other for p in sub.parameters(recurse=False))]
 
 
@@ -119,10 +135,64 @@ def weight_grads(stash: Stash, grad_of: Callable[[nn.Parameter], torch.Tensor | 
         acc = (w if w is not None else b).dtype
         dy2 = dy.reshape(-1, dy.shape[-1]).to(acc)
         if w is not None:
-            w.addmm_(dy2.t(), x.reshape(-1, x.shape[-1]).to(acc))
+            x2 = x.reshape(-1, x.shape[-1]).to(acc)
+            if isinstance(mod, nn.Linear):
+                w.addmm_(dy2.t(), x2)   # W (out, in)
+            else:
+                w.addmm_(x2.t(), dy2)   # Conv1D: W (in, out)
         if b is not None:
             b.add_(dy2.sum(0))
     stash.clear()
 
 
-__all__ = ["SplitGrad", "Stash", "deferrable_linears", "weight_grads"]
+def _grouped_mm_flops(a_shape, b_shape, *args, **kwargs) -> int:
+    """``aten._grouped_mm`` (fused MoE experts), which torch's counter has no formula for: 2 * M * K * N
+    summed over the groups; a group splits M (2-D a, 3-D b), N (3-D a, 2-D b) or K (both 2-D)."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    if len(a_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+    if len(b_shape) == 2:
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[-1]
+
+
+def _backward_flops(module: nn.Module, x: torch.Tensor, wrt: list) -> int:
+    """FLOPs torch's counter sees in the backward of ``sum(module(x))`` asked for the grads of ``wrt`` only."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    wrt = [t for t in wrt if t.requires_grad]
+    if not wrt:
+        return 0
+    y = module(x)
+    extra = {torch.ops.aten._grouped_mm: _grouped_mm_flops} if hasattr(torch.ops.aten, "_grouped_mm") else {}
+    with FlopCounterMode(display=False, custom_mapping=extra) as fc:
+        torch.autograd.grad(y.float().sum(), wrt, allow_unused=True)
+    return int(fc.get_total_flops())
+
+
+def deferred_share(module: nn.Module, x: torch.Tensor) -> dict:
+    """How much of ``module``'s weight-gradient work a B/W split moves to W, measured on input ``x``.
+
+    Three backwards of one forward each, counted by ``torch.utils.flop_counter.FlopCounterMode``
+    (matrix products): all grads (as BW), the activation grads alone (the input and the parameters
+    whose grads are no matrix product: embeddings and 1-D ones, which make the backward run down to
+    the first layer also in a chunk whose input is token ids), and what B asks for (the input and the
+    parameters :class:`SplitGrad` does not defer). Weight-gradient FLOPs = all - activation-only;
+    deferred = all - B. Returns ``{"wgrad_flops", "deferred_flops", "share"}`` (share None when the
+    module has no weight-gradient FLOPs); the hooks of a temporary :class:`SplitGrad` are removed."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    xin = x.detach().requires_grad_(x.is_floating_point())
+    inp = [xin] if xin.requires_grad else []
+    with SplitGrad(module) as sg:
+        kept = sg.kept(params)
+    emb = {id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+    cheap = [p for p in params if p.ndim < 2 or id(p) in emb]
+    full = _backward_flops(module, xin, inp + params)
+    dx_only = _backward_flops(module, xin, inp + cheap)
+    b_only = _backward_flops(module, xin, inp + kept)
+    wgrad, deferred = max(full - dx_only, 0), max(full - b_only, 0)
+    return {"wgrad_flops": wgrad, "deferred_flops": deferred, "share": deferred / wgrad if wgrad else None}
+
+
+__all__ = ["SplitGrad", "Stash", "deferrable_linears", "deferred_share", "is_conv1d", "weight_grads"]

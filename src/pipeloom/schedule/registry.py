@@ -163,7 +163,7 @@ class BuilderInfo:
 
 BUILDERS: dict[str, BuilderInfo] = {}
 #: the family modules; importing one registers its builders
-FAMILIES = ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal")
+FAMILIES = ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal", "zb_looped")
 
 
 def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False,

@@ -5,4 +5,9 @@
     check   measured vs planned bubbles, late jobs, straggler attribution, a verdict
     synth   synthetic logs of a schedule with injected trouble (tests, demos)
     sweep   how small a slowdown the check finds (``python -m pipeloom.trace.sweep``)
+    optrace         op traces of any trainer (Parquet/CSV, dp x tp x pp): columns, sizes, malformed rows
+    whatif          dependency model of an op trace, vectorised what-if replay, S / S_t / S_w / M_W / M_S
+    verdicts        actionable verdicts from a what-if analysis (straggler, imbalanced stage, ...)
+    opcheck         the whole op-trace check (analysis, verdicts, pictures, JSON) behind ``pipeloom check``
+    optrace_synth   synthetic op traces with one planted cause (``python -m pipeloom.trace.optrace_synth``)
 """

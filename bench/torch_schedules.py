@@ -1,0 +1,200 @@
+"""torch's multi-stage schedule classes against pipeloom's best schedule at torch's peak memory, same placement.
+
+For every torch class (Interleaved1F1B, InterleavedZeroBubble, LoopedBFS: looped placement; ZBVZeroBubble,
+DualPipeV: V placement), pp 2/4/8, m = pp, 2pp, 3pp, 4pp, vpp 2 and three cost sets, the order the class
+generates (``pipeloom.integrations.torch.torch_builtin``, no processes) is timed by pipeloom's simulator,
+with the memory model of torch's runtime (``runtime_mem_model("torch")``: B frees nothing, W frees the
+chunk's activation). Its per-device peak P (the largest over devices) is then the memory limit for pipeloom:
+every pipeloom builder of the same placement is planned at limit P under the same memory model (the
+memory-aware ones honour it, the others count only where their own peak fits), every result is validated
+under P, and the shortest is pipeloom's best.
+
+    python bench/torch_schedules.py [--out docs/bench/torch_schedules.md] [--pp 2 4 8] [--json FILE]
+
+Cost sets (per chunk pass): ``equal`` F=B=W=1, comm 0; ``uneven`` F=1, B=1.5, W=0.7, comm 0.2;
+``heavy-last`` F=B=W=1 and comm 0.1, the last chunk (loss and head) twice as long in F, B and W.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+from pipeloom.core.costs import Costs, runtime_mem_model
+from pipeloom.core.errors import ScheduleError
+from pipeloom.integrations.torch import torch_builtin
+from pipeloom.schedule.planning import make_spec, plan
+from pipeloom.schedule.search.bounds import lower_bound
+from pipeloom.schedule.validate import validate
+from pipeloom.sim.simulate import simulate
+
+LOOPED = ("Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS")
+V = ("ZBVZeroBubble", "DualPipeV")
+#: pipeloom's builders per placement (all of those the registry has for it at vpp 2)
+OURS = {"looped": ("zbvpp", "interleaved"), "v": ("zbv", "vhalf", "vmin", "dualpipev")}
+VPP = 2
+
+
+def cost_sets(nc: int) -> dict[str, Costs]:
+    heavy = tuple([1.0] * (nc - 1) + [2.0])
+    return {"equal": Costs(F=1, B=1, W=1, comm=0),
+            "uneven": Costs(F=1, B=1.5, W=0.7, comm=0.2),
+            "heavy-last": Costs(F=heavy, B=heavy, W=heavy, comm=0.1)}
+
+
+def ours_at(names, pp: int, m: int, costs: Costs, mem, limit: float, cache: dict):
+    """(best name, makespan, peak, planning seconds of each) of pipeloom's builders at ``limit``."""
+    best, secs = None, {}
+    for name in names:
+        key = (name, pp, m, id(costs), limit)
+        if key not in cache:
+            t0 = time.perf_counter()
+            try:
+                s = plan(name, make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit))
+                if validate(s, mem=mem, mem_limit=limit):
+                    raise ScheduleError("over the limit")
+                r = simulate(s, costs, mem)
+                cache[key] = (r.makespan, max(r.peak_memory), time.perf_counter() - t0, s.meta.get("lower_bound"))
+            except (ScheduleError, ValueError):
+                cache[key] = None  # (a builder without a memory limit whose own peak is above P)
+        res = cache[key]
+        if res is None:
+            continue
+        secs[name] = res[2]
+        if best is None or res[0] < best[1] - 1e-9:
+            best = (name, res[0], res[1], res[3])
+    return best, secs
+
+
+def rows(pps, progress=True) -> list[dict]:
+    mem = runtime_mem_model("torch")
+    out, cache = [], {}
+    for pp in pps:
+        sets = cost_sets(pp * VPP)
+        for cname, costs in sets.items():
+            for m in (pp, 2 * pp, 3 * pp, 4 * pp):
+                for cls in LOOPED + V:
+                    placement = "looped" if cls in LOOPED else "v"
+                    row = {"torch": cls, "placement": placement, "pp": pp, "m": m, "costs": cname}
+                    try:
+                        ts = torch_builtin(cls, pp, m, VPP)
+                    except ScheduleError as e:
+                        row["error"] = str(e)
+                        out.append(row)
+                        continue
+                    tr = simulate(ts, costs, mem)
+                    limit = max(tr.peak_memory)
+                    best, secs = ours_at(OURS[placement], pp, m, costs, mem, limit, cache)
+                    row.update(torch_makespan=tr.makespan, torch_peak=limit)
+                    if best is None:
+                        row["ours"] = None
+                    else:
+                        row.update(ours=best[0], ours_makespan=best[1], ours_peak=best[2],
+                                   plan_s=max(secs.values()))
+                        if best[3] is None:  # (a builder that reports none): pipeloom's analytic bound
+                            spec = make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit)
+                            row["bound"] = lower_bound(spec, ts.placement).value if 3 * m * pp * VPP <= 5000 else None
+                        else:
+                            row["bound"] = best[3]
+                    out.append(row)
+                    if progress:
+                        print(f"\r{len(out)} rows (pp {pp}, {cname}, m {m})", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return out
+
+
+def verdict(r: dict) -> str:
+    if r.get("ours") is None:
+        return "no fit"
+    if r["ours_makespan"] < r["torch_makespan"] - 1e-9:
+        return "better"
+    if r["ours_makespan"] > r["torch_makespan"] + 1e-9:
+        return "worse"
+    if r.get("bound") is not None and r["ours_makespan"] <= r["bound"] + 1e-6:
+        return "equal (optimal)"
+    return "equal (open)"
+
+
+def markdown(rs: list[dict], argv: list[str]) -> str:
+    lines = ["# torch's multi-stage schedules vs pipeloom at torch's peak memory", "",
+             "Command (CPU, Python 3.11; the machine was shared with other jobs, so the planning times are "
+             "inflated):", "", "```", "python bench/torch_schedules.py " + " ".join(argv), "```", "",
+             "Each torch class's own order (built by `torch_builtin`, torch 2.13) is timed by pipeloom's "
+             "simulator with torch's runtime memory model (`--runtime torch`: B frees nothing, W frees the "
+             "activation). Its peak P (largest over devices, in units of one full-stage microbatch activation) "
+             "is the limit for pipeloom's builders of the same placement (looped: `zbvpp`, `interleaved`; "
+             "V: `zbv`, `vhalf`, `vmin`, `dualpipev`), planned with the same costs and memory model; every "
+             "result is validated under P and the shortest counts. vpp 2. Cost sets: `equal` F=B=W=1, comm 0; "
+             "`uneven` F=1, B=1.5, W=0.7, comm 0.2; `heavy-last` F=B=W=1, comm 0.1, the last chunk twice as "
+             "long.", ""]
+    agg = defaultdict(lambda: defaultdict(int))
+    gain = defaultdict(float)
+    for r in rs:
+        if "error" in r:
+            agg[(r["torch"], r["costs"])]["n/a"] += 1
+            continue
+        v = verdict(r)
+        agg[(r["torch"], r["costs"])][v] += 1
+        if v != "no fit":
+            k = (r["torch"], r["costs"])
+            gain[k] = max(gain[k], 1 - r["ours_makespan"] / r["torch_makespan"])
+    lines += ["## Summary", "", "\"equal (optimal)\": the makespan meets a proven lower bound at P (no schedule of "
+              "that placement can be shorter under P: `meta['lower_bound']` of the builder, else "
+              "`pipeloom.schedule.search.bounds.lower_bound`, shapes of at most 5 000 jobs); \"equal (open)\": a shorter "
+              "one might exist.", "",
+              "| torch class | costs | shapes | better | equal (optimal) | equal (open) | worse | no fit | "
+              "torch cannot plan | largest gain |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for cls in LOOPED + V:
+        for cname in ("equal", "uneven", "heavy-last"):
+            a = agg.get((cls, cname))
+            if not a:
+                continue
+            n = sum(a.values())
+            lines.append(f"| {cls} | {cname} | {n} | {a['better']} | {a['equal (optimal)']} | {a['equal (open)']} | "
+                         f"{a['worse']} | {a['no fit']} | "
+                         f"{a['n/a']} | {100 * gain.get((cls, cname), 0):.1f}% |")
+    lines += ["", "## Every shape", "",
+              "| torch class | pp | m | costs | torch makespan | torch peak P | pipeloom best (at <= P) | makespan "
+              "| peak | ours/torch | bound | plan s |", "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        if "error" in r:
+            lines.append(f"| {r['torch']} | {r['pp']} | {r['m']} | {r['costs']} | torch cannot plan this shape | "
+                         f"| | | | | | |")
+            continue
+        if r.get("ours") is None:
+            lines.append(f"| {r['torch']} | {r['pp']} | {r['m']} | {r['costs']} | {r['torch_makespan']:.4g} | "
+                         f"{r['torch_peak']:g} | none fits | | | | | |")
+            continue
+        lines.append(f"| {r['torch']} | {r['pp']} | {r['m']} | {r['costs']} | {r['torch_makespan']:.4g} | "
+                     f"{r['torch_peak']:g} | {r['ours']} | {r['ours_makespan']:.4g} | {r['ours_peak']:g} | "
+                     f"{r['ours_makespan'] / r['torch_makespan']:.3f} | "
+                     f"{'' if r.get('bound') is None else format(r['bound'], '.4g')} | {r['plan_s']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pp", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--out", help="write the markdown page here (else print it)")
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    rs = rows(args.pp)
+    shown = [a for a in (argv if argv is not None else sys.argv[1:])]
+    md = markdown(rs, shown)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(md)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(md)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rs, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

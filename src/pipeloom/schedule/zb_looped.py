@@ -1,0 +1,368 @@
+"""Zero-bubble schedules for looped (interleaved) placement under a memory limit: ``zbvpp`` (no torch).
+
+Looped placement: device d holds chunks d, d+pp, d+2pp, ... (the placement of Megatron's
+interleaved 1F1B, of torch's ``ScheduleInterleavedZeroBubble`` and of ZB-VPP in Qi et al., *Zero
+Bubble Pipeline Parallelism*, ICLR 2024). The backward is split into B (input grad) and W (weight
+grad); W fills the bubbles. Any vpp >= 2, any m, any memory limit at or above the floor
+``max_d sum_{c on d} a(c)`` (one microbatch's activations on all local chunks of a device).
+
+A portfolio of candidates, each a valid schedule under the limit, the shortest kept:
+
+1. the greedy list scheduler of :mod:`pipeloom.schedule.search.greedy` over its policy grid
+   (it takes any placement; its ``reserve`` policy cannot deadlock at any feasible limit);
+2. *template passes* (:func:`template_pass`): the interleaved 1F1B order of forwards and input-grad
+   backwards (microbatch groups of pp, local chunks in turn, a warm-up of
+   ``(vpp-1)*g + k*(pp-1-d) + e`` forwards on device d) is kept as a fixed F/B order, and the Ws are
+   placed by an event-driven pass: a W runs when the next F/B is not ready and the W fits in the wait,
+   when the next forward would exceed the memory limit, or when more than ``lag`` Ws are pending
+   (``lag`` 0 = W right after its B, as in ZB-H1). Warm-up lengths that do not fit the limit are
+   shortened by the pass itself (a forward over the limit waits for the Ws, or the pass fails and
+   the candidate is dropped). ``k = 1, e = 1, lag = device index`` is the construction of torch's
+   ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up;
+3. the best of those, improved by the adjacent-swap and insertion local searches of
+   :mod:`.search.greedy` (re-timed, memory-checked) and, for shapes of at most
+   ``DEFAULT_POLISH_MAX_JOBS`` jobs, by the CP-SAT polish of :mod:`.search.polish` (deterministic time; option ``polish``, which
+   up to ``LNS_MAX_JOBS`` jobs runs the tail-window search).
+
+Every candidate is checked for the memory limit and timed with the simulator's rules; the result is
+deterministic. For shapes of at most ``BOUND_MAX_JOBS`` jobs ``meta['lower_bound']`` holds the proven
+makespan lower bound of :func:`pipeloom.schedule.search.bounds.lower_bound` under the limit.
+
+Default limit (``mem_limit`` None): ``1p`` (pp units, 1F1B's peak), raised to the floor where that
+is higher (never, with the default memory model).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..core.errors import ScheduleError
+from ..core.ir import Job, Kind, Placement, make_schedule
+from .classic import microbatch_groups
+from .registry import Option, PlanSpec, int_option, register
+from .search import greedy as _greedy
+
+_KF, _KB, _KW = Kind.F, Kind.B, Kind.W
+_EPS = 1e-9
+INF = float("inf")
+
+#: default greedy work budget (job placements over all greedy policies)
+DEFAULT_BUDGET = 60_000
+#: default work budget of the template passes (job placements over all of them)
+DEFAULT_TEMPLATE_BUDGET = 30_000
+#: job re-timings of the adjacent-swap local search on the best candidate
+DEFAULT_LS_BUDGET = 100_000
+#: job re-timings of the insertion local search (shapes up to INSERT_MAX_JOBS jobs)
+DEFAULT_INSERT_BUDGET = 100_000
+INSERT_MAX_JOBS = 400
+#: shapes (jobs) that get the lower bound in ``meta['lower_bound']``
+BOUND_MAX_JOBS = 5_000
+#: shapes (jobs) that get the CP-SAT polish by default (DEFAULT_POLISH deterministic seconds: 0.1-0.3 s of
+#: CPU on pp 4, m 4), the largest ones where ``polish`` runs the full model, and above that, up to
+#: LNS_MAX_JOBS, the tail-window search (only when asked for)
+DEFAULT_POLISH_MAX_JOBS = 100
+DEFAULT_POLISH = 0.05
+POLISH_MAX_JOBS = 200
+LNS_MAX_JOBS = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """One template pass: warm-up ``(vpp-1)*g + k*(pp-1-d) + e`` forwards, Ws per ``lag`` and ``fill``."""
+
+    k: int = 1
+    e: int = 1
+    lag: str | int = "dev"
+    """pending Ws allowed before one is forced: an int, 'dev' (the device index, as torch does) or 'none'"""
+    fill: str = "fit"
+    """'fit': a W fills a wait only if it ends before the next F/B is ready; 'always': any wait"""
+
+
+def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int) -> list[Job]:
+    """Device ``d``'s interleaved 1F1B order of F and B (no W) with ``warmup`` forwards first."""
+    groups = microbatch_groups(m, pp) if m >= pp else [list(range(m))]
+    chunks = [d + v * pp for v in range(vpp)]
+    fwd = [Job(_KF, mb, chunks[v]) for g in groups for v in range(vpp) for mb in g]
+    bwd = [Job(_KB, mb, chunks[v]) for g in groups for v in reversed(range(vpp)) for mb in g]
+    w = max(0, min(warmup, len(fwd)))
+    seq = fwd[:w]
+    for i in range(len(fwd) - w):
+        seq += [fwd[w + i], bwd[i]]
+    return seq + bwd[len(fwd) - w:]
+
+
+def warmups(prob, tpl: Template) -> list[int]:
+    """Warm-up forwards per device of template ``tpl`` (first group size g, see :class:`Template`)."""
+    g = min(prob.m, prob.pp)
+    return [(prob.vpp - 1) * g + tpl.k * (prob.pp - 1 - d) + tpl.e for d in range(prob.pp)]
+
+
+def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassResult | None:
+    """Keep each device's F/B ``orders`` and place the Ws (see the module docstring); None if it deadlocks.
+
+    Event-driven: the device with the earliest clock that can act decides, so a dependency it does not
+    see yet ends after its clock. Start times follow the simulator's rules (start = max(device free,
+    inputs ready + comm on cross-device edges)), and ``order`` (commit ranks) is a topological witness.
+    """
+    pp, m, nc = prob.pp, prob.m, prob.nc
+    dF, dB, dW = prob.dF, prob.dB, prob.dW
+    fcomm, bcomm, a, bfree = prob.fcomm, prob.bcomm, prob.a, prob.b
+    limit = prob.limit + _EPS
+    last = nc - 1
+    fe = [[-1.0] * m for _ in range(nc)]
+    be = [[-1.0] * m for _ in range(nc)]
+    t = [0.0] * pp
+    mem = [0.0] * pp
+    peak = [0.0] * pp
+    ptr = [0] * pp
+    pend: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    phead = [0] * pp
+    seqs: list[list[Job]] = [[] for _ in range(pp)]
+    order: list[list[int]] = [[] for _ in range(pp)]
+    starts = [0.0] * pp
+    lags = [_lag(tpl.lag, d) for d in range(pp)]
+    always = tpl.fill == "always"
+    total = 3 * m * nc
+    ncommit = 0
+
+    def ready(job) -> float:
+        k, mb, c = job
+        if k is _KF:
+            if c == 0:
+                return 0.0
+            e = fe[c - 1][mb]
+            return INF if e < 0 else e + fcomm[c]
+        r = fe[c][mb]
+        if r < 0:
+            return INF
+        if c != last:
+            e = be[c + 1][mb]
+            if e < 0:
+                return INF
+            r = max(r, e + bcomm[c])
+        return r
+
+    def decide(d: int):
+        """(time, 'w' or 'j') of device d's next step, or None while it can decide nothing."""
+        npend = len(pend[d]) - phead[d]
+        seq = orders[d]
+        T = t[d]
+        if ptr[d] >= len(seq):
+            return (T, "w") if npend else None
+        job = seq[ptr[d]]
+        if job[0] is _KF and mem[d] + a[job[2]] > limit:
+            if npend:
+                return (T, "w")
+            # nothing to free memory with: bring the next B whose F has run forward (a warm-up
+            # the limit cuts short), else the device is stuck
+            j = _next_b(seq, ptr[d], fe)
+            if j < 0:
+                return None
+            seq.insert(ptr[d], seq.pop(j))
+            job = seq[ptr[d]]
+        r = ready(job)
+        if npend and npend > lags[d]:
+            return (T, "w")
+        if r <= T:
+            return (T, "j")
+        if npend and (always or r == INF or r - T >= dW[pend[d][phead[d]][1]] - _EPS):
+            return (T, "w")
+        return (r, "j") if r < INF else None
+
+    acts = [decide(d) for d in range(pp)]
+    keys = [INF if x is None else x[0] for x in acts]
+    dev = prob.dev
+    while ncommit < total:
+        best_T = min(keys)
+        if best_T == INF:
+            return None  # deadlock
+        d = keys.index(best_T)
+        T, kind = acts[d]
+        if kind == "w":
+            mb, c = pend[d][phead[d]]
+            phead[d] += 1
+            e = T + dW[c]
+            mem[d] -= a[c] - bfree[c]
+            job = Job(_KW, mb, c)
+        else:
+            job = orders[d][ptr[d]]
+            ptr[d] += 1
+            k, mb, c = job
+            if k is _KF:
+                e = T + dF[c]
+                fe[c][mb] = e
+                mem[d] += a[c]
+                if mem[d] > peak[d]:
+                    peak[d] = mem[d]
+            else:
+                e = T + dB[c]
+                be[c][mb] = e
+                mem[d] -= bfree[c]
+                pend[d].append((mb, c))
+        if not seqs[d]:
+            starts[d] = T
+        seqs[d].append(job)
+        order[d].append(ncommit)
+        ncommit += 1
+        t[d] = e
+        # who may decide differently now: d itself and the devices of the chunks this job feeds
+        for x in {d, dev[c + 1] if c < last else d, dev[c - 1] if c else d}:
+            acts[x] = decide(x)
+            keys[x] = INF if acts[x] is None else acts[x][0]
+    return _greedy.PassResult(seqs, max(t), peak, tpl, list(t), starts=starts, order=order)
+
+
+def _lag(lag, d: int) -> float:
+    """Pending Ws device ``d`` may hold before one is forced (see :attr:`Template.lag`)."""
+    if lag == "none":
+        return INF
+    if lag == "dev":
+        return d
+    return int(lag)
+
+
+def _next_b(seq: list[Job], i: int, fe) -> int:
+    """Index of the first B at or after ``i`` in ``seq`` whose forward has run, or -1."""
+    for j in range(i, len(seq)):
+        k, mb, c = seq[j]
+        if k is _KB:
+            return j if fe[c][mb] >= 0 else -1
+    return -1
+
+
+#: the template passes that won most often over 576 shapes (pp 2-8, vpp 2-3, m pp..4pp, four cost sets,
+#: both memory models, limits 0.5p-1.5p), in that order; torch's construction first
+_LEAD_TEMPLATES = (
+    Template(1, 1, "dev", "fit"), Template(1, 0, "dev", "fit"), Template(2, 0, "dev", "fit"),
+    Template(2, 0, "none", "always"), Template(2, 1, "none", "always"), Template(1, 2, "dev", "fit"),
+    Template(2, 1, "none", "fit"), Template(2, 0, "none", "fit"), Template(2, 2, "none", "fit"),
+    Template(2, 2, "none", "always"), Template(1, 2, "none", "fit"), Template(1, 1, "none", "fit"),
+)
+
+
+def template_grid() -> list[Template]:
+    """The template passes tried, most useful first (:data:`_LEAD_TEMPLATES`, then the rest of the grid)."""
+    out = list(_LEAD_TEMPLATES)
+    for k in (1, 2):
+        for e in (0, 1, 2, 3):
+            for lag in ("dev", "none", 1, 0):
+                for fill in ("fit", "always"):
+                    t = Template(k, e, lag, fill)
+                    if t not in out:
+                        out.append(t)
+    return out
+
+
+def _units(x: float, pp: int) -> str:
+    return f"{x:g} units ({x / pp:.3g}p)"
+
+
+def template_candidates(prob, budget: int) -> list[_greedy.PassResult]:
+    """The template passes of :func:`template_grid` within ``budget`` job placements (at least one
+    pass), those that finish within the limit."""
+    njobs = 3 * prob.m * prob.nc
+    out = []
+    for tpl in template_grid()[:max(1, budget // max(njobs, 1))]:
+        orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w) for d, w in enumerate(warmups(prob, tpl))]
+        r = template_pass(prob, orders, tpl)  # (orders is changed where the limit cuts a warm-up short)
+        if r is not None and max(r.peak) <= prob.limit + _EPS:
+            out.append(r)
+    return out
+
+
+def plan_looped(name: str, spec: PlanSpec):
+    """Plan a looped-placement B/W-split schedule for ``spec`` (see the module docstring)."""
+    pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
+    if vpp < 2:
+        raise ScheduleError(f"schedule {name!r} needs vpp >= 2 (looped placement, chunks d, d+pp, ... on "
+                            f"device d; for one chunk per device use zbh1 or zbh2), got vpp={vpp}")
+    try:
+        prob = _greedy.make_problem(pp, vpp, m, Placement.INTERLEAVED, spec.costs, spec.mem, None)
+    except ValueError as e:
+        raise ScheduleError(str(e)) from None
+    lo = _greedy.min_feasible_limit(prob)
+    if spec.mem_limit is None:
+        limit, how = max(float(pp), lo), "default 1p"
+    else:
+        limit, how = spec.mem_limit, "given"
+    if limit < lo - _EPS:
+        raise ScheduleError(
+            f"memory limit {_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest feasible "
+            f"limit is {_units(lo, pp)} (one microbatch's activations on all {vpp} chunks of a device at once); "
+            f"use --mem-limit {lo:g} or more")
+    prob = replace(prob, limit=limit)
+    budget = int_option(spec.options, "budget", DEFAULT_BUDGET, who=name)
+    tbudget = int_option(spec.options, "template_budget", DEFAULT_TEMPLATE_BUDGET, who=name)
+    njobs = 3 * m * pp * vpp
+    best, source = _greedy.search(prob, budget, ls_budget=DEFAULT_LS_BUDGET), "greedy"
+    tbest = None
+    for r in template_candidates(prob, tbudget):
+        if tbest is None or _greedy._better(r, tbest, prob):
+            tbest = r
+    if tbest is not None:
+        tbest = _greedy._polish(prob, tbest, DEFAULT_LS_BUDGET)
+        if best is None or _greedy._better(tbest, best, prob):
+            best, source = tbest, "template"
+    if best is None:  # cannot happen: the greedy's 'reserve' policy never deadlocks at a feasible limit
+        raise ScheduleError(f"{name}: no schedule found under the memory limit {_units(limit, pp)}")
+    seqs, witness = best.seqs, best.order
+    if njobs <= INSERT_MAX_JOBS:
+        moved = _greedy.insertion_search(prob, [list(q) for q in seqs], DEFAULT_INSERT_BUDGET // njobs)
+        r = _greedy.result_of(prob, moved, best.policy)
+        if r is not None and r.makespan < best.makespan - _EPS:
+            best, seqs, witness = r, r.seqs, None
+    meta = {"builder": name, "mem_limit": limit, "limit_from": how, "source": source,
+            "policy": _policy_text(best.policy)}
+    det = _polish_budget(spec, njobs)
+    pspec = replace(spec, mem_limit=limit)
+    if det == 0:
+        if njobs <= BOUND_MAX_JOBS:
+            from .search.bounds import lower_bound
+
+            meta["lower_bound"] = lower_bound(pspec, Placement.INTERLEAVED).value
+        return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs, witness=witness, **meta)
+    from .search import polish as _polish  # CP-SAT machinery: only for shapes small enough to polish
+
+    sched = make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs)
+    res = (_polish.polish if njobs <= POLISH_MAX_JOBS else _polish.lns)(pspec, sched, det)
+    meta["lower_bound"] = res.bound
+    meta["polished"] = res.status
+    if res.schedule is not None:
+        meta["polished_from"] = res.makespan
+        seqs, witness = res.schedule.devices, None
+    return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs, witness=witness, **meta)
+
+
+def _polish_budget(spec: PlanSpec, njobs: int) -> float:
+    """CP-SAT deterministic seconds: of the polish up to POLISH_MAX_JOBS jobs (by default DEFAULT_POLISH up
+    to DEFAULT_POLISH_MAX_JOBS, else 0), of the tail-window search up to LNS_MAX_JOBS (only when asked for)."""
+    if "polish" not in spec.options:
+        return DEFAULT_POLISH if njobs <= DEFAULT_POLISH_MAX_JOBS else 0.0
+    x = float(spec.options["polish"])
+    if x > 0 and njobs > LNS_MAX_JOBS:
+        raise ScheduleError(f"zbvpp: option polish: the shape has {njobs} jobs; the polish runs on at most "
+                            f"{LNS_MAX_JOBS} (e.g. pp 4, m 16, vpp 2); use polish=0 or a smaller shape")
+    return x
+
+
+def _policy_text(pol) -> str:
+    return repr(pol)
+
+
+#: the options ``zbvpp`` reads
+OPTIONS = (
+    Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET, help="job placements for the greedy policy search"),
+    Option(name="template_budget", type="int", min=0, default=DEFAULT_TEMPLATE_BUDGET,
+           help="job placements for the template passes (at least one runs)"),
+    Option(name="polish", type="float", min=0, default=None,
+           help=f"CP-SAT deterministic seconds of polish on shapes of at most {LNS_MAX_JOBS} jobs (0 = off; "
+                f"default {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above {POLISH_MAX_JOBS} jobs a "
+                f"tail-window search)"),
+)
+
+
+@register("zbvpp", description="ZB-VPP: looped (interleaved) placement, B/W split, any vpp >= 2, under the memory "
+                               "limit (default 1p)",
+          vpp=">=2", default_vpp=2, memory_aware=True, options=OPTIONS, placement=Placement.INTERLEAVED,
+          no_limit="1p (pp units)", default_limit=lambda pp: 1.0 * pp)
+def zbvpp(spec: PlanSpec):
+    return plan_looped("zbvpp", spec)

@@ -1,0 +1,300 @@
+"""Op-level traces of Megatron-style trainers (dp x tp x pp): read a per-op table into numpy columns (no torch).
+
+The table has one row per recorded operation, the schema of Lin et al., "Understanding Stragglers in
+Large Model Training Using What-if Analysis" (OSDI 2025):
+
+    dp_rank, stage, rank, step, optype, start_ts, duration, seq_id, mc, gmc, mb_id
+
+``stage`` is the pipeline rank, ``mc`` the model chunk within the stage (VPP), ``gmc`` the global chunk
+(``mc * pp + stage`` for interleaved placement), ``mb_id`` the microbatch (valid for the compute ops),
+``seq_id`` numbers the ops of one type of one worker in one step in start order. Optypes known to the
+dependency model (:mod:`.whatif`): forward-compute, backward-compute, forward-send, forward-recv,
+backward-send, backward-recv, grads-reduce-scatter, params-all-gather, separate-grads-all-reduce,
+embedding-grads-all-reduce, layernorm-grads-all-reduce, optimizer, optimizer-clip-main-grad, gc; any other
+optype is kept as an opaque op of its worker. Often only one rank of each (dp, stage) worker is recorded.
+
+Files: Parquet (``.parquet``/``.pq``) or CSV (``.csv``, ``.csv.gz``), read with pyarrow (imported only
+here, when such a file is read). Sizes (``dp_size, pp_size, tp_size, vpp_size, world_size``) come from a
+meta file (YAML or JSON, ``--meta``; ``META.yaml`` beside the trace is not guessed) or are inferred from
+the table. Rows with a missing or non-numeric required field, a negative or non-finite duration or
+time, or a rank outside the sizes are malformed: counted, a few shown, dropped; never fatal.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+REQUIRED = ("dp_rank", "stage", "step", "optype", "start_ts", "duration")
+OPTIONAL = ("rank", "seq_id", "mc", "gmc", "mb_id")
+COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "gmc", "mb_id")
+SIZE_KEYS = ("dp_size", "pp_size", "tp_size", "vpp_size", "world_size")
+TRACE_EXTS = (".parquet", ".pq", ".csv", ".csv.gz")
+MAX_EXAMPLES = 5
+
+
+class OpTraceError(ValueError):
+    """The file cannot be read as an op trace at all (message names the file)."""
+
+
+@dataclass
+class OpTrace:
+    """The rows of an op trace as numpy columns (one entry per kept row), plus what reading found."""
+
+    path: str
+    dp: np.ndarray
+    stage: np.ndarray
+    rank: np.ndarray
+    step: np.ndarray
+    op: np.ndarray
+    """optype code: index into :attr:`optypes`"""
+    optypes: list[str]
+    start: np.ndarray
+    dur: np.ndarray
+    seq: np.ndarray
+    mc: np.ndarray
+    gmc: np.ndarray
+    mb: np.ndarray
+    """-1 where the column is absent or the value missing"""
+    sizes: dict
+    inferred: list[str] = field(default_factory=list)
+    """size keys not given by the meta file"""
+    malformed: int = 0
+    examples: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    time_unit: str = "ms"
+    rows: int = 0
+    """rows in the file (kept + malformed)"""
+
+    def __len__(self) -> int:
+        return int(self.dur.shape[0])
+
+    @property
+    def steps(self) -> list[int]:
+        return [int(s) for s in np.unique(self.step)]
+
+    def summary(self) -> dict:
+        return {"path": self.path, "rows": self.rows, "ops": len(self), "malformed_rows": self.malformed,
+                "malformed_examples": self.examples, "sizes": self.sizes, "inferred_sizes": self.inferred,
+                "steps": len(self.steps), "optypes": self.optypes, "time_unit": self.time_unit,
+                "warnings": self.warnings}
+
+
+def is_op_trace(path: str) -> bool:
+    """Whether ``path`` names an op-trace file by its extension (the check command's dispatch)."""
+    low = path.lower()
+    return os.path.isfile(path) and any(low.endswith(e) for e in TRACE_EXTS)
+
+
+def load_meta(path: str) -> dict:
+    """The sizes (and optional ``time_unit``) from a YAML or JSON meta file."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError as e:
+        raise OpTraceError(f"cannot read meta file {path}: {e.strerror}") from None
+    try:
+        if path.lower().endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
+        raise OpTraceError(f"meta file {path} is not valid {'JSON' if path.lower().endswith('.json') else 'YAML'}: "
+                           f"{str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise OpTraceError(f"meta file {path} must hold a mapping with {', '.join(SIZE_KEYS)}")
+    out = {}
+    for k in SIZE_KEYS:
+        if k in data and data[k] is not None:
+            v = data[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise OpTraceError(f"meta file {path}: {k} must be a positive integer, got {v!r}")
+            out[k] = v
+    if "time_unit" in data:
+        if data["time_unit"] not in ("s", "ms", "us", "ns"):
+            raise OpTraceError(f"meta file {path}: time_unit must be one of s, ms, us, ns, got {data['time_unit']!r}")
+        out["time_unit"] = data["time_unit"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ reading
+_NUM_RE = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+
+
+def _read_table(path: str):
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.csv as pcsv
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow is a declared extra
+        raise OpTraceError(f"reading {path} needs pyarrow (pip install 'pipeloom[arrow]')") from None
+    low = path.lower()
+    try:
+        if low.endswith((".parquet", ".pq")):
+            schema = pq.read_schema(path)
+            cols = [c for c in COLUMNS if c in schema.names]
+            return pq.read_table(path, columns=cols), []
+        # CSV: every column as text first, so one bad value makes one malformed row, not a failed read
+        import csv
+        import gzip
+
+        opener = gzip.open if low.endswith(".gz") else open
+        with opener(path, "rt", newline="") as fh:
+            names = next(csv.reader(fh), [])
+        types = {n: pa.string() for n in names}
+        skipped: list[int] = []
+
+        def skip(row) -> str:
+            skipped.append(row.number if row.number is not None else -1)
+            return "skip"
+
+        t = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+            column_types=types, include_columns=[c for c in COLUMNS if c in names], strings_can_be_null=True),
+            parse_options=pcsv.ParseOptions(invalid_row_handler=skip))
+        out = {}
+        for c in t.column_names:
+            col = t.column(c)
+            if c == "optype":
+                out[c] = col
+                continue
+            ok = pc.fill_null(pc.match_substring_regex(col, _NUM_RE), False)
+            out[c] = pc.cast(pc.utf8_trim_whitespace(pc.if_else(ok, col, pa.scalar(None, pa.string()))), pa.float64())
+        return pa.table(out), skipped
+    except OpTraceError:
+        raise
+    except Exception as e:
+        kind = "Parquet" if low.endswith((".parquet", ".pq")) else "CSV"
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OpTraceError(f"{path} is not a readable {kind} op trace: {msg}") from None
+
+
+def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
+    """Read an op trace (Parquet or CSV) and its sizes; malformed rows are counted and dropped."""
+    import pyarrow as pa
+
+    table, skipped = _read_table(path)
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise OpTraceError(f"{path} lacks the op-trace column(s) {', '.join(missing)}; an op trace has "
+                           f"{', '.join(COLUMNS)} (rank, seq_id, mc, gmc, mb_id optional)")
+    given = load_meta(meta) if isinstance(meta, str) else dict(meta or {})
+    n = table.num_rows
+
+    def num(name: str) -> np.ndarray:
+        if name not in table.column_names:
+            return np.full(n, np.nan)
+        col = table.column(name)
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+            import pyarrow.compute as pc
+
+            try:
+                col = pc.cast(col, pa.float64())
+            except Exception:
+                raise OpTraceError(f"{path}: column {name} is {col.type}, not numbers") from None
+        return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+    cols = {c: num(c) for c in COLUMNS if c != "optype"}
+    optcol = table.column("optype")
+    import pyarrow.compute as pc
+
+    if not pa.types.is_dictionary(optcol.type):
+        optcol = pc.cast(optcol, pa.string())
+        optcol = pc.dictionary_encode(optcol)
+    optcol = optcol.combine_chunks() if hasattr(optcol, "combine_chunks") else optcol
+    names = [str(x) for x in optcol.dictionary.to_pylist()]
+    codes = optcol.indices.to_numpy(zero_copy_only=False)
+    codes = np.where(np.asarray(optcol.is_null().to_numpy(zero_copy_only=False)), -1,
+                     np.nan_to_num(codes.astype(np.float64), nan=-1)).astype(np.int64)
+
+    bad = np.zeros(n, dtype=bool)
+    reasons: list[tuple[np.ndarray, str]] = []
+
+    def flag(mask: np.ndarray, why: str) -> None:
+        mask = mask & ~bad
+        if mask.any():
+            reasons.append((mask, why))
+            bad[:] |= mask
+
+    for c in ("dp_rank", "stage", "step", "start_ts", "duration"):
+        flag(~np.isfinite(cols[c]), f"{c} missing or not a number")
+    flag(codes < 0, "optype missing")
+    flag(cols["duration"] < 0, "negative duration")
+    for c in ("dp_rank", "stage", "step"):
+        v = cols[c]
+        flag(np.isfinite(v) & ((v < 0) | (v != np.floor(v))), f"{c} not a non-negative integer")
+    # sizes: from the meta, else from the table (only well-formed rows count)
+    ok = ~bad
+    sizes, inferred = {}, []
+    dp_size = given.get("dp_size") or (int(cols["dp_rank"][ok].max()) + 1 if ok.any() else 1)
+    pp_size = given.get("pp_size") or (int(cols["stage"][ok].max()) + 1 if ok.any() else 1)
+    flag(cols["dp_rank"] >= dp_size, f"dp_rank >= dp_size {dp_size}")
+    flag(cols["stage"] >= pp_size, f"stage >= pp_size {pp_size}")
+    ok = ~bad
+    for k, v in (("dp_size", dp_size), ("pp_size", pp_size)):
+        sizes[k] = v
+        if k not in given:
+            inferred.append(k)
+    if "vpp_size" in given:
+        sizes["vpp_size"] = given["vpp_size"]
+    else:
+        mc = cols["mc"][ok]
+        gmc = cols["gmc"][ok]
+        v = 1
+        if np.isfinite(mc).any():
+            v = max(v, int(np.nanmax(mc)) + 1)
+        if np.isfinite(gmc).any():
+            v = max(v, -(-(int(np.nanmax(gmc)) + 1) // pp_size))
+        sizes["vpp_size"] = v
+        inferred.append("vpp_size")
+    rk = cols["rank"][ok]
+    per_worker = 1
+    if np.isfinite(rk).any():
+        w = (cols["dp_rank"][ok] * pp_size + cols["stage"][ok])
+        fin = np.isfinite(rk)
+        wi, ri = w[fin].astype(np.int64), rk[fin].astype(np.int64)
+        pairs = np.unique(wi * (int(ri.max()) + 1) + ri) if wi.size else wi
+        per_worker = int(np.bincount(pairs // (int(ri.max()) + 1)).max()) if pairs.size else 1
+    if "tp_size" in given:
+        sizes["tp_size"] = given["tp_size"]
+    elif "world_size" in given and given["world_size"] % (dp_size * pp_size) == 0:
+        sizes["tp_size"] = given["world_size"] // (dp_size * pp_size)
+        inferred.append("tp_size")
+    else:
+        sizes["tp_size"] = per_worker
+        inferred.append("tp_size")
+    sizes["world_size"] = given.get("world_size") or dp_size * pp_size * sizes["tp_size"]
+    if "world_size" not in given:
+        inferred.append("world_size")
+    warnings = []
+    if sizes["world_size"] != dp_size * pp_size * sizes["tp_size"]:
+        warnings.append(f"world_size {sizes['world_size']} != dp_size*pp_size*tp_size = "
+                        f"{dp_size * pp_size * sizes['tp_size']} (other parallel dimensions are not modelled)")
+    examples = []
+    if skipped:
+        examples.append(f"line {skipped[0]}: wrong number of fields ({len(skipped)} row(s))")
+    for mask, why in reasons:
+        idx = np.flatnonzero(mask)
+        if len(examples) < MAX_EXAMPLES:
+            examples.append(f"row {int(idx[0]) + 1}: {why} ({len(idx)} row(s))")
+    keep = ~bad
+
+    def ints(a: np.ndarray) -> np.ndarray:
+        a = a[keep]
+        return np.where(np.isfinite(a), a, -1).astype(np.int64)
+
+    tr = OpTrace(path=path, dp=ints(cols["dp_rank"]), stage=ints(cols["stage"]), rank=ints(cols["rank"]),
+                 step=ints(cols["step"]), op=codes[keep], optypes=names, start=cols["start_ts"][keep].copy(),
+                 dur=cols["duration"][keep].copy(), seq=ints(cols["seq_id"]), mc=ints(cols["mc"]),
+                 gmc=ints(cols["gmc"]), mb=ints(cols["mb_id"]), sizes=sizes, inferred=inferred,
+                 malformed=int(bad.sum()) + len(skipped), examples=examples, warnings=warnings,
+                 time_unit=given.get("time_unit", "ms"), rows=n + len(skipped))
+    if tr.malformed:
+        tr.warnings.append(f"{path}: {tr.malformed} malformed row(s) skipped ({'; '.join(examples[:2])})")
+    if not len(tr):
+        raise OpTraceError(f"{path}: no well-formed op rows ({tr.malformed} malformed)")
+    return tr
