@@ -124,6 +124,14 @@ def test_fuzz_memory_numbers(capsys, pp, m, model, extra):
     check_outcome(["memory", "--model", model, "--pp", pp, "-m", m, *extra, "--json"], capsys, json_out=True)
 
 
+@fuzz(8)
+@given(pp=st.sampled_from([2, 3] + ABSURD), m=st.sampled_from([2, 4] + ABSURD), costs=costs_text(), lim=MEM_LIMITS,
+       vpp=st.sampled_from([[], ["--vpp", "1"], ["--vpp", "0"], ["--vpp", "5000"]]))
+def test_fuzz_compare_numbers(capsys, pp, m, costs, lim, vpp):
+    check_outcome(["compare", "--pp", pp, "-m", m, *vpp, "--costs", costs, "--mem-limit", lim, "--json"], capsys,
+                  json_out=True)
+
+
 # ---------------------------------------------------------------------- file inputs
 def _schedule_texts():
     good = ('{"format": "pipeloom-schedule/1", "name": "x", "pp": 2, "vpp": 1, "microbatches": 2, '
