@@ -143,7 +143,8 @@ def test_memory_and_recursion_errors_are_one_line(capsys, monkeypatch):
 
 # ---------------------------------------------------------------------- 3. layer-cost files
 LC_CASES = [
-    ("dup_head.csv", "name,F,B,W,mem\nl0,1,1,1,1\nl1,1,1,1,1\nhead,2,2,2,1\nhead,9,9,9,1\n", "row 5: a second row named 'head'"),
+    ("dup_head.csv", "name,F,B,W,mem\nl0,1,1,1,1\nl1,1,1,1,1\nhead,2,2,2,1\nhead,9,9,9,1\n",
+     "row 5: a second row named 'head'"),
     ("dup_layer.csv", "name,F,B,W\nl0,1,1,1\nl1,1,1,1\nl1,2,2,2\n", "row 4: a second row named 'l1'"),
     ("dup_col.csv", "name,F,F\nl0,1,1\nl1,1,1\n", "column 'f' twice"),
     ("dup_key.json", '{"layers": [{"F": 1}, {"F": 1}], "head": {"F": 1}, "head": {"F": 2}}', "'head' is given twice"),

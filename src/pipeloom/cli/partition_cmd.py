@@ -79,7 +79,8 @@ def run(args) -> int:
     cc = lc.chunk_costs(part)
     out.update(how=pplan.how, schedule=schedule, microbatches=m, cost_model=lc.source, memory_limit=spec.mem_limit,
                chunk_costs={k: cc[k] for k in ("F", "B", "W", "total")},
-               chunk_memory=list(lc.mem_model(part).per_chunk(part.num_chunks, part.vpp)[0]), device_load=_device_load(part, cc["total"]))
+               chunk_memory=list(lc.mem_model(part).per_chunk(part.num_chunks, part.vpp)[0]),
+               device_load=_device_load(part, cc["total"]))
     out["simulated"] = _simulate(schedule, pplan.apply(spec))
     if pplan.how != "uniform":
         from ..partition import uniform

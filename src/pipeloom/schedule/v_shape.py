@@ -146,7 +146,8 @@ POLISH_MAX_JOBS = 400
 
 #: the options the V-shape builders read (see the module docstring)
 V_OPTIONS = (
-    Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_BUDGET, help="job placements for the greedy policy search"),
+    Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_BUDGET,
+           help="job placements for the greedy policy search"),
     Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=0,
            help="job re-timings for the insertion local search (0 = off)"),
     Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
