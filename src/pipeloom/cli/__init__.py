@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 # the subcommands; module cli/<name>_cmd.py defines add_parser(subparsers)
@@ -18,7 +19,14 @@ class CLIError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (what is wrong and where to look) instead of usage + error."""
+    """argparse with a one-line error (what is wrong and where to look) instead of usage + error.
+
+    A token like ``-1p`` or ``-1e3`` is a value (no option starts with a digit), so that ``--mem-limit -1p``
+    reaches the option's own check ("must be > 0") instead of "expected one argument"."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._negative_number_matcher = re.compile(r"^-\d|^-\.\d")
 
     def error(self, message: str):
         self.exit(2, f"pipeloom: error: {self.prog.split(' ', 1)[-1] if ' ' in self.prog else ''}"
@@ -32,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'pipeloom COMMAND --help' for the options of each command.",
     )
     p.add_argument("--version", action="version", version="pipeloom 0.1.0")
+    p.add_argument("--debug", action="store_true",
+                   help="show the Python traceback of an unexpected error (give it before COMMAND)")
+    p.add_argument("--progress", action="store_true",
+                   help="report long work (planning, solving, balancing) on stderr even when it is not a terminal "
+                        "(on a terminal a status line shows by default); give it before COMMAND")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     p.set_defaults(_subparsers=sub)
     for name in COMMANDS:
@@ -41,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except RecursionError:  # argparse on an absurd argument list
+        print("pipeloom: error: the command line is too long or too deeply nested", file=sys.stderr)
+        return 2
     if extra:  # name the subcommand whose --help lists the options
         sub = args._subparsers.choices.get(getattr(args, "command", None) or "", parser)
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -49,20 +66,155 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        rc = args.func(args)
+        with _progress(args):
+            rc = args.func(args)
+        sys.stdout.flush()  # here, so that a reader that went away is seen now (a BrokenPipeError below)
     except KeyboardInterrupt:
         print("pipeloom: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError as e:
+        if _stdout_closed():  # `pipeloom ... | head`: the reader has what it wanted; that is success
+            _silence_stdout()
+            return 0
+        return _error(f"a pipe closed unexpectedly ({_where(e)}): {e.strerror or e}", args)
     except (CLIError, ValueError, OSError) as e:  # ScheduleError, ValidationError, format errors are ValueErrors
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 2] ..."
             msg = f"cannot write or read {e.filename}: {e.strerror}"
-        print(f"pipeloom: error: {msg}", file=sys.stderr)
-        return 2
+        return _error(msg, args)
+    except MemoryError as e:
+        return _error("out of memory: the input asks for more than this machine has (a smaller shape, fewer "
+                      "layers or a smaller file); " + _where(e), args)
+    except RecursionError as e:
+        return _error(f"the input is nested too deeply to process ({_where(e)})", args)
+    except Exception as e:  # a bug: one line and a request to report it; the traceback with --debug
+        if getattr(args, "debug", False):
+            raise
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        print(f"pipeloom: error: internal error {type(e).__name__}{': ' + text if text else ''} ({_where(e)}); "
+              f"please report it with the command line (run 'pipeloom --debug {args.command} ...' for the "
+              f"traceback)", file=sys.stderr)
+        return INTERNAL_ERROR
     return int(rc or 0)
 
+
+#: exit code of an unforeseen error (a bug in pipeloom); bad input is 2, a failed check 1, SIGINT 130
+INTERNAL_ERROR = 3
+
+
+def _progress(args):
+    """Listen to :mod:`pipeloom.core.progress` while the command runs: a rich status line when stderr is a
+    terminal, plain ``pipeloom: ...`` lines with --progress, else nothing (stdout is never touched)."""
+    import contextlib
+
+    from ..core import progress
+
+    if sys.stderr.isatty():
+        return _rich_status()
+    if getattr(args, "progress", False):
+        return progress.listening(_plain_lines())
+    return contextlib.nullcontext()
+
+
+def _plain_lines(every_s: float = 1.0):
+    """A listener printing ``pipeloom: MESSAGE`` lines to stderr: each new step at once, repeats of one step
+    (the same words before the first digit) at most once per ``every_s`` seconds."""
+    import time
+
+    last = {"key": None, "t": 0.0}
+
+    def show(msg: str) -> None:
+        key = re.split(r"\d", msg, maxsplit=1)[0]
+        now = time.monotonic()
+        if key != last["key"] or now - last["t"] >= every_s:
+            last.update(key=key, t=now)
+            print(f"pipeloom: {msg}", file=sys.stderr, flush=True)
+    return show
+
+
+@__import__("contextlib").contextmanager
+def _rich_status():
+    from rich.console import Console
+
+    from ..core import progress
+
+    status = None
+    off = False  # a command that shows its own live display (run) keeps it: rich allows one at a time
+
+    def show(msg: str) -> None:
+        nonlocal status, off
+        if off:
+            return
+        if status is None:
+            status = Console(stderr=True).status(msg)
+            try:
+                status.start()
+            except Exception:  # rich.errors.LiveError: another display is live
+                status, off = None, True
+        else:
+            status.update(msg)
+    try:
+        with progress.listening(show):
+            yield
+    finally:
+        if status is not None:
+            status.stop()
+
+
+def _error(msg: str, args) -> int:
+    if getattr(args, "debug", False):
+        import traceback
+
+        traceback.print_exc()
+    print(f"pipeloom: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _where(e: BaseException) -> str:
+    """``in module.function`` of the innermost frame of ``e``'s traceback (where it went wrong)."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "at the top level"
+    f = frames[-1]
+    return f"in {os.path.basename(f.filename)}:{f.name}"
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (EPIPE on a flush, or POLLERR on the pipe)."""
+    import os
+    import select
+    import stat
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode) and not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the flush at exit does not raise again (as Python's docs advise
+    for SIGPIPE)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,6 +7,7 @@ import math
 import sys
 
 from ..core.costs import RUNTIMES, MemModel, runtime_mem_model
+from ..core.limits import MAX_LAYERS
 from ..schedule.planning import make_spec, plan
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
@@ -26,6 +27,21 @@ def _int_at_least(lo: int):
 
 positive_int = _int_at_least(1)
 nonnegative_int = _int_at_least(0)
+
+
+def capped_int(lo: int, cap: int):
+    """argparse type: an integer in [lo, cap] (``cap`` from :mod:`pipeloom.core.limits`)."""
+    base = _int_at_least(lo)
+
+    def parse(text: str) -> int:
+        v = base(text)
+        if v > cap:
+            raise argparse.ArgumentTypeError(f"{v:,} is above the cap of {cap:,} (caps: docs/robustness.md)")
+        return v
+    return parse
+
+
+layers_int = capped_int(1, MAX_LAYERS)
 
 
 def number_type(lo: float, hi: float | None = None, *, unit: str = "a number", hi_open: bool = False):
@@ -196,7 +212,7 @@ def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) ->
         "Split L layers over pp*vpp chunks and derive per-chunk F/B/W and memory from them (see "
         "'pipeloom partition --help'). Without these options every chunk costs --costs F/B/W.")
     if layers:
-        g.add_argument("--layers", type=positive_int, default=None, metavar="L",
+        g.add_argument("--layers", type=layers_int, default=None, metavar="L",
                        help="number of transformer layers; uniform split: per-chunk counts differ by at most one, "
                             "the L %% (pp*vpp) extra layers go to the first global chunks")
     g.add_argument("--layers-per-device", default=None, metavar="N0,N1,..",
@@ -324,8 +340,36 @@ def spec_from_args(args, schedule: str | None = None) -> PlanSpec:
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=None if isinstance(obj, dict) and len(obj) < 20 else 1)
-    sys.stdout.write("\n")
+    """Print ``obj`` as one strict JSON object (RFC 8259: no NaN or Infinity). A non-finite number in a
+    result is refused with a one-line error naming where it is, never printed as invalid JSON."""
+    sys.stdout.write(json_text(obj) + "\n")
+
+
+def json_text(obj) -> str:
+    """``obj`` as strict JSON text (see :func:`print_json`)."""
+    try:
+        return json.dumps(obj, allow_nan=False, indent=None if isinstance(obj, dict) and len(obj) < 20 else 1)
+    except ValueError:
+        where = _non_finite(obj, "")
+        raise ValueError(f"the result is not finite at {where or 'a value'}; refusing to print it as JSON "
+                         f"(an input is too large or degenerate: scale the costs down or check the inputs)") from None
+
+
+def _non_finite(obj, path: str) -> str | None:
+    """The path (``makespan``, ``peak_memory[2]``) of the first non-finite float in ``obj``, or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return f"{path or 'the top'} ({obj})"
+    if isinstance(obj, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for p, v in items:
+        found = _non_finite(v, p)
+        if found:
+            return found
+    return None
 
 
 def fmt(x, digits: int = 4) -> str:

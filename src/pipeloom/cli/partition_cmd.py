@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..schedule.planning import evaluate, make_spec, plan
 from ..schedule import registry
 from .common import (add_costs_option, add_mem_limit_option, add_partition_options, add_schedule_option,
-                     add_shape_options, fmt, partition_from_args, positive_int)
+                     add_shape_options, fmt, partition_from_args, positive_int, print_json)
 
 _EPILOG = """\
 where the layers go:
@@ -69,25 +68,19 @@ def run(args) -> int:
     m = args.microbatches or 2 * args.pp
     spec = make_spec(pp=args.pp, microbatches=m, vpp=vpp, costs=args.costs, mem_limit=args.mem_limit)
     objective = "makespan" if args.balance == "auto" else args.balance
-    progress = None
-    status = None
-    if objective == "makespan" and not args.json:
-        from rich.console import Console
+    from ..core import progress as _progress
 
-        status = Console(stderr=True).status("balancing: 0 schedules simulated")
-        status.start()
-        progress = lambda n: status.update(f"balancing: {n} schedules simulated (at most {args.max_evals})")  # noqa
-    try:
-        pplan = partition_from_args(args, spec, schedule, progress=progress, objective=objective)
-    finally:
-        if status is not None:
-            status.stop()
+    progress = None  # shown by the CLI (a status line on a terminal, lines with pipeloom --progress), not on stdout
+    if objective == "makespan":
+        progress = lambda n: _progress.report(f"balancing: {n} schedules simulated (at most {args.max_evals})")  # noqa
+    pplan = partition_from_args(args, spec, schedule, progress=progress, objective=objective)
     part, lc = pplan.partition, pplan.layer_costs
     out = part.to_dict()
     cc = lc.chunk_costs(part)
     out.update(how=pplan.how, schedule=schedule, microbatches=m, cost_model=lc.source, memory_limit=spec.mem_limit,
                chunk_costs={k: cc[k] for k in ("F", "B", "W", "total")},
-               chunk_memory=list(lc.mem_model(part).a), device_load=_device_load(part, cc["total"]))
+               chunk_memory=list(lc.mem_model(part).per_chunk(part.num_chunks, part.vpp)[0]),
+               device_load=_device_load(part, cc["total"]))
     out["simulated"] = _simulate(schedule, pplan.apply(spec))
     if pplan.how != "uniform":
         from ..partition import uniform
@@ -105,7 +98,7 @@ def run(args) -> int:
                           "moves": pplan.balance.moves,
                           "dp_seg_layer_num": pplan.balance.dp.partition.seg_layer_num}
     if args.json:
-        print(json.dumps(out))
+        print_json(out)
     else:
         _print(out, part, cc)
     return 0 if out["simulated"]["valid"] else 1

@@ -7,8 +7,8 @@ import math
 import sys
 
 from .common import (add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option, add_partition_options,
-                     add_schedule_option, add_shape_options, fmt, number_type, partition_given, plan_inputs,
-                     positive_int, print_json)
+                     add_schedule_option, add_shape_options, fmt, layers_int, number_type, partition_given,
+                     plan_inputs, positive_int, print_json)
 from ..schedule import io as schedule_io
 
 # defaults of the options that a --plan file replaces (None in argparse, to tell "not given" from the default)
@@ -113,7 +113,7 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("model and data")
     g.add_argument("--microbatch-size", type=positive_int, default=2, help="sequences per microbatch (default: 2)")
     g.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
-    g.add_argument("--layers", type=positive_int, default=None,
+    g.add_argument("--layers", type=layers_int, default=None,
                    help="decoder layers (default: max(8, pp*vpp)); split evenly over the chunks unless the layer "
                         "partition options below choose the split (then they also cost the chunks)")
     g.add_argument("--dim", type=positive_int, default=None,
@@ -137,6 +137,9 @@ def add_parser(sub) -> None:
                         "default: every step)")
     g.add_argument("--inject-delay", type=_delay, metavar="RANK:SECONDS", default=None,
                    help="sleep SECONDS in every job on global rank RANK (makes a straggler)")
+    g.add_argument("--allow-oversubscribe", action="store_true",
+                   help="start the pp*dp local ranks even when this machine has too few cores or too little "
+                        "memory for them (by default refused, saying what they need)")
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
                    help="fail when a rank waits longer than this on a peer (default: 120)")
     p.add_argument("--json", action="store_true",
@@ -150,7 +153,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..runtime.driver import EXAMPLES
     from ..runtime.driver import run as run_example
-    from ..runtime.launch import RankFailure
+    from ..core.limits import check_local_ranks
+    from ..runtime.launch import RankFailure, under_torchrun
     from . import CLIError
 
     if args.example not in EXAMPLES:
@@ -158,6 +162,8 @@ def run(args) -> int:
     _check_args(args)
     cfg = run_config(args)
     args.title = cfg.model.name if cfg.model is not None else args.example
+    if not args.allow_oversubscribe and not under_torchrun():
+        check_local_ranks((cfg.plan.pp if args.plan else cfg.pp) * cfg.dp)
     try:
         if args.json or not sys.stderr.isatty():
             res = run_example(cfg, example=args.example)

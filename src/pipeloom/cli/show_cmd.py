@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..core import progress
 from ..core.costs import Costs, parse_mem_limit
 from ..core.errors import DeadlockError
 from ..sim.simulate import simulate
@@ -53,9 +54,11 @@ def run(args) -> int:
         if os.path.exists(out) and os.path.samefile(out, args.file):
             raise ValueError(f"--out {out} is the schedule file itself; give the picture or trace another name")
         check_out_path("--out", out, OUTPUT_KINDS, " (.json = Chrome/Perfetto trace)")
+    progress.report(f"reading {args.file}")
     sched = schedule_io.load(args.file)
     costs, mem = Costs.parse(args.costs), mem_model_from_args(args)
     limit = parse_mem_limit(args.mem_limit, sched.pp)
+    progress.report(f"validating and simulating {sched.num_jobs:,} jobs")
     v = validate(sched)
     if v:
         raise ValueError(f"{args.file}: cannot be drawn, schedule {sched.name!r} is invalid: {summary(v)}")
@@ -72,6 +75,7 @@ def run(args) -> int:
     from ..viz.timeline import from_sim
 
     print(memory_line(res.peak_memory, sched.pp, limit))
+    progress.report(f"drawing {', '.join(args.out)}")
     tl = from_sim(res, mem=mem, mem_limit=limit)
     for path in write_outputs(args.out, timeline=tl, us_per_unit=1000.0,
                               trace_info={"schedule": sched.name, "note": "1 cost unit drawn as 1 ms"}):

@@ -17,12 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from .limits import MAX_COST, MAX_MEM_UNITS  # the largest duration / comm latency, memory limit (core/limits.py)
+
 Num = Union[float, int]
 PerChunk = Union[Num, Sequence[Num]]
 
-#: the largest duration or comm latency a cost may have. Costs are relative (only their ratios matter), and
-#: with this cap a schedule of 10^7 jobs still sums to a finite makespan; 1e308 would overflow to infinity.
-MAX_COST = 1e12
 
 
 def _expand(value: PerChunk, num_chunks: int, what: str) -> list[float]:
@@ -185,6 +184,9 @@ def parse_mem_limit(limit: str | float | int | None, pp: int) -> float | None:
         if s in ("", "none", "inf", "unlimited"):
             return None
         m = _LIMIT_RE.match(s)
+        if s.startswith("-"):
+            raise ValueError(f"memory limit must be > 0, got {limit!r}: use none, 1p, 1.5p, 2p, Xp or a number of "
+                             f"units > 0")
         if m:
             val = float(m.group(1)) * pp
         else:
@@ -201,4 +203,7 @@ def parse_mem_limit(limit: str | float | int | None, pp: int) -> float | None:
         raise ValueError(f"memory limit must be > 0, got {limit!r}")
     if math.isinf(val):
         return None
+    if val > MAX_MEM_UNITS:
+        raise ValueError(f"memory limit {limit!r} = {val:g} units is above the cap of {MAX_MEM_UNITS:g} units "
+                         f"(caps: docs/robustness.md); give none for no limit")
     return val

@@ -39,6 +39,7 @@ from ..core.ir import Placement
 from ..schedule.registry import PlanSpec
 from ..core.errors import ScheduleError
 from ..core.errors import DeadlockError
+from ..core import progress as _progress
 from ..sim.simulate import simulate
 from .layer_costs import LayerCosts
 from .layout import Partition, PartitionError, from_counts, uniform
@@ -79,6 +80,9 @@ def bottleneck_dp(costs: LayerCosts, pp: int, vpp: int = 1, placement: Placement
         extra = hd if k == nc - 1 else 0.0
         # chunk k ends at layer j; the chunks after it need nc-1-k more layers
         for j in range(k + 1, L - (nc - 1 - k) + 1):
+            if j % 2048 == 0 and _progress.active():
+                _progress.report(f"balancing: exact DP, chunk boundary {k}/{nc - 1}, "
+                                 f"{100 * j / L:.0f}% of {L:,} layers")
             i = np.arange(k, j)
             vals = np.maximum(T[k - 1, i], P[j] - P[i] + extra)
             best = int(np.argmin(vals))

@@ -55,6 +55,7 @@ import math
 from dataclasses import dataclass, field
 from ..core.costs import Costs, MemModel
 from ..models.config import ModelConfig
+from ..core.limits import MAX_LAYERS, check_at_most
 from .layout import Partition, PartitionError
 
 
@@ -114,6 +115,11 @@ class LayerCosts:
         object.__setattr__(self, "layers", tuple(self.layers))
         if not self.layers:
             raise PartitionError("the layer cost model has no layers; give at least one")
+        check_at_most(f"{self.source}: the number of layers", len(self.layers), MAX_LAYERS)
+        parts = (*self.layers, self.embedding, self.head)
+        if not any(p.total > 0 for p in parts):
+            raise PartitionError(f"{self.source}: F, B and W are 0 for every layer (and the embedding and head), so "
+                                 f"every schedule takes no time; give some layer F, B or W > 0")
 
     @property
     def num_layers(self) -> int:
@@ -295,6 +301,7 @@ def layer_costs_from_dict(data: dict, source: str = "dict") -> LayerCosts:
         n = raw.get("count")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise PartitionError(f"{source}: 'layers' as an object needs an integer 'count' >= 1")
+        check_at_most(f"{source}: layers count", n, MAX_LAYERS)
         one = _layer_from(raw, f"{source}: layers", 1.0)
         layers = [one] * n
     elif isinstance(raw, list):
@@ -305,7 +312,17 @@ def layer_costs_from_dict(data: dict, source: str = "dict") -> LayerCosts:
         raise PartitionError(f"{source}: 'layers' must be a list of objects or {{\"count\": N, \"F\": ...}}")
     emb = _layer_from(data["embedding"], f"{source}: embedding", 0.0) if data.get("embedding") else ZERO
     head = _layer_from(data["head"], f"{source}: head", 0.0) if data.get("head") else ZERO
-    return LayerCosts(tuple(layers), emb, head, source=source)
+    return _checked(LayerCosts(tuple(layers), emb, head, source=source))
+
+
+def _checked(lc: LayerCosts) -> LayerCosts:
+    """A file's costs: memory given as 0 everywhere is refused (a file's layers default to mem 1, so 0 was
+    written on purpose, and memory is shared out in proportion to it: there is nothing to share)."""
+    if not any(p.mem > 0 for p in (*lc.layers, lc.embedding, lc.head)):
+        raise PartitionError(f"{lc.source}: mem is 0 for every layer (and the embedding and head); memory is "
+                             f"shared out in proportion to mem, so give some layer mem > 0 (or leave mem out: 1 "
+                             f"per layer)")
+    return lc
 
 
 def layer_costs_from_csv(text: str, source: str = "csv") -> LayerCosts:
@@ -321,7 +338,12 @@ def layer_costs_from_csv(text: str, source: str = "csv") -> LayerCosts:
     bad = [c for c in low if c not in canon]
     if bad:
         raise PartitionError(f"{source}: unknown column {bad[0]!r}; allowed are name, F, B, W, mem, mem_b")
+    dup = sorted(c for c in low if [x.lower() for x in cols].count(c) > 1)
+    if dup:
+        raise PartitionError(f"{source}: the header names column {dup[0]!r} twice; give each column once")
+    check_at_most(f"{source}: the number of rows", len(rows) - 1, MAX_LAYERS + 2)
     layers, emb, head = [], ZERO, ZERO
+    seen: dict[str, int] = {}  # row name -> the row (file line) that first gave it
     for n, row in enumerate(rows[1:], 2):
         obj = {}
         for c, i in low.items():
@@ -329,6 +351,11 @@ def layer_costs_from_csv(text: str, source: str = "csv") -> LayerCosts:
                 obj[canon[c]] = row[i].strip()
         name = str(obj.pop("name", "")).lower()
         where = f"{source} row {n}"
+        if name and name in seen:
+            raise PartitionError(f"{where}: a second row named {name!r} (the first is row {seen[name]}); each "
+                                 f"layer, the embedding and the head appear once")
+        if name:
+            seen[name] = n
         if name == "embedding":
             emb = _layer_from(obj, where, 0.0)
         elif name == "head":
@@ -337,20 +364,51 @@ def layer_costs_from_csv(text: str, source: str = "csv") -> LayerCosts:
             layers.append(_layer_from(obj, where, 1.0))
     if not layers:
         raise PartitionError(f"{source}: no layer rows (rows other than embedding/head)")
-    return LayerCosts(tuple(layers), emb, head, source=source)
+    return _checked(LayerCosts(tuple(layers), emb, head, source=source))
+
+
+#: the largest layer-cost file read (characters): 256 per layer at the layer cap
+MAX_FILE_CHARS = 256 * MAX_LAYERS
 
 
 def load_layer_costs(path: str) -> LayerCosts:
     """Read a layer-cost file (.json or .csv; format in the module docstring)."""
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read(MAX_FILE_CHARS + 1)
     except OSError as e:
         raise PartitionError(f"cannot read --layer-costs {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise PartitionError(f"--layer-costs {path}: not a text file (not UTF-8); expected .json or .csv layer "
+                             f"costs (see pipeloom partition --help)") from None
+    if len(text) > MAX_FILE_CHARS:
+        raise PartitionError(f"--layer-costs {path}: larger than {MAX_FILE_CHARS:,} characters, more than "
+                             f"{MAX_LAYERS:,} layers can need")
     if str(path).lower().endswith(".csv") or not text.lstrip().startswith(("{", "[")):
-        return layer_costs_from_csv(text, source=str(path))
+        try:
+            return layer_costs_from_csv(text, source=str(path))
+        except csv.Error as e:
+            raise PartitionError(f"--layer-costs {path}: not a readable CSV file ({e})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise PartitionError(f"--layer-costs {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except _DuplicateKey as e:
+        raise PartitionError(f"--layer-costs {path}: key {e.args[0]!r} is given twice in one object; give it once") \
+            from None
+    except RecursionError:
+        raise PartitionError(f"--layer-costs {path}: nested too deeply to be a layer-cost file") from None
     return layer_costs_from_dict(data, source=str(path))
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out

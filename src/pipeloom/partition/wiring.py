@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 from ..core.ir import Placement
 from ..schedule.registry import PlanSpec
 from ..core.costs import Costs
+from ..core.limits import MAX_EVALS, MAX_LAYERS, check_at_most
 from ..models.config import ModelConfig
 from .balance import BalanceResult, balance as _balance
 from .layer_costs import LayerCosts, default_layer_costs, load_layer_costs
@@ -72,6 +73,9 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
                              "(or drop --seq)")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
         raise PartitionError(f"--layers must be an integer >= 1, got {layers!r}")
+    if layers is not None:
+        check_at_most("--layers", layers, MAX_LAYERS)
+    check_at_most("--max-evals", max_evals, MAX_EVALS)
     if layer_costs is not None:
         if base_costs is not None and not base_costs.is_uniform():
             raise PartitionError("--costs gives per-chunk F/B/W lists but --layer-costs sets every chunk's costs; "

@@ -53,6 +53,8 @@ from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
 from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
+from ..core import progress
+from ..core.limits import MAX_SOLVER_SECONDS
 
 #: the solver refuses larger problems unless ``allow_large=True`` (e.g. pp 4, m 8, vpp 2, split)
 MAX_JOBS = 192
@@ -216,12 +218,14 @@ def _registry_hints(spec: PlanSpec, placement: Placement, split: bool) -> list[t
 # ----------------------------------------------------------------------------- builder
 #: the options of the ``optimal`` builder (see its docstring)
 OPTIONS = (
-    Option(name="time_limit", type="float", min=0, min_open=True, default=10.0, help="solver seconds"),
+    Option(name="time_limit", type="float", min=0, min_open=True, max=MAX_SOLVER_SECONDS, default=10.0,
+           help="solver seconds"),
     Option(name="placement", type="choice", choices=("v", "interleaved"), default=None,
            help="chunk placement (default v for vpp 2, else interleaved)"),
     Option(name="backward", type="choice", choices=("split", "bw"), default="split",
            help="split = B and W jobs, bw = fused backward"),
-    Option(name="workers", type="int", min=1, default=None, help="CP-SAT search workers (default: CPUs, at most 8)"),
+    Option(name="workers", type="int", min=1, max=256, default=None,
+           help="CP-SAT search workers (default: CPUs, at most 8)"),
     Option(name="seed", type="int", default=0, help="solver random seed"),
     Option(name="allow_large", type="bool", default=False, help=f"solve above {MAX_JOBS} jobs"),
     Option(name="hints", type="bool", default=True, help="also start from the other builders' schedules"),
@@ -377,6 +381,7 @@ def optimal(spec: PlanSpec) -> Schedule:
         if budget <= 0.05:
             break
         used.append(form)
+        progress.report(f"solving with CP-SAT ({form} model, {len(jobs)} jobs, at most {budget:.3g} s; Ctrl-C stops)")
         res = solve_graph(g, form, vals, objective, time_limit=budget, workers=workers, seed=seed)
         if res is None:
             continue

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.costs import Costs, MemModel, parse_mem_limit
+from ..core import progress
 from ..core.errors import ScheduleError
+from ..core.limits import check_shape
 from ..core.ir import Schedule
 from ..sim.simulate import simulate
 from . import registry
@@ -21,6 +23,8 @@ def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | 
     """Parse loose inputs (strings from a CLI or config) into a :class:`PlanSpec`."""
     if not isinstance(pp, int) or pp < 1:
         raise ScheduleError(f"pp must be an integer >= 1, got {pp!r}")
+    if isinstance(vpp, int) and isinstance(microbatches, int):  # before anything is sized by them
+        check_shape(pp, vpp, microbatches)
     costs = costs if isinstance(costs, Costs) else Costs.parse(costs)
     mem = mem if isinstance(mem, MemModel) else MemModel.parse(mem)
     limit = mem_limit if isinstance(mem_limit, float) else parse_mem_limit(mem_limit, pp)
@@ -36,8 +40,11 @@ def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | 
 
 def plan(name: str, spec: PlanSpec, *, check: bool = True) -> Schedule:
     """Build schedule ``name`` for ``spec``; with ``check`` raise if it is invalid or over the limit."""
+    progress.report(f"planning {name}: pp={spec.pp} vpp={spec.vpp} m={spec.microbatches} "
+                    f"({spec.pp * spec.vpp * spec.microbatches:,} forward jobs)")
     sched = registry.build(name, spec)
     if check:
+        progress.report(f"validating {name} ({sched.num_jobs:,} jobs)")
         v = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
         if v and all(x.kind == "memory" for x in v):
             aware = [n for n in registry.names() if registry.get(n).memory_aware]
@@ -52,6 +59,7 @@ def plan(name: str, spec: PlanSpec, *, check: bool = True) -> Schedule:
 
 def evaluate(sched: Schedule, spec: PlanSpec) -> dict:
     """The public JSON contract of ``pipeloom simulate --json``."""
+    progress.report(f"validating and simulating {sched.name} ({sched.num_jobs:,} jobs)")
     violations = validate(sched, mem=spec.mem, mem_limit=spec.mem_limit)
     out = {
         "schedule": sched.name,

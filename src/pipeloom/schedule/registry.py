@@ -9,6 +9,7 @@ from typing import Callable
 from ..core.costs import Costs, MemModel
 from ..core.errors import ScheduleError
 from ..core.ir import Placement, Schedule
+from ..core.limits import check_shape
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +36,7 @@ class PlanSpec:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ScheduleError(f"{name} must be an integer >= 1, got {v!r}")
+        check_shape(self.pp, self.vpp, self.microbatches)
 
 
 #: the value kinds a builder option may declare
@@ -64,6 +66,8 @@ class Option:
     """True: the value must be strictly above ``min``"""
     choices: tuple[str, ...] = ()
     """allowed values of a 'choice' option"""
+    max: float | None = None
+    """largest allowed value of an int/float option (None: no cap; caps live in :mod:`pipeloom.core.limits`)"""
 
     def __post_init__(self) -> None:
         if self.type not in OPTION_TYPES:
@@ -101,6 +105,9 @@ class Option:
             ok = x == int(x)
         if ok and self.min is not None:
             ok = x > self.min if self.min_open else x >= self.min
+        if ok and self.max is not None and x > self.max:
+            raise ScheduleError(f"{who}: option {self.name} = {value!r} is above the cap of {self.max:g} "
+                                f"(caps: docs/robustness.md)")
         if not ok:
             what = "a whole number" if self.type == "int" else "a number"
             raise ScheduleError(f"{who}: option {self.name} must be {what}{bound} ({self.help}), got {value!r}")

@@ -56,6 +56,7 @@ from dataclasses import replace
 from ..core.ir import Placement, make_schedule
 from .registry import Option, PlanSpec, int_option, register
 from ..core.errors import ScheduleError
+from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from .search import greedy as _greedy
 
 #: default greedy work budget (job placements summed over all policies tried)
@@ -151,10 +152,11 @@ POLISH_MAX_JOBS = 400
 
 #: the options the V-shape builders read (see the module docstring)
 V_OPTIONS = (
-    Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET, help="job placements for the greedy policy search"),
-    Option(name="insert_budget", type="int", min=0, default=0,
+    Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_BUDGET,
+           help="job placements for the greedy policy search"),
+    Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=0,
            help="job re-timings for the insertion local search (0 = off)"),
-    Option(name="polish", type="float", min=0, default=None,
+    Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
            help=f"CP-SAT deterministic seconds of polish (0 = off; default {DEFAULT_POLISH:g} up to "
                 f"{DEFAULT_POLISH_MAX_JOBS} jobs)"))
 

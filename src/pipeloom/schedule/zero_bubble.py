@@ -20,6 +20,7 @@ from __future__ import annotations
 from ..core.ir import B, F, Job, Placement, W, make_schedule
 from .registry import Option, PlanSpec, int_option, register
 from ..core.errors import ScheduleError
+from ..core.limits import MAX_SEARCH_BUDGET
 from .search import greedy as _greedy
 
 DEFAULT_BUDGET = 60_000
@@ -72,7 +73,7 @@ def plan_h(name: str, spec: PlanSpec, default_p: float):
 
 
 #: the options the ZB-H builders read
-H_OPTIONS = (Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET,
+H_OPTIONS = (Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_BUDGET,
                     help="job placements for the greedy policy search"),)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from ..core.ir import Kind, Schedule
 from ..core.costs import Costs
+from . import sanity
 from .run import LogJob, RunLog
 from ..sim.replay import ReplayDeadlock, dependencies, produces, replay
 from ..viz.timeline import Bar, Row, Timeline, memory_curve, memory_deltas
@@ -275,6 +276,7 @@ def check_run(run: RunLog, *, straggler_threshold: float = 0.03, late_tolerance:
     plan = run.schedule
     if plan is None:
         raise CheckError("the logs carry no schedule and none could be inferred")
+    sanity.check_times(run)  # times that cannot be real: a one-line error, no verdict
     runs = step_runs(run, warnings)
     if not runs:
         raise CheckError("no complete step to check: every profiled step lacks some planned jobs "

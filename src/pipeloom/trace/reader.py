@@ -32,7 +32,7 @@ from ..core.errors import ScheduleFormatError
 from ..core.costs import Costs
 from ..sim.replay import dependencies, produces
 from ..schedule import io as schedule_io
-from . import torch_profile
+from . import sanity, torch_profile
 from .run import LogError, LogJob, RankLog, RunLog
 from .writer import LOG_NAME, PARTIAL_SUFFIX
 
@@ -214,6 +214,7 @@ def _steps_from_text(log: RankLog, jobs: list[tuple[str, int, int | None, float,
 def read_logs(root: str, *, align: bool = True) -> RunLog:
     """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks."""
     ranks, source = _read_ranks(root)
+    sanity.check_files([r.path for r in ranks if source == "pipeloom"])
     _check_one_run(ranks, root)
     warnings: list[str] = [f"{r.path}: rank {r.rank}'s log is incomplete (the rank stopped before closing it)"
                            for r in ranks if r.path.endswith(PARTIAL_SUFFIX)]
@@ -235,6 +236,8 @@ def read_logs(root: str, *, align: bool = True) -> RunLog:
     if schedule is None:
         schedule = torch_profile.infer_schedule(ranks) if source == "torch" else _infer_schedule(ranks)
         inferred = True
+    sanity.check_plan(schedule, where="inferred from the job order: the logs have no meta line" if inferred
+                      else f"meta line of {next(r.path for r in ranks if r.meta and r.meta.get('schedule'))}")
     pp = schedule.pp
     for r in ranks:
         if r.pp_rank is None:
@@ -310,10 +313,12 @@ def _plan_from_meta(ranks: list[RankLog], warnings: list[str]) -> tuple[Schedule
     if not metas:
         return None, None, False
     try:
+        if not isinstance(metas[0]["schedule"], dict):
+            raise ScheduleFormatError(f"'schedule' is a {type(metas[0]['schedule']).__name__}, not a schedule object")
         sched = schedule_io.from_dict(metas[0]["schedule"])
-    except (ScheduleFormatError, ValueError, TypeError) as e:
-        warnings.append(f"meta schedule unreadable ({e}); order inferred from the jobs")
-        return None, None, False
+    except (ScheduleFormatError, ValueError, TypeError, AttributeError, KeyError) as e:
+        path = next(r.path for r in ranks if r.meta and r.meta.get("schedule"))
+        raise LogError(f"the plan in the logs is invalid (meta line of {path}): {e}") from None
     if any(m["schedule"].get("devices") != metas[0]["schedule"].get("devices") for m in metas[1:]):
         warnings.append("ranks disagree on the schedule in their meta lines; using rank "
                         f"{ranks[0].rank}'s")

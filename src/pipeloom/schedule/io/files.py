@@ -8,6 +8,8 @@ Every error names the file; files are written whole or not at all.
 """
 from __future__ import annotations
 
+import csv
+
 from ...core.errors import ScheduleFormatError
 from ...core.files import write_text
 from ...core.ir import Schedule
@@ -49,6 +51,10 @@ def load(path: str) -> Schedule:
         return parse(text, str(path))
     except ScheduleFormatError as e:
         raise ScheduleFormatError(f"{path}: {e}") from None
+    except csv.Error as e:  # e.g. a field over the csv module's 128 KiB limit
+        raise ScheduleFormatError(f"{path}: not a readable CSV schedule ({e})") from None
+    except RecursionError:
+        raise ScheduleFormatError(f"{path}: nested too deeply to be a schedule") from None
 
 
 def render(schedule: Schedule, path: str = ".json", fmt: str = "pipeloom") -> str:

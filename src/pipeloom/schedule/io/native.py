@@ -16,7 +16,7 @@ from ...core.errors import ScheduleFormatError
 from ...core.ir import Job, Placement, Schedule, device_of, job_strings
 
 #: the most jobs a schedule file may describe (header shape: pp x vpp x microbatches forward jobs)
-MAX_JOBS = 10_000_000
+from ...core.limits import MAX_JOBS  # noqa: E402  (every cap lives in core/limits.py)
 #: how many times more forward jobs than the file holds a header may announce (see :func:`_check_size`)
 SLACK = 100
 #: what the CSV ``overlap`` column may hold: empty or 0 = not overlapped, 1 = overlapped with the next job

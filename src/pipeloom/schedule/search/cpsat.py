@@ -198,7 +198,7 @@ def solve_graph(g: "JobGraph", form: str, hint_vals: dict, horizon: int, *, time
     solver.parameters.cp_model_probing_level = 0
     for k, v in (params or {}).items():
         setattr(solver.parameters, k, v)
-    status = solver.solve(model)
+    status = solve_interruptibly(solver, model)
     if stats is not None:
         stats["det_time"] = solver.deterministic_time
     if status == cp_model.INFEASIBLE:  # impossible: the hint is feasible; kept as a guard
@@ -284,3 +284,35 @@ def _time_indexed(model, jobs, start, preds, dur, delta, dev, pp, ilimit, head, 
                 model.add(sum(terms) <= 1)
             if ilimit is not None:
                 model.add(sum(delta(j.kind, j.chunk) * yv(j, t) for j in on) <= ilimit)
+
+
+def solve_interruptibly(solver, model):
+    """``solver.solve(model)``, stopped within a fraction of a second by Ctrl-C (SIGINT).
+
+    CP-SAT's solve is one long C++ call during which Python runs no signal handler; in the main thread it
+    therefore runs in a helper thread while the main thread waits in short joins, where a SIGINT raises
+    KeyboardInterrupt: the search is then stopped (``stop_search``) and the interrupt passed on."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return solver.solve(model)
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["status"] = solver.solve(model)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread below
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="pipeloom-cp-sat", daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.05)
+    except KeyboardInterrupt:
+        solver.stop_search()
+        t.join(5.0)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["status"]

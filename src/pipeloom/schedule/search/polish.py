@@ -20,6 +20,7 @@ from ...sim.simulate import simulate
 from ..registry import PlanSpec
 from ..validate import validate
 from .bounds import graph_bound, lower_bound, split_graph
+from ...core import progress
 from .cpsat import hint_starts, relabel_hint, solve_graph, topo_key
 
 
@@ -90,6 +91,7 @@ def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
         return early
     horizon = int(round(ires.makespan))
     hint = relabel_hint(hint_starts(ires), g.m, g.nc)
+    progress.report(f"polishing with CP-SAT ({len(g.jobs)} jobs, {det_time:g} deterministic s; Ctrl-C stops)")
     res = solve_graph(g, "interval", hint, horizon, det_time=det_time, workers=1, seed=seed, extra_lb=lb,
                       params={**_PARAMS, **(params or {})})
     if res is None:
