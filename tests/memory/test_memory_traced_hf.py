@@ -92,3 +92,5 @@ def test_moe_transformers_chunks_traced_within_2_percent(arch):
     # real tensors: the routing is data-dependent (fake tensors cannot run it)
     for tc, a in _compare(MOE[arch], torch.bfloat16, fake=False):
         assert tc.activation_bytes == pytest.approx(a.activation_bytes, rel=0.02)
+        # the runtime's split: the routed experts' weight grads in B, router and shared experts deferred to W
+        assert tc.w_held_bytes == pytest.approx(a.w_held_bytes, rel=0.02)

@@ -26,11 +26,12 @@ def test_gpt2_head_from_flops_is_narayanan(capsys):
 def test_moe_layer_cost_charges_top_k_experts(capsys):
     d = _json(capsys, "--pp", "4", "--model", "Mixtral-8x7B-v0.1", "--seq", "4096")
     h, q, kv, f, E, k, V, s = 4096, 4096, 1024, 14336, 8, 2, 32000, 4096
-    layer_w = 2 * (h * q + 2 * h * kv + q * h + h * E + k * 3 * h * f)       # weight-grad GEMMs, per token
+    layer_gemm = 2 * (h * q + 2 * h * kv + q * h + h * E + k * 3 * h * f)    # weight GEMMs one token goes through
+    layer_w = layer_gemm - 2 * (k * 3 * h * f + h * E)  # router and routed experts' weight grads run in B
     head_w = 2 * h * V
     assert d["layers"] == 32
     assert d["chunk_costs"]["W"][3] - 1.0 == pytest.approx(head_w / layer_w / 8, rel=1e-9)
-    layer_f = layer_w + 4 * s * q
+    layer_f = layer_gemm + 4 * s * q
     assert d["chunk_costs"]["F"][3] - 1.0 == pytest.approx(head_w / layer_f / 8, rel=1e-9)
 
 

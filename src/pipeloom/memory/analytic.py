@@ -204,10 +204,11 @@ def _norm_items(prefix: str, model: ModelConfig, train: TrainConfig, tokens: flo
 
 
 def _mlp_items(prefix: str, model: ModelConfig, train: TrainConfig, ffn: int, tokens: float,
-               with_input: bool = True) -> list[Item]:
-    """One MLP (dense, one expert's share of the routed tokens, or a shared expert) of width ``ffn``."""
+               with_input: bool = True, deferred: bool = True) -> list[Item]:
+    """One MLP (dense, one expert's share of the routed tokens, or a shared expert) of width ``ffn``;
+    ``deferred``: its weight gradients wait for W (their GEMM inputs are held from B to W)."""
     e, h, t = train.elem, model.hidden, train.tp
-    items = [Item(f"{prefix}.fc1.input", e * h * tokens, w_input=True)] if with_input else []
+    items = [Item(f"{prefix}.fc1.input", e * h * tokens, w_input=deferred)] if with_input else []
     if model.mlp == "gelu":
         items.append(Item(f"{prefix}.gelu.input", e * ffn * tokens / t))
     elif train.impl != "fused":
@@ -216,7 +217,7 @@ def _mlp_items(prefix: str, model: ModelConfig, train: TrainConfig, ffn: int, to
                   Item(f"{prefix}.swiglu.up", e * ffn * tokens / t)]
     else:
         items.append(Item(f"{prefix}.swiglu.gate_up", 2 * e * ffn * tokens / t))
-    items.append(Item(f"{prefix}.fc2.input", e * ffn * tokens / t, w_input=True))
+    items.append(Item(f"{prefix}.fc2.input", e * ffn * tokens / t, w_input=deferred))
     return items
 
 
@@ -228,13 +229,19 @@ def _moe_items(model: ModelConfig, train: TrainConfig, tokens: float, rep: int) 
     token (``k`` per token) a gathered copy of the input (``h``), the expert's MLP activations and its
     output (``h``, kept to differentiate the routing weight); per shared expert its MLP activations,
     and with a gate the gate's sigmoid (4 bytes) and the shared output (``h``).
+
+    The router's and the routed experts' weight gradients are computed in B, as pipeloom's runtime does:
+    transformers (5.x) holds the experts as 3-D parameters run by grouped GEMMs and the router as a raw
+    parameter, which the split backward (:mod:`pipeloom.runtime.splitgrad`, ``nn.Linear`` and ``Conv1D``
+    only) cannot defer; so nothing of theirs is held from B to W. The shared experts and their gate are
+    ``nn.Linear``: deferred to W (they keep the router's input, their own input, until W).
     """
     e, h, k, E = train.elem, model.hidden, model.experts_per_token, model.experts
     routed = tokens * k
-    items = [Item("router.input", e * h * tokens / rep, w_input=True),
+    items = [Item("router.input", e * h * tokens / rep, w_input=bool(model.shared_experts)),
              Item("router.probs_fp32", 4 * E * tokens), Item("router.topk_weights", 4 * k * tokens),
              Item("router.topk_indices", 8 * k * tokens)]
-    items += _mlp_items("experts", model, train, model.expert_ffn, routed)
+    items += _mlp_items("experts", model, train, model.expert_ffn, routed, deferred=False)
     items.append(Item("experts.output", e * h * routed))
     for i in range(model.shared_experts):
         items += _mlp_items(f"shared{i}", model, train, model.shared_expert_ffn, tokens, with_input=False)
@@ -295,7 +302,8 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
 
 def layer_w_grads(model: ModelConfig, train: TrainConfig) -> float:
     """Output gradients ``dy`` of the layer's weight GEMMs, made by B and kept until W (bytes).
-    MoE: the router's logits gradient, and the expert GEMMs' output grads for the routed tokens."""
+    MoE: the shared experts' (and their gate's); the router's and the routed experts' weight gradients
+    are made in B (see :func:`_moe_items`), so none of theirs is kept."""
     e, h, f, t = train.elem, model.hidden, model.ffn, train.tp
     tokens = (train.seq or model.seq) * train.micro_batch
     gated = 2 if model.mlp == "swiglu" else 1
@@ -303,9 +311,7 @@ def layer_w_grads(model: ModelConfig, train: TrainConfig) -> float:
     proj = e * h * tokens                                   # row-parallel output grad is full width
     if not model.moe:
         return qkv + proj + gated * e * f * tokens / t + e * h * tokens
-    routed = tokens * model.experts_per_token
-    mlp = e * model.experts * tokens + (gated * e * model.expert_ffn / t + e * h) * routed
-    mlp += model.shared_experts * (gated * e * model.shared_expert_ffn / t + e * h) * tokens
+    mlp = model.shared_experts * (gated * e * model.shared_expert_ffn / t + e * h) * tokens
     if model.shared_experts and model.shared_expert_gate:
         mlp += e * tokens
     return qkv + proj + mlp

@@ -28,7 +28,12 @@ GEMMs only, as Narayanan et al. 2021 count them)::
 where ``P_active`` counts the weight-GEMM parameters one token goes through: the attention
 projections, the router, ``experts_per_token`` routed experts and the shared experts (all of the
 dense MLP). The attention core has no weights, so its whole backward is in B, as in pipeloom's
-runtime, which splits a layer's backward into B (input gradients) and W (weight gradients). The
+runtime, which splits a layer's backward into B (input gradients) and W (weight gradients). The same
+runtime defers only ``nn.Linear`` and ``Conv1D`` weight gradients (:mod:`pipeloom.runtime.splitgrad`);
+transformers (5.x) holds routed experts as 3-D parameters run by grouped GEMMs and the router as a raw
+parameter used with ``F.linear``, so their weight gradients (``2*tokens*P_undeferred``,
+:func:`undeferred_params`) move from W to B: the costs and the memory model follow the split the runtime
+performs. Shared experts and their gate are ``nn.Linear``: in W. The
 ``s x s`` score matrix is counted in full (no causal halving) and flash attention's recompute in
 the backward is not counted, like the ``24*b*s*h^2*(1 + s/(6h))`` of Narayanan et al.
 """
@@ -139,7 +144,17 @@ def layer_flops(model: ModelConfig, tokens: int | float, *, seq: int | None = No
     s = model.seq if seq is None else seq
     gemm = 2.0 * tokens * active_layer_params(model)
     core = 4.0 * tokens * s * model.q_dim
-    return gemm + core, gemm + 2.0 * core, gemm
+    in_b = 2.0 * tokens * undeferred_params(model)  # their weight gradients: in B (see the module docstring)
+    return gemm + core, gemm + 2.0 * core + in_b, gemm - in_b
+
+
+def undeferred_params(model: ModelConfig) -> int:
+    """Weight-GEMM parameters one token goes through whose weight gradients pipeloom's runtime makes in B:
+    the router and the ``experts_per_token`` routed experts (raw parameters in transformers, not
+    ``nn.Linear``); 0 for a dense model."""
+    if not model.moe:
+        return 0
+    return model.hidden * model.experts + model.experts_per_token * model.mlp_matrices * model.hidden * model.expert_ffn
 
 
 def head_flops(model: ModelConfig, tokens: int | float) -> tuple[float, float, float]:
@@ -156,5 +171,5 @@ def embedding_flops(model: ModelConfig, tokens: int | float) -> tuple[float, flo
     return 0.0, 0.0, 0.0
 
 
-__all__ = ["active_layer_params", "active_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
+__all__ = ["active_layer_params", "active_params", "undeferred_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
            "head_params", "layer_flops", "layer_params", "mlp_params", "total_params"]
