@@ -105,7 +105,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     first = res.makespan
     if res.schedule is not None:
         sched = res.schedule
-    if (high and res.status in ("improved", "no improvement") and "insert_budget" not in spec.options
+    if ((high or "polish" in spec.options) and res.status in ("improved", "no improvement")
+            and "insert_budget" not in spec.options
             and njobs <= DEFAULT_POLISH_MAX_JOBS):
         # not proven optimal: the insertion search from the best so far, then a second polish from its
         # result (a different start helps CP-SAT: pp 4, m 8, F/B/W/comm 4/6/3/1 at 1p: the greedy's 240
