@@ -25,7 +25,8 @@ in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (seed 000's change to the official
 generator, which caps that count).
 
-Lower bound and polish (:mod:`pipeloom.schedule.search.polish`): for shapes of at most 400 jobs
+Lower bound and polish (:mod:`pipeloom.schedule.search.polish`; option ``effort``: ``high`` only, unless
+``polish`` is given; the default ``fast`` computes the bound and runs no search): for shapes of at most 400 jobs
 the result carries ``meta['lower_bound']``, a proven makespan lower bound under the memory
 limit (critical path, device load and two memory terms), and ``meta['polished']``. When the
 bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
