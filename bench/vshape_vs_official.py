@@ -42,14 +42,14 @@ def case_id(c: dict) -> str:
     return f"{c['generator']}-pp{c['pp']}-m{c['microbatches']}-F{co['F']}B{co['B']}W{co['W']}c{co['comm']}"
 
 
-def run_case(c: dict, model: str) -> dict:
+def run_case(c: dict, model: str, effort: str = "fast") -> dict:
     key, mem = MODELS[model]
     costs = Costs(**c["costs"])
     pp, m = c["pp"], c["microbatches"]
     off = make_schedule("official", pp, 2, m, Placement.V, [[Job.parse(j) for j in d] for d in c["jobs"]])
     offr = simulate(off, costs, mem)
     lim = float(c[key])
-    spec = make_spec(pp=pp, microbatches=m, vpp=2, costs=costs, mem=mem, mem_limit=lim)
+    spec = make_spec(pp=pp, microbatches=m, vpp=2, costs=costs, mem=mem, mem_limit=lim, options={"effort": effort})
     t0 = time.perf_counter()
     ours = plan("zbv", spec)
     dt = time.perf_counter() - t0
@@ -75,6 +75,8 @@ def main(argv=None) -> int:
                     help="path of official_vshape.json (default: $PIPELOOM_VSHAPE_REFERENCE, else "
                          "../shared/reference/official_vshape.json, else tests/data/official_vshape.json.gz)")
     ap.add_argument("--models", default="default,b0", help="memory models to compare: default, b0")
+    ap.add_argument("--effort", choices=("fast", "high"), default="fast",
+                    help="zbv's planning effort (-O effort=...; default fast)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--markdown", action="store_true", help="print the markdown table (docs/bench)")
     args = ap.parse_args(argv)
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
         cases = json.load(f)["cases"]
     work = [(c, mdl) for c in cases for mdl in models]
     from rich.progress import track
-    rows = [run_case(c, mdl) for c, mdl in track(work, description="planning", transient=True,
+    rows = [run_case(c, mdl, args.effort) for c, mdl in track(work, description="planning", transient=True,
                                                   disable=args.json or not sys.stderr.isatty())]
     summary = {"cases": len(rows), **{v: sum(r["verdict"] == v for r in rows) for v in ("better", "equal", "worse")},
                "worse_ids": [f"{r['id']}/{r['model']}" for r in rows if r["verdict"] == "worse"],

@@ -41,13 +41,18 @@ def load_bounds(path: Path = BOUNDS) -> dict:
     return json.loads(path.read_text())["cases"] if path.is_file() else {}
 
 
-def run_case(case: dict, bounds: dict | None = None) -> dict:
+def _effort(name: str, effort: str) -> dict:
+    """``{'effort': effort}`` for the builders that read the option, else {}."""
+    return {"effort": effort} if any(o.name == "effort" for o in registry.get(name).options) else {}
+
+
+def run_case(case: dict, bounds: dict | None = None, effort: str = "fast") -> dict:
     costs = case_costs(case)
     off = simulate(official_schedule(case), costs)
     lim = case["limit_units"]
     name = BUILDER_OF[case["generator"]]
     spec = make_spec(pp=case["pp"], microbatches=case["microbatches"], vpp=case["vpp"], costs=costs,
-                     mem_limit=lim)
+                     mem_limit=lim, options=_effort(name, effort))
     t0 = time.perf_counter()
     ours_s = plan(name, spec)
     dt = time.perf_counter() - t0
@@ -70,7 +75,7 @@ def run_case(case: dict, bounds: dict | None = None) -> dict:
     tight = None
     if row["ours_peak"] > off_peak + EPS and case["generator"] != "1f1b":
         tight = make_spec(pp=case["pp"], microbatches=case["microbatches"], vpp=case["vpp"], costs=costs,
-                          mem_limit=off_peak)
+                          mem_limit=off_peak, options=_effort(name, effort))
         row["ours_at_official_peak"] = simulate(plan(name, tight), costs).makespan
     eq_mem = row["ours_makespan"] if row["ours_at_official_peak"] is None else row["ours_at_official_peak"]
     row["ours_equal_memory_makespan"] = eq_mem
@@ -121,6 +126,8 @@ def main(argv=None) -> int:
                                                       "or ../shared/reference/official_zb.json)")
     ap.add_argument("--generators", default="zbv,zbh1,zbh2,1f1b", help="comma-separated subset (default: all)")
     ap.add_argument("--limits", default=None, help="comma-separated memory limits to keep, e.g. 1p,1.5p")
+    ap.add_argument("--effort", choices=("fast", "high"), default="fast",
+                    help="planning effort of the builders that read it (zbv: -O effort=...; default fast)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table (for docs/bench)")
     ap.add_argument("--speed", action="store_true", help="measure generation speed instead")
@@ -159,7 +166,7 @@ def main(argv=None) -> int:
         it = cases
     bounds = load_bounds()
     for c in it:
-        rows.append(run_case(c, bounds))
+        rows.append(run_case(c, bounds, args.effort))
     summary = {
         "cases": len(rows),
         "retime_mismatches": [r["id"] for r in rows if not r["retime_ok"]],

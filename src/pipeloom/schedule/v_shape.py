@@ -25,7 +25,8 @@ in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (seed 000's change to the official
 generator, which caps that count).
 
-Lower bound and polish (:mod:`pipeloom.schedule.search.polish`): for shapes of at most 400 jobs
+Lower bound and polish (:mod:`pipeloom.schedule.search.polish`; option ``effort``: ``high`` only, unless
+``polish`` is given; the default ``fast`` computes the bound and runs no search): for shapes of at most 400 jobs
 the result carries ``meta['lower_bound']``, a proven makespan lower bound under the memory
 limit (critical path, device load and two memory terms), and ``meta['polished']``. When the
 bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
@@ -54,7 +55,7 @@ import math
 from dataclasses import replace
 
 from ..core.ir import Placement, make_schedule
-from .registry import Option, PlanSpec, int_option, register
+from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
 from ..core.errors import ScheduleError
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from .search import greedy as _greedy
@@ -86,7 +87,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     budget = int_option(spec.options, "budget", DEFAULT_BUDGET)
     insert_budget = int_option(spec.options, "insert_budget", 0)
     njobs = 3 * m * pp * vpp
-    polish_det = _polish_option(spec, njobs)
+    high = effort_option(spec) == "high"
+    polish_det = _polish_option(spec, njobs, high)
     best = _greedy.search(prob, budget, insert_budget=insert_budget)
     if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
@@ -104,7 +106,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     first = res.makespan
     if res.schedule is not None:
         sched = res.schedule
-    if (res.status in ("improved", "no improvement") and "insert_budget" not in spec.options
+    if ((high or "polish" in spec.options) and res.status in ("improved", "no improvement")
+            and "insert_budget" not in spec.options
             and njobs <= DEFAULT_POLISH_MAX_JOBS):
         # not proven optimal: the insertion search from the best so far, then a second polish from its
         # result (a different start helps CP-SAT: pp 4, m 8, F/B/W/comm 4/6/3/1 at 1p: the greedy's 240
@@ -119,7 +122,7 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         elif r is not None and r.makespan < res.makespan - 1e-9:  # meets the bound: optimal
             sched = make_schedule(name, pp, vpp, m, placement, r.seqs)
             res = _polish.PolishResult(sched, first, res.bound, "optimal")
-    elif (res.status == "off" and "polish" not in spec.options and "insert_budget" not in spec.options
+    elif (high and res.status == "off" and "polish" not in spec.options and "insert_budget" not in spec.options
             and njobs <= DEFAULT_LNS_MAX_JOBS):
         # above the default polish's size, not proven optimal: the tail-window search (pp 4, m 12,
         # F/B/W/comm 4/6/3/1 at 1p: 344 -> 341 in about 1.5 s; the full-model polish needs 17 s for 341)
@@ -157,16 +160,18 @@ V_OPTIONS = (
     Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=0,
            help="job re-timings for the insertion local search (0 = off)"),
     Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
-           help=f"CP-SAT deterministic seconds of polish (0 = off; default {DEFAULT_POLISH:g} up to "
-                f"{DEFAULT_POLISH_MAX_JOBS} jobs)"))
+           help=f"CP-SAT deterministic seconds of polish (0 = off; default with effort=high {DEFAULT_POLISH:g} up "
+                f"to {DEFAULT_POLISH_MAX_JOBS} jobs, with effort=fast 0)"),
+    EFFORT_OPTION)
 
 
-def _polish_option(spec: PlanSpec, njobs: int) -> float | None:
-    """Polish budget in CP-SAT deterministic seconds (0: bound only), or None (no bound, no polish)."""
+def _polish_option(spec: PlanSpec, njobs: int, high: bool = True) -> float | None:
+    """Polish budget in CP-SAT deterministic seconds (0: bound only), or None (no bound, no polish).
+    Without the ``polish`` option: ``high`` effort polishes small shapes, ``fast`` effort never does."""
     if "polish" not in spec.options:
         if njobs > POLISH_MAX_JOBS:
             return None
-        return DEFAULT_POLISH if njobs <= DEFAULT_POLISH_MAX_JOBS else 0.0
+        return DEFAULT_POLISH if high and njobs <= DEFAULT_POLISH_MAX_JOBS else 0.0
     v = spec.options["polish"]
     try:
         x = float(v)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from ..core.errors import ScheduleError
 from ..core.ir import Job, Kind, Placement, make_schedule
 from .classic import microbatch_groups
-from .registry import Option, PlanSpec, int_option, register
+from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
 from .search import greedy as _greedy
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
@@ -312,7 +312,7 @@ def plan_looped(name: str, spec: PlanSpec):
             best, seqs, witness = r, r.seqs, None
     meta = {"builder": name, "mem_limit": limit, "limit_from": how, "source": source,
             "policy": _policy_text(best.policy)}
-    det = _polish_budget(spec, njobs)
+    det = _polish_budget(spec, njobs, effort_option(spec) == "high")
     pspec = replace(spec, mem_limit=limit)
     if det == 0:
         if njobs <= BOUND_MAX_JOBS:
@@ -332,11 +332,12 @@ def plan_looped(name: str, spec: PlanSpec):
     return make_schedule(name, pp, vpp, m, Placement.INTERLEAVED, seqs, witness=witness, **meta)
 
 
-def _polish_budget(spec: PlanSpec, njobs: int) -> float:
-    """CP-SAT deterministic seconds: of the polish up to POLISH_MAX_JOBS jobs (by default DEFAULT_POLISH up
-    to DEFAULT_POLISH_MAX_JOBS, else 0), of the tail-window search up to LNS_MAX_JOBS (only when asked for)."""
+def _polish_budget(spec: PlanSpec, njobs: int, high: bool = True) -> float:
+    """CP-SAT deterministic seconds: of the polish up to POLISH_MAX_JOBS jobs (by default, with effort=high,
+    DEFAULT_POLISH up to DEFAULT_POLISH_MAX_JOBS, else 0; with effort=fast 0), of the tail-window search up
+    to LNS_MAX_JOBS (only when asked for)."""
     if "polish" not in spec.options:
-        return DEFAULT_POLISH if njobs <= DEFAULT_POLISH_MAX_JOBS else 0.0
+        return DEFAULT_POLISH if high and njobs <= DEFAULT_POLISH_MAX_JOBS else 0.0
     x = float(spec.options["polish"])
     if x > 0 and njobs > LNS_MAX_JOBS:
         raise ScheduleError(f"zbvpp: option polish: the shape has {njobs} jobs; the polish runs on at most "
@@ -355,8 +356,9 @@ OPTIONS = (
            help="job placements for the template passes (at least one runs)"),
     Option(name="polish", type="float", min=0, default=None,
            help=f"CP-SAT deterministic seconds of polish on shapes of at most {LNS_MAX_JOBS} jobs (0 = off; "
-                f"default {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above {POLISH_MAX_JOBS} jobs a "
-                f"tail-window search)"),
+                f"default with effort=high {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above "
+                f"{POLISH_MAX_JOBS} jobs a tail-window search)"),
+    EFFORT_OPTION,
 )
 
 
