@@ -2,7 +2,8 @@
 
 1. compare every schedule for pp=4, m=8 at the 1F1B memory limit (table);
 2. plan ZB-V at the 1F1B memory limit and draw it (Gantt PNG/SVG/HTML, Chrome/Perfetto trace);
-3. estimate per-device memory of Llama-2 7B under that plan;
+3. estimate per-device memory of Llama-2 7B under that plan, and of a published MoE architecture
+   (Qwen3-30B-A3B) from its Hugging Face config.json shipped with pipeloom;
 4. run the built-in tiny Llama for real on 4 CPU ranks (gloo), verify against a single process, and turn
    the per-rank logs into a measured trace, Gantt and bubble check.
 """
@@ -56,6 +57,14 @@ def memory_step() -> None:
     _step("3. per-device memory of Llama-2 7B under ZB-V, pp=4, on 80 GiB GPUs")
     cli.main(["memory", "--model", "llama2-7b", "--pp", str(PP), "--vpp", "2", "--microbatches", str(M),
           "--schedule", "zbv", "--gpu-memory", "80GiB"])
+    from .models.hf_config import CONFIG_DIR
+
+    config = CONFIG_DIR / "Qwen3-30B-A3B.json"
+    console.print(f"\n[bold]Your own model:[/bold] --model takes a Hugging Face config.json; here {config.name} "
+                  f"(shipped with pipeloom, {config.stat().st_size} bytes, no weights): 128 experts, top-8, "
+                  f"ZeRO-1 over dp=8, 4096-token sequences, 141 GB GPUs")
+    cli.main(["memory", "--model", str(config), "--pp", str(PP), "--vpp", "2", "--microbatches", str(M),
+              "--schedule", "zbv", "--seq", "4096", "--dp", "8", "--zero", "1", "--gpu-memory", "141GB"])
 
 
 def run_step(out: Path) -> list[str]:

@@ -52,11 +52,22 @@ def test_llama_tiny_preset_is_the_torch_example_model():
 
 
 def test_layer_costs_take_the_model():
-    m = preset("llama2-7b")
-    lc = default_layer_costs(32, 4, Costs(), model=m)
-    assert lc == default_layer_costs(32, 4, Costs(), vocab=32000, hidden=4096, seq=4096)
-    # head/layer time V / (12 h (1 + s/(6h))) (Narayanan et al. 2021): 32000 / (12*4096*(1 + 4096/24576))
-    assert lc.head.F / lc.layers[0].F == pytest.approx(32000 / (12 * 4096 * 7 / 6), rel=1e-12)
+    # a GPT-3 layer (ffn = 4h, multi-head attention): the model's FLOPs give Narayanan et al.'s ratio
+    m = preset("gpt3-1.3b")
+    lc = default_layer_costs(24, 4, Costs(), model=m)
+    ref = default_layer_costs(24, 4, Costs(), vocab=m.vocab, hidden=m.hidden, seq=m.seq)
+    assert lc.layers == ref.layers
+    # head/layer time V / (12 h (1 + s/(6h))) (Narayanan et al. 2021)
+    assert lc.head.F / lc.layers[0].F == pytest.approx(m.vocab / (12 * 2048 * (1 + 2048 / (6 * 2048))), rel=1e-12)
+    assert lc.head.F == pytest.approx(ref.head.F, rel=1e-12)
+    # B carries the attention core's backward (twice its forward), W none of it
+    assert lc.head.B / lc.layers[0].B == pytest.approx(m.vocab / (12 * 2048 * (1 + 2048 / (3 * 2048))), rel=1e-12)
+    assert lc.head.W / lc.layers[0].W == pytest.approx(m.vocab / (12 * 2048), rel=1e-12)
+    # Llama's SwiGLU layer (3 matrices of 11008 rather than 2 of 4h) costs more than the GPT formula says
+    ll = preset("llama2-7b")
+    lcl = default_layer_costs(32, 4, Costs(), model=ll)
+    gpt_like = default_layer_costs(32, 4, Costs(), vocab=32000, hidden=4096, seq=4096)
+    assert lcl.head.F < gpt_like.head.F
     with pytest.raises(PartitionError, match="not both"):
         default_layer_costs(32, 4, Costs(), model=m, vocab=10)
 

@@ -154,6 +154,34 @@ def add_planning_options(p: argparse.ArgumentParser, *, schedule: bool = True, p
         add_partition_options(p)
 
 
+# ---------------------------------------------------------------------- --model (one resolution for every command)
+def model_help() -> str:
+    from ..models.hf_config import shipped_configs
+    from ..models.presets import PRESETS
+
+    return ("the model: a preset (" + ", ".join(PRESETS) + "), a published config shipped with pipeloom ("
+            + ", ".join(p.stem for p in shipped_configs().values()) + "), or a path to a Hugging Face config.json "
+            "or to a directory holding one (read as JSON; architectures llama, mistral, qwen2, qwen3, gpt2, "
+            "mixtral, qwen3_moe, qwen2_moe)")
+
+
+def add_model_option(p, *, required: bool = False, help: str | None = None) -> None:
+    """--model PRESET|CONFIG, resolved by :func:`model_from_args`."""
+    p.add_argument("--model", required=required, default=None, metavar="PRESET|CONFIG",
+                   help=help or model_help())
+
+
+def model_from_args(args):
+    """The :class:`~pipeloom.models.config.ModelConfig` of ``--model`` (None when not given), through
+    :func:`pipeloom.models.hf_config.resolve_model`, the one resolution every command uses."""
+    spec = getattr(args, "model", None)
+    if spec is None:
+        return None
+    from ..models.hf_config import resolve_model
+
+    return resolve_model(spec)
+
+
 # ---------------------------------------------------------------------- layer partition
 PARTITION_KEYS = ("layers", "layers_per_device", "layer_costs", "balance")
 
@@ -161,7 +189,8 @@ PARTITION_KEYS = ("layers", "layers_per_device", "layer_costs", "balance")
 def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) -> None:
     """--layers/--layers-per-device/--layer-costs/--vocab/--hidden/--seq/--balance: per-chunk costs from layers.
 
-    ``layers=False`` leaves out --layers for a command that defines it itself (run: the model's layers)."""
+    ``layers=False`` leaves out --layers (and --model) for a command that defines them itself (run: the
+    model's layers)."""
     g = p.add_argument_group(
         "layer partition",
         "Split L layers over pp*vpp chunks and derive per-chunk F/B/W and memory from them (see "
@@ -173,6 +202,11 @@ def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) ->
     g.add_argument("--layers-per-device", default=None, metavar="N0,N1,..",
                    help="layers of each device (e.g. 7,8,8,9), dealt round-robin over the device's chunks; "
                         "each needs >= vpp")
+    if layers:
+        g.add_argument("--model", default=None, metavar="PRESET|CONFIG",
+                       help="cost the layers from a model: its layer count (--layers defaults to it), the head's time "
+                            "from the FLOPs of one layer (top-k experts for MoE) vs the vocabulary projection, its "
+                            "memory from their activations; " + model_help().removeprefix("the model: "))
     g.add_argument("--layer-costs", default=None, metavar="FILE",
                    help="per-layer F/B/W/mem (+ embedding, head) as .json or .csv; then --costs gives only "
                         "comm/overlap")
@@ -187,12 +221,15 @@ def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) ->
                         "chunk/device time) or 'makespan' (simulate the schedule); bare --balance = makespan "
                         "when a schedule is known, else bottleneck")
     p.set_defaults(_partition_options=True)  # plan_inputs acts on these only where they were added
+    if layers:
+        p.set_defaults(_partition_model=True)  # --model here is the partition's (run's --model is its own)
 
 
 def partition_given(args) -> bool:
     """True if the command has the partition options and one of them was used."""
-    return getattr(args, "_partition_options", False) and any(
-        getattr(args, k, None) is not None for k in PARTITION_KEYS)
+    return getattr(args, "_partition_options", False) and (any(
+        getattr(args, k, None) is not None for k in PARTITION_KEYS) or (
+        getattr(args, "_partition_model", False) and getattr(args, "model", None) is not None))
 
 
 def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progress=None, *,
@@ -209,9 +246,10 @@ def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progr
     objective = objective or args.balance
     if objective == "auto":
         objective = "makespan" if schedule else "bottleneck"
+    model = model_from_args(args) if getattr(args, "_partition_model", False) else None
     return make_partition(pp=spec.pp, vpp=spec.vpp, placement=placement, layers=args.layers if layers is None else layers,
                           layers_per_device=args.layers_per_device, layer_costs=args.layer_costs,
-                          base_costs=spec.costs, vocab=args.vocab, hidden=args.hidden, seq=args.seq,
+                          base_costs=spec.costs, vocab=args.vocab, hidden=args.hidden, seq=args.seq, model=model,
                           balance=objective, schedule=schedule, microbatches=spec.microbatches,
                           mem_limit=spec.mem_limit if schedule else None,
                           max_evals=getattr(args, "max_evals", 400), options=spec.options, progress=progress)

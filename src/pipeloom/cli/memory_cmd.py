@@ -4,14 +4,12 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .common import add_mem_limit_option, add_schedule_option, add_shape_options, positive_int, print_json
+from .common import add_mem_limit_option, add_model_option, add_schedule_option, add_shape_options, positive_int, print_json
 
 GiB = 1024 ** 3
 
 
 def add_parser(sub) -> None:
-    from ..memory.analytic import PRESETS
-
     p = sub.add_parser(
         "memory", help="estimate per-device memory (params, grads, optimizer, activations) of a model",
         description=textwrap.fill("Estimate the memory of every pipeline device for a decoder-only transformer: parameters, "
@@ -22,10 +20,11 @@ def add_parser(sub) -> None:
                     "the free memory allows.", 100),
         epilog="examples:\n  pipeloom memory --model llama2-7b --pp 4 --microbatches 8 --schedule 1f1b "
                "--gpu-memory 80GiB\n  pipeloom memory --model llama2-70b --pp 8 --vpp 2 -m 16 -s interleaved "
-               "--tp 8 --sequence-parallel --recompute selective --json",
+               "--tp 8 --sequence-parallel --recompute selective --json\n"
+               "  pipeloom memory --model path/to/config.json --pp 4 -m 8      # a Hugging Face config.json\n"
+               "  pipeloom memory --model Mixtral-8x7B-v0.1 --pp 8 -m 16       # a published config shipped with pipeloom",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="PRESET",
-                   help="model preset: " + ", ".join(PRESETS))
+    add_model_option(p, required=True)
     from ..schedule import registry
 
     add_schedule_option(p, required=False, default="1f1b",
@@ -46,8 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--attention", choices=["flash", "math"], default="flash",
                    help="flash: no s*s matrix kept; math: softmax kept (Korthikanti's 5as/h term) "
                         "(default: %(default)s)")
-    p.add_argument("--impl", choices=["fused", "eager"], default="fused",
-                   help="fused: Megatron kernels; eager: unfused PyTorch ops as in pipeloom.models.llama "
+    p.add_argument("--impl", choices=["fused", "eager", "hf"], default="fused",
+                   help="fused: Megatron kernels; eager: unfused PyTorch ops as in pipeloom.models.llama; hf: "
+                        "transformers' own modules (eager norms and MLP, SDPA with native GQA) "
                         "(default: %(default)s)")
     p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree (used with --zero 1)")
     p.add_argument("--zero", type=int, choices=[0, 1], default=0,
@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
                    help="memory kept aside per device (CUDA context, allocator slack), e.g. 2GiB "
                         "(default: %(default)s)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: total_params and one entry per device with params, "
+                   help="print one JSON object: total_params, active_params (MoE: top-k experts) and one entry per "
+                        "device with params, "
                         "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes")
     p.set_defaults(func=run)
 
@@ -97,13 +98,14 @@ def _check_sizes(args) -> None:
 
 def run(args) -> int:
     from ..memory.analytic import TrainConfig, estimate
+    from .common import model_from_args
 
     _check_sizes(args)
 
     train = TrainConfig(seq=args.seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,
                         attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero)
-    rep = estimate(args.model, train, schedule=args.schedule, pp=args.pp, vpp=args.vpp,
+    rep = estimate(model_from_args(args), train, schedule=args.schedule, pp=args.pp, vpp=args.vpp,
                    microbatches=args.microbatches, layers_per_chunk=_lpc(args.layers_per_chunk),
                    gpu_bytes=args.gpu_memory, reserve_bytes=args.reserve, mem_limit=args.mem_limit)
     if args.json:
@@ -123,7 +125,10 @@ def print_report(rep) -> None:
     from rich.table import Table
 
     t = rep.train
-    title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B)  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
+    from ..models.flops import active_params
+
+    active = f", {active_params(rep.model) / 1e9:.2f}B active" if rep.model.moe else ""
+    title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B{active})  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
              f"m={rep.microbatches}\ntp={t.tp}{'+sp' if t.sequence_parallel else ''} seq={t.seq or rep.model.seq} "
              f"b={t.micro_batch} {t.dtype} recompute={t.recompute}")
     tab = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="GiB per device; act = peak held activations over the schedule, "

@@ -67,6 +67,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..models.config import ModelConfig
+from ..models.flops import active_params, embedding_params, head_params, layer_params, total_params  # noqa: F401
+from ..models.hf_config import resolve_model
 from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
 from ..models.slicing import even_layer_split
 
@@ -100,8 +102,10 @@ class TrainConfig:
     attention: str = "flash"
     """'flash' (no s x s matrix saved) or 'math' (softmax probabilities saved, Korthikanti's 5as/h term)"""
     impl: str = "fused"
-    """'fused' (Megatron kernels: fused norm, fused SwiGLU, native GQA) or 'eager' (unfused PyTorch
-    ops as in pipeloom.models.llama: fp32 RMSNorm, silu*up, repeat_interleave K/V)"""
+    """'fused' (Megatron kernels: fused norm, fused SwiGLU, native GQA), 'eager' (unfused PyTorch
+    ops as in pipeloom.models.llama: fp32 RMSNorm, silu*up, repeat_interleave K/V) or 'hf'
+    (transformers' modules: eager norms and MLP as 'eager', K/V not expanded with flash (SDPA's
+    native GQA), rotary cos/sin computed once per chunk and saved in the activation dtype)"""
     dp: int = 1
     """data-parallel degree (only matters with zero=1)"""
     zero: int = 0
@@ -120,8 +124,8 @@ class TrainConfig:
             raise MemoryConfigError(f"recompute must be none, selective or full, got {self.recompute!r}")
         if self.attention not in ("flash", "math"):
             raise MemoryConfigError(f"attention must be 'flash' or 'math', got {self.attention!r}")
-        if self.impl not in ("fused", "eager"):
-            raise MemoryConfigError(f"impl must be 'fused' or 'eager', got {self.impl!r}")
+        if self.impl not in ("fused", "eager", "hf"):
+            raise MemoryConfigError(f"impl must be 'fused', 'eager' or 'hf', got {self.impl!r}")
         if self.zero not in (0, 1):
             raise MemoryConfigError(f"zero must be 0 (replicated optimizer) or 1 (sharded over dp), got {self.zero!r}")
         if self.sequence_parallel and self.tp == 1:
@@ -135,7 +139,7 @@ class TrainConfig:
 def check_tp(model: ModelConfig, train: TrainConfig) -> None:
     """Every TP-split dimension must divide by t (Megatron's rule)."""
     t = train.tp
-    bad = [(n, v) for n, v in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn", model.ffn),
+    bad = [(n, v) for n, v in (("heads", model.heads), ("kv_heads", model.kv_heads), *_ffn_dims(model),
                                ("hidden", model.hidden)) if v % t]
     if bad:
         n, v = bad[0]
@@ -145,43 +149,21 @@ def check_tp(model: ModelConfig, train: TrainConfig) -> None:
         raise MemoryConfigError(f"sequence parallel needs seq={train.seq or model.seq} divisible by tp={t}")
 
 
+def _ffn_dims(model: ModelConfig) -> list[tuple[str, int]]:
+    """The MLP widths that tensor parallelism splits: ffn (dense) or the expert (and shared-expert) widths."""
+    if not model.moe:
+        return [("ffn", model.ffn)]
+    return [("expert_ffn", model.expert_ffn)] + ([("shared_expert_ffn", model.shared_expert_ffn)]
+                                                 if model.shared_experts else [])
+
+
 def _divisors(model: ModelConfig) -> list[int]:
-    g = math.gcd(math.gcd(model.heads, model.kv_heads), math.gcd(model.ffn, model.hidden))
+    g = math.gcd(math.gcd(model.heads, model.kv_heads), math.gcd(model.hidden, *[v for _, v in _ffn_dims(model)]))
     return [d for d in range(1, min(g, 64) + 1) if g % d == 0]
 
 
 # ------------------------------------------------------------------------------------- parameters
-def layer_params(model: ModelConfig, tp: int = 1) -> int:
-    """Parameters of one transformer layer on one TP rank (norm weights replicated)."""
-    h, f, kv = model.hidden, model.ffn, model.kv_dim
-    attn = (h * h + 2 * h * kv) // tp + h * h // tp          # QKV (column-parallel) + output proj (row)
-    mlp = (3 if model.mlp == "swiglu" else 2) * h * f // tp
-    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
-    bias = 0
-    if model.bias:
-        bias = (h + 2 * kv) // tp + h + (2 if model.mlp == "swiglu" else 1) * f // tp + h
-    return attn + mlp + norms + bias
-
-
-def embedding_params(model: ModelConfig, tp: int = 1) -> int:
-    """Input embedding (vocab-parallel) + learned positions, held with the first chunk."""
-    return model.vocab * model.hidden // tp + (model.seq * model.hidden if model.learned_positions else 0)
-
-
-def head_params(model: ModelConfig, tp: int = 1, *, with_tied_copy: bool = True) -> int:
-    """Final norm + output head, held with the last chunk. A tied head is the embedding matrix;
-    Megatron keeps a copy of it on the last stage when that is another device (``with_tied_copy``)."""
-    norm = model.hidden * (2 if model.norm == "layernorm" else 1)
-    head = model.vocab * model.hidden // tp
-    if model.tied_embeddings and not with_tied_copy:
-        head = 0
-    return norm + head
-
-
-def total_params(model: ModelConfig) -> int:
-    """Unique parameters of the whole model (tied matrices counted once)."""
-    return (model.layers * layer_params(model) + embedding_params(model)
-            + head_params(model, with_tied_copy=False))
+# layer_params, embedding_params, head_params, total_params: pipeloom.models.flops (imported above)
 
 
 def static_bytes(params: int, train: TrainConfig) -> tuple[int, int, int]:
@@ -207,58 +189,103 @@ class Item:
     """attention core (recomputed by selective recompute)"""
 
 
-def _norm_items(prefix: str, model: ModelConfig, train: TrainConfig, tokens: float, rep: int) -> list[Item]:
-    e, h = train.elem, model.hidden
+def _norm_items(prefix: str, model: ModelConfig, train: TrainConfig, tokens: float, rep: int, *,
+                width: int | None = None, rows: int = 1) -> list[Item]:
+    """A norm over ``width`` (default hidden) features, ``rows`` vectors per token (per-head q/k norms:
+    rows = heads, width = head_dim)."""
+    e = train.elem
+    w = (model.hidden if width is None else width) * rows
     if model.norm == "layernorm":  # F.layer_norm / fused kernel: input + mean + rstd (fp32)
-        return [Item(f"{prefix}.input", e * h * tokens / rep), Item(f"{prefix}.stats", 8 * tokens / rep)]
-    if train.impl == "eager":     # x.float(); x * rsqrt(mean(x^2)); (..).to(dtype) * weight
-        return [Item(f"{prefix}.input_fp32", 4 * h * tokens / rep), Item(f"{prefix}.rstd", 4 * tokens / rep),
-                Item(f"{prefix}.normalised", e * h * tokens / rep)]
-    return [Item(f"{prefix}.input", e * h * tokens / rep), Item(f"{prefix}.rstd", 4 * tokens / rep)]
+        return [Item(f"{prefix}.input", e * w * tokens / rep), Item(f"{prefix}.stats", 8 * rows * tokens / rep)]
+    if train.impl != "fused":     # x.float(); x * rsqrt(mean(x^2)); (..).to(dtype) * weight
+        return [Item(f"{prefix}.input_fp32", 4 * w * tokens / rep), Item(f"{prefix}.rstd", 4 * rows * tokens / rep),
+                Item(f"{prefix}.normalised", e * w * tokens / rep)]
+    return [Item(f"{prefix}.input", e * w * tokens / rep), Item(f"{prefix}.rstd", 4 * rows * tokens / rep)]
+
+
+def _mlp_items(prefix: str, model: ModelConfig, train: TrainConfig, ffn: int, tokens: float,
+               with_input: bool = True) -> list[Item]:
+    """One MLP (dense, one expert's share of the routed tokens, or a shared expert) of width ``ffn``."""
+    e, h, t = train.elem, model.hidden, train.tp
+    items = [Item(f"{prefix}.fc1.input", e * h * tokens, w_input=True)] if with_input else []
+    if model.mlp == "gelu":
+        items.append(Item(f"{prefix}.gelu.input", e * ffn * tokens / t))
+    elif train.impl != "fused":
+        items += [Item(f"{prefix}.swiglu.gate", e * ffn * tokens / t),
+                  Item(f"{prefix}.swiglu.silu_gate", e * ffn * tokens / t),
+                  Item(f"{prefix}.swiglu.up", e * ffn * tokens / t)]
+    else:
+        items.append(Item(f"{prefix}.swiglu.gate_up", 2 * e * ffn * tokens / t))
+    items.append(Item(f"{prefix}.fc2.input", e * ffn * tokens / t, w_input=True))
+    return items
+
+
+def _moe_items(model: ModelConfig, train: TrainConfig, tokens: float, rep: int) -> list[Item]:
+    """MoE block after its norm: router, the top-k routed tokens through the experts, shared experts.
+
+    Per token: the router input (the norm output, ``h``, shared with the shared experts) and its fp32
+    softmax over the experts (``4*E``), the top-k weights (``4*k``) and indices (``8*k``); per routed
+    token (``k`` per token) a gathered copy of the input (``h``), the expert's MLP activations and its
+    output (``h``, kept to differentiate the routing weight); per shared expert its MLP activations,
+    and with a gate the gate's sigmoid (4 bytes) and the shared output (``h``).
+    """
+    e, h, k, E = train.elem, model.hidden, model.experts_per_token, model.experts
+    routed = tokens * k
+    items = [Item("router.input", e * h * tokens / rep, w_input=True),
+             Item("router.probs_fp32", 4 * E * tokens), Item("router.topk_weights", 4 * k * tokens),
+             Item("router.topk_indices", 8 * k * tokens)]
+    items += _mlp_items("experts", model, train, model.expert_ffn, routed)
+    items.append(Item("experts.output", e * h * routed))
+    for i in range(model.shared_experts):
+        items += _mlp_items(f"shared{i}", model, train, model.shared_expert_ffn, tokens, with_input=False)
+    if model.shared_experts and model.shared_expert_gate:
+        items += [Item("shared.gate_sigmoid", 4 * tokens), Item("shared.output", e * h * tokens)]
+    return items
 
 
 def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str | None = None) -> list[Item]:
     """Saved tensors of one transformer layer for one microbatch on one device (see module docstring)."""
     recompute = train.recompute if recompute is None else recompute
     e, h, f, a, t = train.elem, model.hidden, model.ffn, model.heads, train.tp
+    q = model.q_dim
     s = train.seq or model.seq
     tokens = s * train.micro_batch
     rep = t if train.sequence_parallel else 1          # norm inputs, masks: split only with SP
     if recompute == "full":                             # checkpoint keeps the layer input only
         return [Item("layer.input", e * h * tokens / rep)]
     drop = model.dropout > 0
-    expand = train.attention == "math" or train.impl == "eager"
-    kvw = h if expand else model.kv_dim
+    expand = train.attention == "math" or train.impl == "eager"   # hf + flash: SDPA's native GQA
+    kvw = q if expand else model.kv_dim
     items = _norm_items("attn_norm", model, train, tokens, rep)
     items.append(Item("qkv.input", e * h * tokens / rep, w_input=True))
+    if model.qk_norm:                                    # per-head RMSNorm of q and k (Qwen3)
+        items += _norm_items("q_norm", model, train, tokens, t, width=model.head_dim, rows=model.heads)
+        items += _norm_items("k_norm", model, train, tokens, t, width=model.head_dim, rows=model.kv_heads)
     if train.impl == "eager" and e != 4:
         # pipeloom.models.llama casts its fp32 rotary tables to the activation dtype in each of the
         # two apply_rope calls (q and k): cos and sin of (s, head_dim/2), kept by the multiplications
         items.append(Item("rope.tables", 2 * 2 * s * (model.head_dim // 2) * e))
     if train.attention == "math":
-        items += [Item("attn.q", e * h * tokens / t), Item("attn.k", e * h * tokens / t),
+        items += [Item("attn.q", e * q * tokens / t), Item("attn.k", e * q * tokens / t),
                   Item("attn.softmax", e * a * s * s * train.micro_batch / t, core=True)]
         if drop:
             items += [Item("attn.dropout_mask", a * s * s * train.micro_batch / t, core=True),
                       Item("attn.dropout_out", e * a * s * s * train.micro_batch / t, core=True)]
-        items += [Item("attn.v", e * h * tokens / t), Item("proj.input", e * h * tokens / t, w_input=True)]
+        items += [Item("attn.v", e * q * tokens / t), Item("proj.input", e * q * tokens / t, w_input=True)]
     else:
-        items += [Item("attn.q", e * h * tokens / t), Item("attn.k", e * kvw * tokens / t),
+        items += [Item("attn.q", e * q * tokens / t), Item("attn.k", e * kvw * tokens / t),
                   Item("attn.v", e * kvw * tokens / t),
                   Item("attn.lse", 4 * a * tokens / t, core=True),
-                  Item("proj.input", e * h * tokens / t, w_input=True)]  # = the attention output
+                  Item("proj.input", e * q * tokens / t, w_input=True)]  # = the attention output
     if drop:
         items.append(Item("attn.residual_dropout_mask", h * tokens / rep))
     items += _norm_items("mlp_norm", model, train, tokens, rep)
-    items.append(Item("fc1.input", e * h * tokens / rep, w_input=True))
-    if model.mlp == "gelu":
-        items.append(Item("gelu.input", e * f * tokens / t))
-    elif train.impl == "eager":
-        items += [Item("swiglu.gate", e * f * tokens / t), Item("swiglu.silu_gate", e * f * tokens / t),
-                  Item("swiglu.up", e * f * tokens / t)]
+    if model.moe:
+        items += _moe_items(model, train, tokens, rep)
     else:
-        items.append(Item("swiglu.gate_up", 2 * e * f * tokens / t))
-    items.append(Item("fc2.input", e * f * tokens / t, w_input=True))
+        mlp = _mlp_items("mlp", model, train, f, tokens)
+        mlp[0] = Item("fc1.input", e * h * tokens / rep, w_input=True)
+        items += [Item(it.name.removeprefix("mlp."), it.bytes, it.w_input, it.core) for it in mlp]
     if drop:
         items.append(Item("mlp.residual_dropout_mask", h * tokens / rep))
     if recompute == "selective":
@@ -267,14 +294,21 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
 
 
 def layer_w_grads(model: ModelConfig, train: TrainConfig) -> float:
-    """Output gradients ``dy`` of the layer's weight GEMMs, made by B and kept until W (bytes)."""
+    """Output gradients ``dy`` of the layer's weight GEMMs, made by B and kept until W (bytes).
+    MoE: the router's logits gradient, and the expert GEMMs' output grads for the routed tokens."""
     e, h, f, t = train.elem, model.hidden, model.ffn, train.tp
     tokens = (train.seq or model.seq) * train.micro_batch
-    qkv = e * (h + 2 * model.kv_dim) * tokens / t
+    gated = 2 if model.mlp == "swiglu" else 1
+    qkv = e * (model.q_dim + 2 * model.kv_dim) * tokens / t
     proj = e * h * tokens                                   # row-parallel output grad is full width
-    fc1 = (2 if model.mlp == "swiglu" else 1) * e * f * tokens / t
-    fc2 = e * h * tokens
-    return qkv + proj + fc1 + fc2
+    if not model.moe:
+        return qkv + proj + gated * e * f * tokens / t + e * h * tokens
+    routed = tokens * model.experts_per_token
+    mlp = e * model.experts * tokens + (gated * e * model.expert_ffn / t + e * h) * routed
+    mlp += model.shared_experts * (gated * e * model.shared_expert_ffn / t + e * h) * tokens
+    if model.shared_experts and model.shared_expert_gate:
+        mlp += e * tokens
+    return qkv + proj + mlp
 
 
 def layer_w_held(model: ModelConfig, train: TrainConfig) -> float:
@@ -293,10 +327,19 @@ def chunk_input_bytes(model: ModelConfig, train: TrainConfig) -> float:
     The fused norm, LayerNorm, fp32 eager RMSNorm and full recompute all save the input itself;
     the eager RMSNorm in 16-bit saves an fp32 copy instead, so the 16-bit input is extra.
     """
-    if train.impl == "eager" and model.norm == "rmsnorm" and train.elem != 4 and train.recompute != "full":
+    if train.impl != "fused" and model.norm == "rmsnorm" and train.elem != 4 and train.recompute != "full":
         tokens = (train.seq or model.seq) * train.micro_batch
         return train.elem * model.hidden * tokens / (train.tp if train.sequence_parallel else 1)
     return 0.0
+
+
+def chunk_rope_bytes(model: ModelConfig, train: TrainConfig) -> float:
+    """``impl='hf'``: transformers computes the rotary cos and sin of ``(1, s, head_dim)`` once per forward
+    (in the activation dtype) and every layer's q/k multiplications save those same two tensors, so a
+    chunk with layers holds them once (bytes). 0 for other impls (per layer there) or learned positions."""
+    if train.impl != "hf" or model.learned_positions or train.recompute == "full":
+        return 0.0
+    return 2.0 * (train.seq or model.seq) * model.head_dim * train.elem
 
 
 def embedding_activations(model: ModelConfig, train: TrainConfig) -> list[Item]:
@@ -365,6 +408,8 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
         first, last = c == 0, c == n - 1
         params = nl * layer_params(model, train.tp)
         A, H = nl * per_layer, nl * held_layer
+        if nl:
+            A += chunk_rope_bytes(model, train)
         if first:
             params += embedding_params(model, train.tp)
             A += sum(it.bytes for it in embedding_activations(model, train))
@@ -400,11 +445,15 @@ def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[Chu
     if not chunks:
         return 0.0
     e, t, h, f = train.elem, train.tp, model.hidden, model.ffn
+    f_mat = f
+    if model.moe:  # ffn-wide activations per token: the routed experts' and the shared ones'
+        f = model.experts_per_token * model.expert_ffn + model.shared_experts * model.shared_expert_ffn
+        f_mat = max(model.expert_ffn, model.shared_expert_ffn if model.shared_experts else 0)
     tokens = (train.seq or model.seq) * train.micro_batch
     rep = t if train.sequence_parallel else 1
     work = e * (h / rep + 2 * f / t) * tokens
-    if train.impl == "eager":
-        work = max(work, e * (h / rep + f / t) * tokens + e * h * f / t)
+    if train.impl != "fused":
+        work = max(work, e * (h / rep + f / t) * tokens + e * h * f_mat / t)
     if train.recompute == "full":
         work += chunks[0].layer_activation_bytes
     if split:
@@ -480,7 +529,8 @@ class MemoryReport:
     def to_dict(self) -> dict:
         t = self.train
         return {
-            "model": self.model.name, "total_params": int(self.total_params), "schedule": self.schedule_name,
+            "model": self.model.name, "total_params": int(self.total_params),
+            "active_params": int(active_params(self.model)), "schedule": self.schedule_name,
             "pp": self.pp, "vpp": self.vpp, "microbatches": self.microbatches, "tp": t.tp, "dp": t.dp,
             "zero": t.zero, "dtype": t.dtype, "seq": t.seq or self.model.seq, "micro_batch": t.micro_batch,
             "recompute": t.recompute, "sequence_parallel": t.sequence_parallel, "attention": t.attention,
@@ -547,6 +597,9 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
              mem_limit: str | float | None = None, options: dict | None = None) -> MemoryReport:
     """Per-device memory of ``model`` trained with ``train`` under schedule ``schedule``.
 
+    ``model``: a :class:`ModelConfig`, a preset name, a shipped published config's name or a path to a
+    Hugging Face ``config.json`` (:func:`pipeloom.models.hf_config.resolve_model`).
+
     The schedule is built by the registry with a :class:`~pipeloom.core.costs.MemModel` made from
     this estimate (so memory-aware builders plan with the model's real a/b), and its order-based
     memory trace gives the peak number of live microbatch activations per device.
@@ -558,7 +611,7 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
     from ..core.ir import Kind
     from ..core.costs import MemModel
 
-    model = preset(model) if isinstance(model, str) else model
+    model = resolve_model(model)
     train = train or TrainConfig()
     if vpp is None:
         vpp = registry.default_vpp(schedule)
@@ -650,7 +703,7 @@ def mem_limit_units(model: ModelConfig | str, train: TrainConfig | None = None, 
     activations on the tightest device, in full-stage microbatch activations ``U``.
     Pass the result as ``PlanSpec.mem_limit`` (or ``--mem-limit``); 1p = pp units.
     """
-    model = preset(model) if isinstance(model, str) else model
+    model = resolve_model(model)
     train = train or TrainConfig()
     lpc = list(layers_per_chunk) if layers_per_chunk is not None else split_layers(model.layers, pp * vpp)
     chunks = chunk_memory(model, train, lpc)

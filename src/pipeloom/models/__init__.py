@@ -3,6 +3,10 @@
     config   ModelConfig: THE description of a decoder-only transformer (no torch), read by the
              memory model, the partitioner's layer costs and the torch Llama
     presets  published shapes (Llama 2/3, GPT-3, llama-tiny) as ModelConfig (no torch)
+    hf_config  a Hugging Face config.json as ModelConfig (llama, mistral, qwen2, qwen3, gpt2, mixtral,
+             qwen3_moe, qwen2_moe; read as JSON, no torch) and resolve_model, the one --model resolution;
+             published configs shipped in hf_configs/
+    flops    parameters of a layer / embedding / head and per-layer F/B/W FLOPs, dense and MoE (no torch)
     slicing  cut a model's layers into the schedule's chunks (even_layer_split: no torch;
              chunk_modules: torch)
     llama    the built-in tiny Llama used by the demo, the tests and the benchmarks (torch)

@@ -6,7 +6,10 @@ torch Llama (:mod:`pipeloom.models.llama`, which builds its modules from it). Pu
 are in :mod:`pipeloom.models.presets`.
 
 Field names are those the ``pipeloom memory`` command and its JSON output use: ``hidden``,
-``layers``, ``heads``, ``kv_heads``, ``ffn``, ``vocab``, ``seq``.
+``layers``, ``heads``, ``kv_heads``, ``ffn``, ``vocab``, ``seq``. The architecture fields beyond
+Llama and GPT-3 (explicit ``head_size``, ``qkv_bias``, ``qk_norm``, mixture-of-experts ``experts``
+...) are what :func:`pipeloom.models.hf_config.from_hf_config` fills from a Hugging Face
+``config.json``; parameter counts and FLOPs of every part are in :mod:`pipeloom.models.flops`.
 """
 from __future__ import annotations
 
@@ -49,7 +52,31 @@ class ModelConfig:
     norm: str = "rmsnorm"
     """'rmsnorm' or 'layernorm'"""
     bias: bool = False
-    """biases on the linear layers (GPT-3: yes, Llama: no)"""
+    """biases on every linear layer of a transformer layer (GPT-3: yes, Llama: no); True sets
+    ``qkv_bias``, ``proj_bias`` and ``mlp_bias``"""
+    qkv_bias: bool = False
+    """biases on the query/key/value projections only (Qwen2)"""
+    proj_bias: bool = False
+    """bias on the attention output projection"""
+    mlp_bias: bool = False
+    """biases on the MLP (and expert) projections"""
+    head_size: int | None = None
+    """explicit width of one attention head (Qwen3: 128 whatever ``hidden``); None = hidden / heads.
+    The query projection is ``heads * head_dim`` wide, which then need not equal ``hidden``"""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key (Qwen3): two weight vectors of ``head_dim``"""
+    experts: int = 0
+    """routed experts per MoE layer; 0 = dense MLP (every layer is MoE when > 0)"""
+    experts_per_token: int = 0
+    """top-k: experts each token is routed to (>= 1 when ``experts`` > 0)"""
+    expert_ffn: int | None = None
+    """inner width of one routed expert's MLP; None = ``ffn``"""
+    shared_experts: int = 0
+    """experts every token goes through besides the routed ones (Qwen2-MoE: 1)"""
+    shared_expert_ffn: int | None = None
+    """inner width of one shared expert; None = ``ffn``"""
+    shared_expert_gate: bool = False
+    """a ``hidden -> 1`` sigmoid gate on the shared experts' output (Qwen2-MoE)"""
     tied_embeddings: bool = False
     """the output head shares the input embedding matrix (GPT-3: yes)"""
     learned_positions: bool = False
@@ -72,8 +99,15 @@ class ModelConfig:
         if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.heads % kv:
             raise ModelConfigError(f"kv_heads must be an integer >= 1 dividing heads={self.heads}, got {kv!r}")
         object.__setattr__(self, "kv_heads", kv)
-        if self.hidden % self.heads:
-            raise ModelConfigError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+        if self.head_size is None:
+            if self.hidden % self.heads:
+                raise ModelConfigError(f"hidden={self.hidden} must be divisible by heads={self.heads} "
+                                       f"(or give head_size explicitly)")
+        elif not _is_pos_int(self.head_size):
+            raise ModelConfigError(f"head_size must be an integer >= 1 or None, got {self.head_size!r}")
+        if self.bias:
+            for f in ("qkv_bias", "proj_bias", "mlp_bias"):
+                object.__setattr__(self, f, True)
         if self.mlp not in ("swiglu", "gelu"):
             raise ModelConfigError(f"mlp must be 'swiglu' or 'gelu', got {self.mlp!r}")
         if self.norm not in ("rmsnorm", "layernorm"):
@@ -84,16 +118,52 @@ class ModelConfig:
             raise ModelConfigError(f"model ffn must be an integer >= 1 or None, got {self.ffn!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ModelConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
+        for f in ("experts", "experts_per_token", "shared_experts"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ModelConfigError(f"model {f} must be an integer >= 0, got {v!r}")
+        if self.experts:
+            if not 1 <= self.experts_per_token <= self.experts:
+                raise ModelConfigError(f"experts_per_token (top-k) must lie in [1, experts={self.experts}], "
+                                       f"got {self.experts_per_token}")
+        elif self.experts_per_token or self.shared_experts or self.shared_expert_gate:
+            raise ModelConfigError("experts_per_token, shared_experts and shared_expert_gate need experts >= 1 "
+                                   "(a mixture-of-experts model); experts = 0 is a dense MLP")
+        for f in ("expert_ffn", "shared_expert_ffn"):
+            v = getattr(self, f)
+            if v is None:
+                object.__setattr__(self, f, self.ffn)
+            elif not _is_pos_int(v):
+                raise ModelConfigError(f"model {f} must be an integer >= 1 or None, got {v!r}")
 
     @property
     def head_dim(self) -> int:
-        """Width of one attention head: ``hidden / heads``."""
-        return self.hidden // self.heads
+        """Width of one attention head: ``head_size`` if given, else ``hidden / heads``."""
+        return self.head_size if self.head_size is not None else self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (and of the attention output): ``heads * head_dim``."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         """Width of the key (or value) projection: ``kv_heads * head_dim``."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def moe(self) -> bool:
+        """True for a mixture-of-experts model (``experts`` > 0)."""
+        return self.experts > 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (or expert): 3 for SwiGLU (gate, up, down), 2 for GeLU."""
+        return 3 if self.mlp == "swiglu" else 2
+
+
+def _is_pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 __all__ = ["ModelConfig", "ModelConfigError", "default_ffn"]

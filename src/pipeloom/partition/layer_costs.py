@@ -38,6 +38,13 @@ given, a head costed from FLOP and activation ratios:
 * memory: 16-bit logits plus the fp32 copy the softmax cross-entropy keeps, ``6*s*b*V`` bytes, vs
   a layer's ``34*s*b*h`` bytes (Korthikanti et al. 2022 with selective recomputation), i.e.
   ``head/layer = 6*V / (34*h)``.
+
+With a model (``--model``, a :class:`~pipeloom.models.config.ModelConfig`) the ratios come from
+that model instead: time from :func:`pipeloom.models.flops.layer_flops` and
+:func:`~pipeloom.models.flops.head_flops` (F, B and W each: ``head_F / layer_F`` ...), which for a
+mixture-of-experts layer charges the router and the top-k routed experts (and shared experts), not
+all experts; memory from :func:`activation_bytes_per_token` (16-bit, fused kernels, flash
+attention: the analytic memory model's default training) for the layer vs ``6*V`` for the head.
 """
 from __future__ import annotations
 
@@ -167,18 +174,50 @@ def head_ratios(vocab: int, hidden: int, seq: int | None = None) -> tuple[float,
     return t, m
 
 
+def activation_bytes_per_token(model: ModelConfig) -> float:
+    """Bytes one token of one transformer layer saves for the backward: 16-bit activations, fused kernels
+    (norm, SwiGLU), flash attention, no recompute; for MoE the router and the top-k routed copies.
+    The same tensors as :func:`pipeloom.memory.analytic.layer_activations` lists for that training
+    (tests check the two agree)."""
+    e, h, q, kv, a = 2, model.hidden, model.q_dim, model.kv_dim, model.heads
+    stat = 8 if model.norm == "layernorm" else 4
+
+    def norm(width: int, rows: int = 1) -> float:
+        return e * width * rows + stat * rows
+
+    def mlp(ffn: int) -> float:                     # fc1 input excluded; activation input(s); fc2 input
+        return (e if model.mlp == "gelu" else 2 * e) * ffn + e * ffn
+
+    n = norm(h) + e * h + e * q + 2 * e * kv + 4 * a + e * q            # norm, qkv in, q, k, v, lse, proj in
+    if model.qk_norm:
+        n += norm(model.head_dim, a) + norm(model.head_dim, model.kv_heads)
+    if model.dropout > 0:
+        n += 2 * h                                                       # two residual dropout masks
+    n += norm(h)
+    if not model.moe:
+        return n + e * h + mlp(model.ffn)
+    k = model.experts_per_token
+    n += e * h + 4 * model.experts + 12 * k                              # router input, fp32 probs, top-k
+    n += k * (e * h + mlp(model.expert_ffn) + e * h)                     # per routed copy: in, MLP, out
+    n += model.shared_experts * mlp(model.shared_expert_ffn)
+    if model.shared_experts and model.shared_expert_gate:
+        n += 4 + e * h
+    return n
+
+
 def default_layer_costs(num_layers: int, num_chunks: int, base: Costs | None = None, *, vocab: int | None = None,
                         hidden: int | None = None, seq: int | None = None,
                         model: ModelConfig | None = None) -> LayerCosts:
     """Identical layers whose average chunk costs ``base``'s F/B/W; optional head from vocab/hidden.
 
-    ``model`` (a :class:`~pipeloom.models.config.ModelConfig`, e.g. a preset) gives ``vocab``,
-    ``hidden`` and ``seq`` in one argument instead of the three keywords.
+    ``model`` (a :class:`~pipeloom.models.config.ModelConfig`, e.g. a preset or a Hugging Face config)
+    costs the head from that model's FLOPs and activations instead (module docstring); ``seq`` then
+    replaces the model's sequence length in the attention FLOPs.
     """
     if model is not None:
-        if (vocab, hidden, seq) != (None, None, None):
-            raise PartitionError("give the model or vocab/hidden/seq, not both")
-        vocab, hidden, seq = model.vocab, model.hidden, model.seq
+        if (vocab, hidden) != (None, None):
+            raise PartitionError("give the model or vocab/hidden, not both")
+        return _model_layer_costs(model, num_layers, num_chunks, base, seq)
     base = base or Costs()
     if not base.is_uniform():
         raise PartitionError("--costs gives per-chunk F/B/W lists, which a layer partition replaces; give scalar "
@@ -196,6 +235,22 @@ def default_layer_costs(num_layers: int, num_chunks: int, base: Costs | None = N
     src = "uniform layers" + (f", head from vocab={vocab} hidden={hidden}" + (f" seq={seq}" if seq else "")
                               if vocab is not None else "")
     return LayerCosts(tuple([layer] * num_layers), ZERO, head, source=src)
+
+
+def _model_layer_costs(model: ModelConfig, num_layers: int, num_chunks: int, base: Costs | None,
+                       seq: int | None) -> LayerCosts:
+    from ..models.flops import head_flops, layer_flops
+
+    if seq is not None and (not isinstance(seq, int) or seq < 1):
+        raise PartitionError(f"--seq must be an integer >= 1, got {seq!r}")
+    uniform = default_layer_costs(num_layers, num_chunks, base)
+    layer = uniform.layers[0]
+    lf, lb, lw = layer_flops(model, 1, seq=seq)
+    hf, hb, hw = head_flops(model, 1)
+    head = LayerCost(F=layer.F * hf / lf, B=layer.B * hb / lb, W=layer.W * hw / lw,
+                     mem=6.0 * model.vocab / activation_bytes_per_token(model))
+    src = f"uniform layers, head from model {model.name} (FLOPs" + (f", seq={seq}" if seq else "") + ")"
+    return LayerCosts(uniform.layers, ZERO, head, source=src)
 
 
 def _layer_from(obj, where: str, default_mem: float) -> LayerCost:

@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 from ..core.ir import Placement
 from ..schedule.registry import PlanSpec
 from ..core.costs import Costs
+from ..models.config import ModelConfig
 from .balance import BalanceResult, balance as _balance
 from .layer_costs import LayerCosts, default_layer_costs, load_layer_costs
 from .layout import Partition, PartitionError, from_layers_per_device, parse_counts, uniform
@@ -38,14 +39,15 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
                    layers: int | None = None, layers_per_device: Sequence[int] | str | None = None,
                    layer_costs: LayerCosts | str | None = None, base_costs: Costs | None = None,
                    vocab: int | None = None, hidden: int | None = None, seq: int | None = None,
-                   balance: str | None = None, schedule: str | None = None, microbatches: int | None = None,
+                   model: ModelConfig | None = None, balance: str | None = None, schedule: str | None = None, microbatches: int | None = None,
                    mem_limit: float | None = None, embedding: bool = True, head: bool = True,
                    max_evals: int = 400, options: dict | None = None,
                    progress: Callable[[int], None] | None = None) -> PartitionPlan:
     """Resolve the partition options (the ``--layers ...`` family) into a :class:`PartitionPlan`.
 
     Layer count: ``layers``, else the length of ``layers_per_device``' sum, else of the cost file.
-    Layer costs: the file, else :func:`default_layer_costs` from ``base_costs`` (+ vocab/hidden).
+    Layer costs: the file, else :func:`default_layer_costs` from ``base_costs`` (+ vocab/hidden, or
+    ``model``: a :class:`~pipeloom.models.config.ModelConfig` whose layer count is the default).
     Split: ``layers_per_device`` (seed 002 round-robin), ``balance`` ('bottleneck' or
     'makespan', see :mod:`.balance`), else uniform (seed 002's seg_layer_num rule).
     """
@@ -55,7 +57,17 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
         layers_per_device = parse_counts(layers_per_device)
     if isinstance(layer_costs, str):
         layer_costs = load_layer_costs(layer_costs)
-    if seq is not None and vocab is None and hidden is None:
+    if model is not None:
+        if layer_costs is not None:
+            raise PartitionError("--model costs the layers; --layer-costs gives them from a file: use one of the two")
+        if vocab is not None or hidden is not None:
+            raise PartitionError("--model gives the vocabulary and hidden size; drop --vocab/--hidden")
+        if layers is not None and layers != model.layers:
+            raise PartitionError(f"--layers is {layers} but model {model.name} has {model.layers} layers; drop "
+                                 f"--layers (the model's count is used)")
+        if layers_per_device is None:
+            layers = model.layers
+    elif seq is not None and vocab is None and hidden is None:
         raise PartitionError("--seq only refines the head cost made from --vocab and --hidden; give them too "
                              "(or drop --seq)")
     if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
@@ -79,7 +91,13 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
         raise PartitionError(f"{layers} layers cannot fill pp*vpp = {pp}*{vpp} = {nc} chunks (each needs >= 1 "
                              f"layer); use --layers >= {nc} or fewer devices/chunks")
     if layer_costs is None:
-        layer_costs = default_layer_costs(layers, nc, base_costs, vocab=vocab, hidden=hidden, seq=seq)
+        if model is not None:
+            if layers != model.layers:
+                raise PartitionError(f"--layers-per-device sums to {layers} layers but model {model.name} has "
+                                     f"{model.layers}; make them agree")
+            layer_costs = default_layer_costs(layers, nc, base_costs, model=model, seq=seq)
+        else:
+            layer_costs = default_layer_costs(layers, nc, base_costs, vocab=vocab, hidden=hidden, seq=seq)
     base = base_costs or Costs()
     if balance:
         if layers_per_device is not None:
