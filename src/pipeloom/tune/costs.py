@@ -9,7 +9,7 @@ Compute
     (final norm + vocabulary projection + loss) runs with the last chunk: ``2 * tokens * V * h`` FLOPs
     per pass (F, B and W alike); the embedding lookup costs no FLOPs.
     Recompute: ``full`` re-runs the layer's forward (and its TP collectives) inside B; ``selective``
-    re-runs the attention core, ``4 * tokens * s * h`` FLOPs (QK^T and AV).
+    re-runs the attention core (QK^T and AV): B - F of the layer's FLOPs.
 
 Tensor parallel (Megatron with sequence parallelism)
     Per layer, forward: two all-gathers and two reduce-scatters of the ``tokens x h`` activation (2 bytes
@@ -39,6 +39,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
+from ..models import flops as _flops
 from ..models.config import ModelConfig
 from .gpus import GPU, GPUError, Link, with_overrides
 
@@ -53,36 +54,23 @@ class CalibrationError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------ FLOPs
-def _flops_module():
-    try:
-        from ..models import flops  # written by the model-description work (dense and MoE)
-        return flops
-    except ImportError:  # pragma: no cover - only before that module exists
-        return None
-
-
 def layer_flops(model: ModelConfig, tokens: int, seq: int) -> tuple[float, float, float]:
-    """(F, B, W) FLOPs of one decoder layer for ``tokens`` tokens of sequences of length ``seq``."""
-    cfg = model if model.seq == seq else replace(model, seq=seq)
-    mod = _flops_module()
-    if mod is not None:
-        f, b, w = mod.layer_flops(cfg, tokens)
-        return float(f), float(b), float(w)
-    # stand-in until pipeloom.models.flops exists: dense GEMMs + attention (Narayanan et al. 2021)
-    h, kv, ff = cfg.hidden, cfg.kv_dim, cfg.ffn
-    gemm = 2.0 * tokens * (2 * h * h + 2 * h * kv + (3 if cfg.mlp == "swiglu" else 2) * h * ff)
-    attn = attention_core_flops(cfg, tokens, seq)
-    return gemm + attn, gemm + 2 * attn, gemm
+    """(F, B, W) FLOPs of one decoder layer for ``tokens`` tokens of sequences of length ``seq``
+    (:func:`pipeloom.models.flops.layer_flops`: dense and MoE)."""
+    f, b, w = _flops.layer_flops(model, tokens, seq=seq)
+    return float(f), float(b), float(w)
 
 
 def attention_core_flops(model: ModelConfig, tokens: int, seq: int) -> float:
-    """Forward FLOPs of QK^T and AV for ``tokens`` tokens: ``4 * tokens * s * h``."""
-    return 4.0 * tokens * seq * model.hidden
+    """Forward FLOPs of the attention core (QK^T and AV): what B does beyond F in
+    :func:`pipeloom.models.flops.layer_flops` (the core's backward is twice its forward)."""
+    f, b, _ = layer_flops(model, tokens, seq)
+    return b - f
 
 
 def head_flops(model: ModelConfig, tokens: int) -> float:
-    """FLOPs of one pass (F, B or W) of the vocabulary projection: ``2 * tokens * V * h``."""
-    return 2.0 * tokens * model.vocab * model.hidden
+    """FLOPs of one pass (F, B or W) of the vocabulary projection (:func:`pipeloom.models.flops.head_flops`)."""
+    return float(_flops.head_flops(model, tokens)[0])
 
 
 # ------------------------------------------------------------------------------------------ collectives

@@ -17,6 +17,7 @@ Simulations are cached by (schedule, pp, vpp, m, normalised per-chunk costs, mem
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -308,7 +309,16 @@ def _owned(space: _Space, pp: int, vpp: int, placement: Placement):
     return hit
 
 
-def lower_bound(space: _Space, c: Config, statics) -> float:
+def memory_lower_bound(space: _Space, c: Config) -> float:
+    """Bytes every schedule of ``c`` needs on its fullest device: parameters, gradients, optimizer states,
+    the transient working set, and microbatch 0's activations on each of the device's chunks (all held
+    when that microbatch's backward starts at the last chunk)."""
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    return max(st + tr + sum(ch.activation_bytes for ch in mine) for mine, st, tr, _ in statics)
+
+
+def lower_bound(space: _Space, c: Config) -> float:
     """Seconds no schedule of ``c`` can beat (module docstring): the larger of
     * per device: the forward chain before its first chunk can start, plus its busy time;
     * the last microbatch: chunk 0 runs m-1 other forwards first, then that microbatch's forward and
@@ -320,6 +330,8 @@ def lower_bound(space: _Space, c: Config, statics) -> float:
     prefix = [0.0]
     for k in range(nc):
         prefix.append(prefix[-1] + F[k] + (comm if cross[k] else 0.0))
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
     m = c.microbatches
     best = (m - 1) * F[0] + prefix[nc] + sum(B) + comm * sum(cross)
     for mine in owned:
@@ -404,16 +416,13 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                                         c = Config(tp=tp, pp=pp, dp=dp, vpp=vpp, microbatch_size=b, microbatches=m,
                                                    schedule=name, recompute=r, zero=z, partition=how,
                                                    mem_limit_mode=lim, seg_layer_num=seg, placement=placement)
-                                        train, chunks = space.memory(tp, b, r, z, dp, seg)
-                                        statics = _static(space, train, chunks, pp, vpp, placement)
-                                        c.mem_lower_bound = max(st + tr + sum(ch.activation_bytes for ch in mine)
-                                                                for mine, st, tr, _ in statics)
+                                        c.mem_lower_bound = memory_lower_bound(space, c)
                                         if c.mem_lower_bound > avail_bytes:
                                             drop("memory: weights + optimizer + one microbatch over the GPU")
                                             out.append(c)  # kept aside for the 'fits nowhere' message
                                             c.fits = False
                                             continue
-                                        c.lower_bound_s = lower_bound(space, c, statics)
+                                        c.lower_bound_s = lower_bound(space, c)
                                         out.append(c)
     if searched == 0 and bad_dp:
         ok = sorted(set(bad_dp))
@@ -548,10 +557,12 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
         progress(n, n)
     ok = sorted((c for c in done if c.fits), key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
     # plan the leaders again with the builders' own defaults (polish can only shorten them: the bound stays valid)
-    for c in ok[:prob.top]:
+    for i, c in enumerate(ok[:prob.top]):
         if any(k in registry.get(c.schedule).option_names for k in SWEEP_OPTIONS):
-            evaluate(space, c, refine=True)
-    ok = sorted((c for c in ok if c.fits), key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
+            again = evaluate(space, copy.copy(c), refine=True)
+            if again.fits and again.step_time_s < c.step_time_s:
+                ok[i] = again
+    ok.sort(key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
     if not ok:
         raise _fits_nowhere(prob, dead + [c for c in done if not c.fits])
     rest = [c for c in done if not c.fits]
@@ -606,5 +617,5 @@ def _explain(space: _Space, c: Config) -> dict:
             "reserve_bytes": p.reserve}
 
 
-__all__ = ["Config", "PARTITIONS", "Problem", "RECOMPUTES", "TuneError", "TuneResult", "builder_vpps", "enumerate_space",
-           "evaluate", "tune"]
+__all__ = ["Config", "PARTITIONS", "Problem", "RECOMPUTES", "SWEEP_OPTIONS", "TuneError", "TuneResult", "builder_vpps",
+           "enumerate_space", "evaluate", "lower_bound", "memory_lower_bound", "tune"]
