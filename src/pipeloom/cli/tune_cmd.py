@@ -55,6 +55,8 @@ def add_parser(sub) -> None:
                    help="JSON with efficiency and link figures (format in docs/tune.md)")
     s = p.add_argument_group("search limits")
     s.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
+    s.add_argument("--tp", type=positive_int, default=None, help="fix the tensor-parallel degree (default: search)")
+    s.add_argument("--pp", type=positive_int, default=None, help="fix the pipeline degree (default: search)")
     s.add_argument("--max-pp", type=positive_int, default=None, help="largest pipeline degree")
     s.add_argument("--max-vpp", type=positive_int, default=4, help="largest number of chunks per device (default: 4)")
     s.add_argument("--max-microbatch-size", type=positive_int, default=8,
@@ -123,7 +125,7 @@ def problem_from_args(args):
     if reserve >= gpu.memory:
         raise ValueError(f"--reserve {args.reserve} is not below the GPU memory ({gpu.memory / GiB:.1f} GiB)")
     return Problem(model=model, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch, seq=args.seq or model.seq,
-                   calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, max_vpp=args.max_vpp,
+                   calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp, max_vpp=args.max_vpp,
                    max_microbatch_size=args.max_microbatch_size, schedules=schedules,
                    recompute=_csv(args.recompute, "--recompute", RECOMPUTES),
                    zero=_csv(args.zero, "--zero", (0, 1), int), reserve=reserve, top=args.top)

@@ -63,6 +63,12 @@ class Problem:
     calibration: Calibration = field(default_factory=Calibration)
     max_tp: int | None = None
     max_pp: int | None = None
+    tp: int | None = None
+    """fix the tensor-parallel degree (None: search it)"""
+    pp: int | None = None
+    """fix the pipeline degree (None: search it)"""
+    microbatch_sizes: tuple[int, ...] | None = None
+    """the micro-batch sizes to try (None: every divisor up to max_microbatch_size)"""
     max_vpp: int = 4
     max_microbatch_size: int = 8
     schedules: tuple[str, ...] | None = None
@@ -359,7 +365,11 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
     def drop(reason: str, n: int = 1) -> None:
         pruned[reason] = pruned.get(reason, 0) + n
 
-    tps = [t for t in _divisors(gpn) if prob.max_tp is None or t <= prob.max_tp]
+    tps = [t for t in _divisors(gpn) if (prob.max_tp is None or t <= prob.max_tp) and prob.tp in (None, t)]
+    if not tps:
+        raise TuneError(f"no tensor-parallel degree to try: tp must divide the {gpn} GPUs of a node"
+                        + (f" and be <= --max-tp {prob.max_tp}" if prob.max_tp else "")
+                        + (f"; --tp {prob.tp} does not" if prob.tp else ""))
     bad_dp = []
     for tp in tps:
         try:
@@ -371,6 +381,8 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
             drop("tp: does not divide the GPU count")
             continue
         for pp in _divisors(prob.gpus // tp):
+            if prob.pp is not None and pp != prob.pp:
+                continue
             if prob.max_pp is not None and pp > prob.max_pp:
                 drop("pp: above --max-pp")
                 continue
@@ -384,7 +396,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                 continue
             per = prob.global_batch // dp
             for b in _divisors(per):
-                if b > prob.max_microbatch_size:
+                if b > prob.max_microbatch_size or (prob.microbatch_sizes and b not in prob.microbatch_sizes):
                     continue
                 m = per // b
                 for r in prob.recompute:
