@@ -5,10 +5,22 @@
                     and the calibration file
 * :mod:`.search` -- enumeration, memory and time lower bounds, simulation in bound order, ranking
 * :mod:`.launch` -- the chosen plan as files: schedule, Gantt, pipeloom/torchrun, torchtitan, Megatron-Core
-"""
-from .costs import Calibration, CalibrationError
-from .gpus import GPU, GPUS, GPUError, Link, gpu_preset, with_overrides
-from .search import Config, Problem, TuneError, TuneResult, tune
 
-__all__ = ["Calibration", "CalibrationError", "Config", "GPU", "GPUError", "GPUS", "Link", "Problem", "TuneError",
-           "TuneResult", "gpu_preset", "tune", "with_overrides"]
+The names below load on first use, so that building the command line (which lists the GPU presets) does not
+import the search and the memory model.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"Calibration": "costs", "CalibrationError": "costs", "Config": "search", "GPU": "gpus", "GPUS": "gpus",
+          "GPUError": "gpus", "Link": "gpus", "Problem": "search", "TuneError": "search", "TuneResult": "search",
+          "gpu_preset": "gpus", "tune": "search", "with_overrides": "gpus"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
