@@ -62,15 +62,16 @@ def _fmt(c) -> str:
             f" z{c.zero}")
 
 
-def best_table(models, gpus_list, eff) -> list[str]:
+def best_table(models, gpus_list, eff, pairs=None, max_vpp=4) -> list[str]:
     rows = ["| model | GPUs | best config (all families) | MFU | best 1F1B/interleaved only | MFU | ZB/V gain | "
             "search s |", "|---|---|---|---|---|---|---|---|"]
-    for key in models:
+    todo = pairs or [(k, n) for k in models for n in gpus_list]
+    for key, n in todo:
         spec, gb = MODELS[key]
         model = spec if isinstance(spec, ModelConfig) else resolve_model(spec)
-        for n in gpus_list:
+        if True:
             base = dict(model=model, gpus=n, gpu=gpu_preset("h100"), global_batch=gb, seq=model.seq, top=1,
-                        max_microbatch_size=2, calibration=Calibration(efficiency=eff, source="bench"))
+                        max_microbatch_size=2, max_vpp=max_vpp, calibration=Calibration(efficiency=eff, source="bench"))
             a, ea, ta = run(Problem(**base))
             b, eb, tb = run(Problem(**base, schedules=CLASSIC))
             ca = a.best if a else None
@@ -110,16 +111,17 @@ def calibrate(model, tp, pp, gpus, gb, target_step, **kw) -> float:
     return (lo + hi) / 2
 
 
-def published_tables() -> tuple[list[str], float]:
-    out = ["### Narayanan et al. SC'21, Table 1 (GPT, A100 80GB, 1F1B, micro-batch 1, full recompute)", "",
+def published_tables(narayanan: bool = True) -> tuple[list[str], float]:
+    out = [] if not narayanan else ["### Narayanan et al. SC'21, Table 1 (GPT, A100 80GB, 1F1B, micro-batch 1, full recompute)", "",
            "Efficiency calibrated on the 18B row (TP8 PP1, 256 GPUs), every other row predicted.", "",
            "| model | TP | PP | GPUs | batch | published TFLOP/s/GPU | published step s | predicted step s | error |",
            "|---|---|---|---|---|---|---|---|---|"]
     cal_row = NARAYANAN[3]
     m, tp, pp, g, gb, tf = cal_row
-    eff = calibrate(m, tp, pp, g, gb, narayanan_step(m, gb, g, tf))
-    out.insert(3, f"Calibrated efficiency: **{eff:.3f}** of A100 peak (312 TFLOP/s).")
-    for m, tp, pp, g, gb, tf in NARAYANAN:
+    if narayanan:
+        eff = calibrate(m, tp, pp, g, gb, narayanan_step(m, gb, g, tf))
+        out.insert(3, f"Calibrated efficiency: **{eff:.3f}** of A100 peak (312 TFLOP/s).")
+    for m, tp, pp, g, gb, tf in (NARAYANAN if narayanan else []):
         pub = narayanan_step(m, gb, g, tf)
         try:
             c = predict_fixed(m, tp, pp, g, gb, eff)
@@ -149,7 +151,8 @@ def published_tables() -> tuple[list[str], float]:
         out.append(f"| {g} | {g // 128} | {mfu * 100:.0f}% | {c.mfu * 100:.1f}% | "
                    f"{(c.mfu / mfu - 1) * 100:+.1f}%{' (calibration run)' if g == gpus0 else ''} | {_fmt(c)} |")
         print(out[-1], file=sys.stderr, flush=True)
-    out.insert(-3 - len(LLAMA3_RUNS), f"Calibrated efficiency: **{eff3:.3f}** of H100 peak (989 TFLOP/s).")
+    out.insert(-len(LLAMA3_RUNS) - 2, f"Calibrated efficiency: **{eff3:.3f}** of H100 peak (989 TFLOP/s).")
+    print(out[-len(LLAMA3_RUNS) - 3], file=sys.stderr, flush=True)
     return out, eff3
 
 
@@ -158,16 +161,22 @@ def main() -> None:
     ap.add_argument("--gpus", default="64,256,1024")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--skip-published", action="store_true")
+    ap.add_argument("--pairs", default=None, help="model:gpus,... instead of every model x --gpus")
+    ap.add_argument("--max-vpp", type=int, default=4)
+    ap.add_argument("--efficiency", type=float, default=None, help="skip the Narayanan table; use this efficiency "
+                    "for the best-configuration table (the Llama 3 rows still calibrate their own)")
     a = ap.parse_args()
     lines = ["# pipeloom tune: bench", "", "Command: `python bench/tune.py " + " ".join(sys.argv[1:]) + "`", ""]
-    eff = 0.5
+    eff = a.efficiency or 0.5
     if not a.skip_published:
-        pub, eff = published_tables()
+        pub, eff3 = published_tables(narayanan=a.efficiency is None)
+        eff = a.efficiency or eff3
         lines += ["## Against published runs", ""] + pub + [""]
     lines += ["## Best configurations on H100 (efficiency %.3f, from the Llama 3 calibration)" % eff, "",
               "Global batch in sequences (gb), sequence length = the model's. ZB/V gain = step time of the best "
               "1F1B/interleaved-only configuration / best overall - 1.", ""]
-    lines += best_table(a.models.split(","), [int(x) for x in a.gpus.split(",")], eff)
+    pairs = [(p.split(":")[0], int(p.split(":")[1])) for p in a.pairs.split(",")] if a.pairs else None
+    lines += best_table(a.models.split(","), [int(x) for x in a.gpus.split(",")], eff, pairs, a.max_vpp)
     print("\n".join(lines))
 
 
