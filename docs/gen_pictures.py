@@ -145,6 +145,7 @@ LAYERS = [
     ("runtime", "runtime/", "torch.distributed executor, driver, launch, p2p, comm plan (torch)"),
     ("memory", "memory/", "analytic estimator; traced estimator (torch)"),
     ("integrations", "integrations/", "other runtimes: pipeloom plans in torch.distributed.pipelining (torch)"),
+    ("tune", "tune/", "parallel-configuration search: cost model, bounds, launch files"),
     ("api", "api.py", "the facade: the few calls users start from"),
     ("cli", "cli/, demo.py", "one module per command: parse, call one library function, print; make demo"),
 ]

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime",),     # torch.distributed executor, driver, launch
     ("memory",),      # analytic and traced memory
     ("integrations",),  # other frameworks' runtimes (torch.distributed.pipelining)
+    ("tune",),        # parallel-configuration search (cost model, bounds, launch files)
     ("api",),         # the facade for users; nothing inside the library imports it
     ("cli", "demo"),  # the command line and the demo on top
     ("__init__", "__main__"),

@@ -11,7 +11,7 @@ import re
 import sys
 
 # the subcommands; module cli/<name>_cmd.py defines add_parser(subparsers)
-COMMANDS = ["simulate", "plan", "show", "compare", "partition", "memory", "run", "trace", "check", "convert"]
+COMMANDS = ["simulate", "plan", "show", "compare", "partition", "memory", "run", "trace", "check", "convert", "tune"]
 
 
 class CLIError(Exception):

@@ -56,12 +56,19 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object; 'devices' = per device, per local chunk, the layer indices")
     add_partition_options(p)
+    p.add_argument("--megatron-layout", default=None, metavar="LAYOUT",
+                   help="read the split from a Megatron-Core --pipeline-model-parallel-layout string, e.g. "
+                        "'Et*3|(t*3|)*2,t*3L' (E embedding, t layer, L loss, | between virtual stages in Megatron's "
+                        "order; vpp = stages / pp). The output always gives the split as such a string "
+                        "(megatron_layout)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     if args.schedule is not None:
         registry.get(args.schedule)
+    if args.megatron_layout is not None:
+        return _run_layout(args)
     vpp = args.vpp or (registry.default_vpp(args.schedule) if args.schedule else 1)
     schedule = args.schedule or ("1f1b" if vpp == 1 else "interleaved")
     registry.check_vpp(registry.get(schedule), vpp)
@@ -74,8 +81,51 @@ def run(args) -> int:
     if objective == "makespan":
         progress = lambda n: _progress.report(f"balancing: {n} schedules simulated (at most {args.max_evals})")  # noqa
     pplan = partition_from_args(args, spec, schedule, progress=progress, objective=objective)
+    return _report(args, spec, schedule, m, pplan)
+
+
+def _run_layout(args) -> int:
+    """--megatron-layout: the split comes from the string; costs from the other partition options."""
+    from ..partition.megatron import layout_to_partition
+    from ..partition import default_layer_costs, load_layer_costs
+    from ..partition.wiring import PartitionPlan
+
+    for flag, v in (("--layers-per-device", args.layers_per_device), ("--balance", args.balance)):
+        if v is not None:
+            raise ValueError(f"--megatron-layout gives the split itself; drop {flag}")
+    part = layout_to_partition(args.megatron_layout, args.pp)
+    if args.vpp is not None and args.vpp != part.vpp:
+        raise ValueError(f"--megatron-layout has {part.num_chunks} stages = pp {args.pp} x vpp {part.vpp}, but "
+                         f"--vpp is {args.vpp}; drop --vpp or fix the layout")
+    if args.layers is not None and args.layers != part.num_layers:
+        raise ValueError(f"--megatron-layout holds {part.num_layers} decoder layers but --layers is {args.layers}")
+    schedule = args.schedule or ("1f1b" if part.vpp == 1 else "interleaved")
+    info = registry.get(schedule)
+    registry.check_vpp(info, part.vpp)
+    if info.placement_at(part.vpp) is not part.placement:
+        raise ValueError(f"schedule {schedule!r} places chunks {info.placement_at(part.vpp).value}-wise; Megatron "
+                         f"layouts are interleaved: choose an interleaved-placement schedule")
+    m = args.microbatches or 2 * args.pp
+    spec = make_spec(pp=args.pp, microbatches=m, vpp=part.vpp, costs=args.costs, mem_limit=args.mem_limit)
+    if args.layer_costs is not None:
+        lc = load_layer_costs(args.layer_costs)
+        if lc.num_layers != part.num_layers:
+            raise ValueError(f"--layer-costs lists {lc.num_layers} layers but the layout holds {part.num_layers}")
+    else:
+        lc = default_layer_costs(part.num_layers, part.num_chunks, spec.costs, vocab=args.vocab, hidden=args.hidden,
+                                 seq=args.seq)
+    return _report(args, spec, schedule, m, PartitionPlan(part, lc, "megatron layout"))
+
+
+def _report(args, spec, schedule, m, pplan) -> int:
+    from ..partition.megatron import LayoutError, partition_to_layout
+
     part, lc = pplan.partition, pplan.layer_costs
     out = part.to_dict()
+    try:
+        out["megatron_layout"] = partition_to_layout(part)
+    except LayoutError:
+        out["megatron_layout"] = None
     cc = lc.chunk_costs(part)
     out.update(how=pplan.how, schedule=schedule, microbatches=m, cost_model=lc.source, memory_limit=spec.mem_limit,
                chunk_costs={k: cc[k] for k in ("F", "B", "W", "total")},
@@ -140,6 +190,8 @@ def _print(out: dict, part, cc) -> None:
                       fmt(cc["W"][c], 3), fmt(a[c], 3), fmt(out["device_load"][d], 3) if i == 0 else "",
                       end_section=i == part.vpp - 1)
     con.print(t)
+    if out.get("megatron_layout"):
+        con.print(f"Megatron-Core: --pipeline-model-parallel-layout '{out['megatron_layout']}'")
     s = Table(title=f"simulated: {out['schedule']} m={out['microbatches']} (cost model: {out['cost_model']})")
     s.add_column("metric")
     s.add_column(out["how"], justify="right")

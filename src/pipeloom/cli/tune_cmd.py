@@ -1,0 +1,234 @@
+"""pipeloom tune: which tp, pp, vpp, dp, micro-batch, schedule, memory limit and recompute to run, and does it fit."""
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from .common import number_type, positive_int, print_json
+
+GiB = 1024 ** 3
+
+
+def add_parser(sub) -> None:
+    from ..tune.gpus import GPUS
+
+    p = sub.add_parser(
+        "tune", help="search tp/pp/vpp/dp, micro-batch, schedule, memory limit, recompute, ZeRO-1 for a model on N GPUs",
+        description=textwrap.fill(
+            "Search the parallel configuration of a training run: tensor parallel (inside a node), pipeline, "
+            "virtual stages, data parallel, micro-batch size and count, every registered schedule family "
+            "(zero-bubble and V-shapes included), memory limit, recompute, ZeRO-1 and the layer partition. Time "
+            "comes from the model's FLOPs at peak x efficiency plus TP, pipeline and DP communication and the "
+            "optimizer step, simulated under the actual schedule; memory from the analytic estimator under the "
+            "same schedule. Configurations are pruned by a memory lower bound and a step-time lower bound "
+            "before any simulation. See docs/tune.md.", 100),
+        epilog="examples:\n"
+               "  pipeloom tune --model llama2-7b --gpus 64 --gpu h100 --global-batch 512\n"
+               "  pipeloom tune --model llama2-70b --gpus 1024 --global-batch 1024 --schedules 1f1b,interleaved\n"
+               "  pipeloom tune --model config.json --gpus 16 --gpu-flops 400e12 --gpu-memory 96GiB --global-batch 64 "
+               "--out plan/",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="PRESET|config.json",
+                   help="model preset (as 'pipeloom memory --model') or a Hugging Face config.json")
+    p.add_argument("--gpus", type=positive_int, required=True, help="number of GPUs (whole nodes)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: 8)")
+    p.add_argument("--gpu", default="h100", metavar="NAME",
+                   help=f"GPU preset: {', '.join(GPUS)} (default: %(default)s)")
+    p.add_argument("--gpu-flops", type=number_type(0, unit="FLOP/s"), default=None, metavar="FLOPS",
+                   help="peak dense BF16 FLOP/s per GPU, e.g. 989e12 (replaces the preset's)")
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="memory per GPU, e.g. 80GiB (replaces the preset's)")
+    p.add_argument("--global-batch", type=positive_int, required=True, metavar="SEQS",
+                   help="sequences per optimizer step (= dp x micro-batch size x microbatches)")
+    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
+    g = p.add_argument_group("links (defaults from the GPU preset)")
+    g.add_argument("--intra-bw", type=number_type(0, unit="bytes/s"), default=None, metavar="B/S",
+                   help="bus bandwidth per GPU inside a node (bytes/s)")
+    g.add_argument("--intra-latency", type=number_type(0, unit="seconds"), default=None, metavar="S",
+                   help="latency per message inside a node (s)")
+    g.add_argument("--inter-bw", type=number_type(0, unit="bytes/s"), default=None, metavar="B/S",
+                   help="bandwidth per GPU between nodes (bytes/s)")
+    g.add_argument("--inter-latency", type=number_type(0, unit="seconds"), default=None, metavar="S",
+                   help="latency per message between nodes (s)")
+    g.add_argument("--efficiency", type=number_type(0, 1), default=None,
+                   help="fraction of peak FLOP/s the layers reach (default 0.5, or the calibration file's)")
+    g.add_argument("--calibration", default=None, metavar="FILE",
+                   help="JSON with efficiency and link figures (format in docs/tune.md)")
+    s = p.add_argument_group("search limits")
+    s.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
+    s.add_argument("--tp", type=positive_int, default=None, help="fix the tensor-parallel degree (default: search)")
+    s.add_argument("--pp", type=positive_int, default=None, help="fix the pipeline degree (default: search)")
+    s.add_argument("--max-pp", type=positive_int, default=None, help="largest pipeline degree")
+    s.add_argument("--max-vpp", type=positive_int, default=4, help="largest number of chunks per device (default: 4)")
+    s.add_argument("--max-microbatch-size", type=positive_int, default=8,
+                   help="largest micro-batch size in sequences (default: 8)")
+    s.add_argument("--schedules", default=None, metavar="A,B",
+                   help="schedule builders to consider (default: every registered one but optimal)")
+    s.add_argument("--recompute", default="none,selective,full", metavar="MODES",
+                   help="recompute modes to consider (default: %(default)s)")
+    s.add_argument("--zero", default="0,1", metavar="0,1", help="ZeRO-1 settings to consider (default: %(default)s)")
+    s.add_argument("--reserve", default="2GiB", metavar="SIZE",
+                   help="memory kept aside per GPU (CUDA context, allocator) (default: %(default)s)")
+    s.add_argument("--top", type=positive_int, default=5, help="configurations to rank (default: %(default)s)")
+    p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write the best plan: schedule JSON, Gantt PNG, launch commands, torchtitan and "
+                        "Megatron-Core arguments")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object {configs, searched, pruned, ...}")
+    p.set_defaults(func=run)
+
+
+def _csv(text: str, flag: str, allowed=None, conv=str) -> tuple:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"{flag} {text!r}: give at least one value")
+    out = []
+    for x in items:
+        try:
+            v = conv(x)
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: {x!r} is not allowed; allowed: {', '.join(map(str, allowed))}") from None
+        if allowed is not None and v not in allowed:
+            raise ValueError(f"{flag} {text!r}: {x!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+def problem_from_args(args):
+    from ..memory.analytic import parse_bytes
+    from ..schedule import registry
+    from ..tune import Calibration, Problem, gpu_preset, with_overrides
+    from ..tune.search import RECOMPUTES
+
+    model = _resolve_model(args.model)
+    gpu = gpu_preset(args.gpu)
+    gpu = with_overrides(gpu, peak_flops=args.gpu_flops,
+                         memory=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
+                         gpus_per_node=args.gpus_per_node, intra_bandwidth=args.intra_bw,
+                         intra_latency=args.intra_latency, inter_bandwidth=args.inter_bw,
+                         inter_latency=args.inter_latency)
+    cal = Calibration.load(args.calibration) if args.calibration else Calibration()
+    if args.efficiency is not None:
+        if args.efficiency <= 0:
+            raise ValueError("--efficiency must be > 0 (a fraction of peak FLOP/s, e.g. 0.5)")
+        cal = Calibration(efficiency=args.efficiency, intra=cal.intra, inter=cal.inter,
+                          hbm_bandwidth=cal.hbm_bandwidth, source=cal.source + " + --efficiency")
+    gpu = cal.apply(gpu)
+    # the command-line link figures win over the calibration file's
+    gpu = with_overrides(gpu, intra_bandwidth=args.intra_bw, intra_latency=args.intra_latency,
+                         inter_bandwidth=args.inter_bw, inter_latency=args.inter_latency)
+    cal = Calibration(efficiency=cal.efficiency, source=cal.source)
+    schedules = None
+    if args.schedules:
+        schedules = _csv(args.schedules, "--schedules", registry.names())
+    reserve = parse_bytes(args.reserve)
+    if reserve >= gpu.memory:
+        raise ValueError(f"--reserve {args.reserve} is not below the GPU memory ({gpu.memory / GiB:.1f} GiB)")
+    return Problem(model=model, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch, seq=args.seq or model.seq,
+                   calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp, max_vpp=args.max_vpp,
+                   max_microbatch_size=args.max_microbatch_size, schedules=schedules,
+                   recompute=_csv(args.recompute, "--recompute", RECOMPUTES),
+                   zero=_csv(args.zero, "--zero", (0, 1), int), reserve=reserve, top=args.top)
+
+
+def _resolve_model(spec: str):
+    try:
+        from ..models.hf_config import resolve_model
+    except ImportError:
+        from ..models.presets import preset
+
+        if spec.lower().endswith(".json"):
+            raise ValueError(f"--model {spec!r}: reading Hugging Face config.json files needs "
+                             f"pipeloom.models.hf_config, not in this build; give a preset") from None
+        return preset(spec)
+    return resolve_model(spec)
+
+
+def run(args) -> int:
+    from ..tune import tune
+
+    prob = problem_from_args(args)
+    if args.out is not None:
+        import os
+
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise ValueError(f"--out {args.out!r} is a file; give a directory")
+    if args.json:
+        res = tune(prob)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), transient=True) as bar:
+            task = bar.add_task("tune", total=None)
+            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    written = []
+    if args.out is not None:
+        from ..tune.launch import write_plan
+
+        written = write_plan(res, args.out)
+    if args.json:
+        out = res.to_dict()
+        if args.explain:
+            out["explain"] = res.explain
+        if written:
+            out["written"] = written
+        print_json(out)
+        return 0
+    _print(res, args.explain, written)
+    return 0
+
+
+def _print(res, explain: bool, written: list[str]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    p = res.problem
+    con = Console()
+    con.width = max(con.width, 160)  # the ranking is wide; never squeeze it into 80 columns
+    t = Table(title=f"{p.model.name} on {p.gpus} x {p.gpu.name}, global batch {p.global_batch} x {p.seq} tokens "
+                    f"(efficiency {p.calibration.efficiency:g})",
+              box=box.SIMPLE_HEAD, caption="step = simulated pipeline + exposed DP comm + optimizer; peak = the "
+                                           "fullest device; headroom = GPU - reserve - peak")
+    for c in ("#", "tp", "pp", "vpp", "dp", "mbs", "m", "schedule", "limit", "recomp", "zero", "split",
+              "tokens/s", "MFU", "step s", "bubble", "exp. comm s", "peak GiB", "headroom", "fits"):
+        t.add_column(c, justify="left" if c in ("schedule", "recomp", "split") else "right", no_wrap=True)
+    ranked = [c for c in res.configs if c.fits][:p.top]
+    for i, c in enumerate(ranked):
+        t.add_row(str(i + 1), str(c.tp), str(c.pp), str(c.vpp), str(c.dp), str(c.microbatch_size),
+                  str(c.microbatches), c.schedule, "-" if c.mem_limit is None else f"{c.mem_limit:.3g}",
+                  c.recompute, str(c.zero), c.partition[:4], f"{c.tokens_per_s:,.0f}", f"{c.mfu * 100:.1f}%",
+                  f"{c.step_time_s:.3f}", f"{c.bubble * 100:.1f}%", f"{c.exposed_comm_s:.3f}",
+                  f"{c.peak_bytes / GiB:.1f}", f"{(p.gpu.memory - p.reserve - c.peak_bytes) / GiB:.1f}", "yes")
+    con.print(t)
+    con.print(f"searched {res.searched} configurations, simulated {res.simulations} "
+              f"({res.cache_hits} cache hits) in {res.seconds:.1f} s")
+    pr = Table(title="pruned", box=box.SIMPLE_HEAD)
+    pr.add_column("reason")
+    pr.add_column("count", justify="right")
+    for k, v in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
+        pr.add_row(k, str(v))
+    con.print(pr)
+    best = res.best
+    if best is not None:
+        d = best.to_dict()
+        if d["megatron_layout"]:
+            con.print(f"best: Megatron-Core --pipeline-model-parallel-layout '{d['megatron_layout']}'")
+    if explain and res.explain:
+        con.print("[bold]cost model of the best configuration[/bold]")
+        _print_tree(con, res.explain, "")
+    for w in written:
+        con.print(f"wrote {w}")
+
+
+def _print_tree(con, obj, indent: str) -> None:
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            con.print(f"{indent}{k}:")
+            _print_tree(con, v, indent + "  ")
+        elif isinstance(v, list):
+            vals = ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v[:16])
+            con.print(f"{indent}{k}: [{vals}{', ...' if len(v) > 16 else ''}]")
+        else:
+            con.print(f"{indent}{k}: {v:.6g}" if isinstance(v, float) else f"{indent}{k}: {v}")

@@ -1,0 +1,26 @@
+"""``pipeloom tune``: search the parallel configuration of a training run (no torch).
+
+* :mod:`.gpus`   -- GPU presets (peak BF16 FLOP/s, memory, HBM and link figures)
+* :mod:`.costs`  -- the cost model: per-layer F/B/W seconds from FLOPs, TP/PP/DP collectives, optimizer,
+                    and the calibration file
+* :mod:`.search` -- enumeration, memory and time lower bounds, simulation in bound order, ranking
+* :mod:`.launch` -- the chosen plan as files: schedule, Gantt, pipeloom/torchrun, torchtitan, Megatron-Core
+
+The names below load on first use, so that building the command line (which lists the GPU presets) does not
+import the search and the memory model.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"Calibration": "costs", "CalibrationError": "costs", "Config": "search", "GPU": "gpus", "GPUS": "gpus",
+          "GPUError": "gpus", "Link": "gpus", "Problem": "search", "TuneError": "search", "TuneResult": "search",
+          "gpu_preset": "gpus", "tune": "search", "with_overrides": "gpus"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

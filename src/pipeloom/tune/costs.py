@@ -1,0 +1,228 @@
+"""The tuner's cost model: per-layer F/B/W seconds from FLOPs, and the communication formulas (no torch).
+
+Every number the tuner uses comes from here, so ``pipeloom tune --explain`` can print them all.
+
+Compute
+    F, B, W FLOPs of one decoder layer for one microbatch come from :mod:`pipeloom.models.flops`
+    (dense and MoE; B = input-gradient GEMMs + attention backward, W = weight-gradient GEMMs: the split
+    the runtime performs). A device does ``1/tp`` of them at ``peak x efficiency`` FLOP/s. The head
+    (final norm + vocabulary projection + loss) runs with the last chunk: ``2 * tokens * V * h`` FLOPs
+    per pass (F, B and W alike); the embedding lookup costs no FLOPs.
+    Recompute: ``full`` re-runs the layer's forward (and its TP collectives) inside B; ``selective``
+    re-runs the attention core (QK^T and AV): B - F of the layer's FLOPs.
+
+Tensor parallel (Megatron with sequence parallelism)
+    Per layer, forward: two all-gathers and two reduce-scatters of the ``tokens x h`` activation (2 bytes
+    per value), the volume of two all-reduces; B does the same. On the intra-node link, ring algorithm:
+    ``all_reduce(n bytes, t ranks) = 2 (t-1)/t * n / bandwidth + 2 (t-1) * latency``.
+
+Pipeline
+    One send per chunk boundary: ``tokens x h x 2 / tp`` bytes (sequence-parallel shard), ``latency +
+    bytes / bandwidth``; on the intra-node link when the whole pipeline group sits in one node, else
+    inter-node. The simulator adds it to every cross-device dependency.
+
+Data parallel
+    Gradients in fp32 (Megatron accumulates and reduces bf16 training's grads in fp32): ring all-reduce
+    ``2 (d-1)/d`` of the bytes; ZeRO-1 (distributed optimizer): reduce-scatter of the fp32 grads plus
+    all-gather of the bf16 parameters, ``(d-1)/d`` each. Each chunk's bucket starts when that chunk's
+    last weight gradient is done in the simulated schedule (overlap with the drain); the buckets of one
+    device run one after the other. Link: intra-node when tp * dp <= GPUs per node, else inter-node.
+
+Optimizer
+    Adam over the device's parameters is memory-bound: ``28 / z + 2`` bytes touched per parameter
+    (fp32 master, grad, m, v read; master, m, v written; bf16 copy written; z = dp with ZeRO-1, else 1)
+    at the HBM bandwidth.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+from ..models import flops as _flops
+from ..models.config import ModelConfig
+from .gpus import GPU, GPUError, Link, with_overrides
+
+#: bytes per value: activations and TP/PP traffic in bf16, DP gradients in fp32
+ACT_BYTES = 2
+GRAD_BYTES = 4
+PARAM_BYTES = 2
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used (one line: what is wrong, what is allowed)."""
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+def layer_flops(model: ModelConfig, tokens: int, seq: int) -> tuple[float, float, float]:
+    """(F, B, W) FLOPs of one decoder layer for ``tokens`` tokens of sequences of length ``seq``
+    (:func:`pipeloom.models.flops.layer_flops`: dense and MoE)."""
+    f, b, w = _flops.layer_flops(model, tokens, seq=seq)
+    return float(f), float(b), float(w)
+
+
+def attention_core_flops(model: ModelConfig, tokens: int, seq: int) -> float:
+    """Forward FLOPs of the attention core (QK^T and AV): what B does beyond F in
+    :func:`pipeloom.models.flops.layer_flops` (the core's backward is twice its forward)."""
+    f, b, _ = layer_flops(model, tokens, seq)
+    return b - f
+
+
+def head_flops(model: ModelConfig, tokens: int) -> float:
+    """FLOPs of one pass (F, B or W) of the vocabulary projection (:func:`pipeloom.models.flops.head_flops`)."""
+    return float(_flops.head_flops(model, tokens)[0])
+
+
+# ------------------------------------------------------------------------------------------ collectives
+def all_reduce(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks (seconds)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency
+
+
+def reduce_scatter(nbytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter (or all-gather) of ``nbytes`` total over ``n`` ranks (seconds)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+
+
+all_gather = reduce_scatter
+
+
+def p2p(nbytes: float, link: Link) -> float:
+    return link.latency + nbytes / link.bandwidth
+
+
+# ------------------------------------------------------------------------------------------ calibration
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Figures that are measured rather than derived: the GEMM efficiency and (optionally) the links.
+
+    File format (JSON), every key optional::
+
+        {"efficiency": 0.5,                       # fraction of peak FLOP/s a layer's work reaches
+         "intra": {"bandwidth": 3.6e11, "latency": 5e-6},   # bytes/s per GPU, seconds per message
+         "inter": {"bandwidth": 4.5e10, "latency": 1e-5},
+         "hbm_bandwidth": 3.35e12,                # bytes/s (optimizer step)
+         "source": "free text: where the figures come from"}
+    """
+
+    efficiency: float = 0.5
+    intra: Link | None = None
+    inter: Link | None = None
+    hbm_bandwidth: float | None = None
+    source: str = "default"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
+            raise CalibrationError(f"efficiency must lie in (0, 1], got {self.efficiency!r}")
+
+    def apply(self, gpu: GPU) -> GPU:
+        return with_overrides(gpu, hbm_bandwidth=self.hbm_bandwidth,
+                              intra_bandwidth=self.intra.bandwidth if self.intra else None,
+                              intra_latency=self.intra.latency if self.intra else None,
+                              inter_bandwidth=self.inter.bandwidth if self.inter else None,
+                              inter_latency=self.inter.latency if self.inter else None)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "dict") -> "Calibration":
+        if not isinstance(data, dict):
+            raise CalibrationError(f"{source}: a calibration is a JSON object, got {type(data).__name__}")
+        allowed = {"efficiency", "intra", "inter", "hbm_bandwidth", "source"}
+        bad = set(data) - allowed
+        if bad:
+            raise CalibrationError(f"{source}: unknown key(s) {', '.join(sorted(bad))}; allowed: "
+                                   f"{', '.join(sorted(allowed))}")
+        kw: dict = {"source": str(data.get("source", source))}
+        if "efficiency" in data:
+            kw["efficiency"] = _num(data["efficiency"], source, "efficiency")
+        for k in ("intra", "inter"):
+            if k in data:
+                v = data[k]
+                if not isinstance(v, dict) or set(v) - {"bandwidth", "latency"}:
+                    raise CalibrationError(f"{source}: {k} must be {{\"bandwidth\": bytes/s, \"latency\": s}}")
+                try:
+                    kw[k] = Link(bandwidth=_num(v.get("bandwidth", 1.0), source, f"{k}.bandwidth"),
+                                 latency=_num(v.get("latency", 0.0), source, f"{k}.latency"))
+                except GPUError as e:
+                    raise CalibrationError(f"{source}: {k}: {e}") from None
+                if "bandwidth" not in v:
+                    raise CalibrationError(f"{source}: {k} needs a bandwidth (bytes/s)")
+        if "hbm_bandwidth" in data:
+            kw["hbm_bandwidth"] = _num(data["hbm_bandwidth"], source, "hbm_bandwidth")
+        return cls(**kw)
+
+    @classmethod
+    def load(cls, path: str) -> "Calibration":
+        with open(path) as fh:
+            text = fh.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CalibrationError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(data, source=path)
+
+    def to_dict(self) -> dict:
+        out: dict = {"efficiency": self.efficiency, "source": self.source}
+        for k in ("intra", "inter"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = {"bandwidth": v.bandwidth, "latency": v.latency}
+        if self.hbm_bandwidth is not None:
+            out["hbm_bandwidth"] = self.hbm_bandwidth
+        return out
+
+
+def _num(v, source: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise CalibrationError(f"{source}: {key} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+# ------------------------------------------------------------------------------------------ per-layer times
+@dataclass(frozen=True, slots=True)
+class PassTimes:
+    """Seconds of one microbatch's F, B, W on one device, and where they come from (for --explain)."""
+
+    F: float
+    B: float
+    W: float
+    parts: dict = field(default_factory=dict, compare=False)
+
+
+def layer_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int,
+                recompute: str) -> PassTimes:
+    """One decoder layer on one TP rank (see the module docstring)."""
+    tokens = micro_batch * seq
+    rate = gpu.peak_flops * efficiency
+    f, b, w = layer_flops(model, tokens, seq)
+    tpc = 2 * all_reduce(tokens * model.hidden * ACT_BYTES, tp, gpu.intra)
+    tF, tB, tW = f / tp / rate, b / tp / rate, w / tp / rate
+    extra = 0.0
+    if recompute == "full":
+        extra = tF + tpc
+    elif recompute == "selective":
+        extra = attention_core_flops(model, tokens, seq) / tp / rate
+    parts = {"flops_F": f, "flops_B": b, "flops_W": w, "tokens": tokens, "rate_flops": rate,
+             "compute_F_s": tF, "compute_B_s": tB, "compute_W_s": tW, "tp_comm_per_pass_s": tpc,
+             "recompute_in_B_s": extra}
+    return PassTimes(tF + tpc, tB + tpc + extra, tW, parts)
+
+
+def head_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int) -> PassTimes:
+    t = head_flops(model, micro_batch * seq) / tp / (gpu.peak_flops * efficiency)
+    return PassTimes(t, t, t, {"flops_per_pass": head_flops(model, micro_batch * seq)})
+
+
+def step_model_flops(model: ModelConfig, global_batch: int, seq: int) -> float:
+    """FLOPs of one training step without recompute (the MFU numerator)."""
+    tokens = global_batch * seq
+    f, b, w = layer_flops(model, tokens, seq)
+    return model.layers * (f + b + w) + 3 * head_flops(model, tokens)
+
+
+__all__ = ["ACT_BYTES", "Calibration", "CalibrationError", "GRAD_BYTES", "PARAM_BYTES", "PassTimes", "all_gather",
+           "all_reduce", "attention_core_flops", "head_flops", "head_times", "layer_flops", "layer_times", "p2p",
+           "reduce_scatter", "step_model_flops"]

@@ -1,0 +1,99 @@
+"""GPU presets and link figures for the tuner (no torch).
+
+Peak dense BF16 tensor-core FLOP/s and HBM sizes are the vendor's datasheet figures (NVIDIA H100 SXM5,
+H200 SXM, A100 SXM4 80GB); memory is what ``nvidia-smi`` reports as total. Link defaults: NVLink
+bus bandwidth an all-reduce reaches inside a node (NCCL's "busbw", about 80% of the per-direction
+NVLink figure) and one InfiniBand NIC per GPU between nodes (400 Gb/s on H100/H200 systems, 200 Gb/s on
+A100 DGX). Latencies are per message (one ring step). Every figure can be replaced on the command line
+or by a calibration file (see :mod:`pipeloom.tune.calibration`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+MiB = 1024 ** 2
+GiB = 1024 ** 3
+
+
+class GPUError(ValueError):
+    """Unknown preset or a bad figure (one line naming what is allowed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    bandwidth: float
+    """bytes/s one GPU moves over the link (per direction; bus bandwidth of a ring collective)"""
+    latency: float
+    """seconds per message (one ring step)"""
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth > 0) or not (self.latency >= 0):
+            raise GPUError(f"a link needs bandwidth > 0 and latency >= 0, got {self.bandwidth}, {self.latency}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPU:
+    name: str
+    peak_flops: float
+    """dense BF16 tensor-core FLOP/s"""
+    memory: int
+    """bytes of device memory"""
+    hbm_bandwidth: float
+    """bytes/s of device memory (the optimizer step is bound by it)"""
+    intra: Link
+    """inside a node (NVLink)"""
+    inter: Link
+    """between nodes (one NIC per GPU)"""
+    gpus_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        if not (self.peak_flops > 0 and self.memory > 0 and self.hbm_bandwidth > 0):
+            raise GPUError(f"GPU {self.name}: peak FLOP/s, memory and HBM bandwidth must be > 0")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise GPUError(f"gpus per node must be an integer >= 1, got {self.gpus_per_node!r}")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "peak_flops": self.peak_flops, "memory": self.memory,
+                "hbm_bandwidth": self.hbm_bandwidth, "gpus_per_node": self.gpus_per_node,
+                "intra": {"bandwidth": self.intra.bandwidth, "latency": self.intra.latency},
+                "inter": {"bandwidth": self.inter.bandwidth, "latency": self.inter.latency}}
+
+
+GPUS: dict[str, GPU] = {
+    # H100 SXM5: 989.4 TFLOP/s dense BF16, 80 GB HBM3 (81,559 MiB), 3.35 TB/s; NVLink 4 450 GB/s per direction;
+    # 8 x 400 Gb/s InfiniBand NDR per node
+    "h100": GPU(name="h100", peak_flops=989.4e12, memory=81559 * MiB, hbm_bandwidth=3.35e12,
+                intra=Link(bandwidth=360e9, latency=5e-6), inter=Link(bandwidth=45e9, latency=10e-6)),
+    # H200 SXM: same compute as H100, 141 GB HBM3e (143,771 MiB), 4.8 TB/s
+    "h200": GPU(name="h200", peak_flops=989.4e12, memory=143771 * MiB, hbm_bandwidth=4.8e12,
+                intra=Link(bandwidth=360e9, latency=5e-6), inter=Link(bandwidth=45e9, latency=10e-6)),
+    # A100 SXM4 80GB: 312 TFLOP/s dense BF16, 81,920 MiB, 2.039 TB/s; NVLink 3 300 GB/s per direction;
+    # 8 x 200 Gb/s InfiniBand HDR per node
+    "a100-80g": GPU(name="a100-80g", peak_flops=312e12, memory=81920 * MiB, hbm_bandwidth=2.039e12,
+                    intra=Link(bandwidth=240e9, latency=5e-6), inter=Link(bandwidth=22.5e9, latency=10e-6)),
+}
+
+
+def gpu_preset(name: str) -> GPU:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise GPUError(f"unknown GPU preset {name!r}; choose one of: {', '.join(GPUS)} (or give --gpu-flops and "
+                       f"--gpu-memory)") from None
+
+
+def with_overrides(gpu: GPU, **kw) -> GPU:
+    """``gpu`` with the given fields replaced (None values ignored); links as (bandwidth, latency) pairs."""
+    fields = {k: v for k, v in kw.items() if v is not None and k in ("peak_flops", "memory", "hbm_bandwidth",
+                                                                     "gpus_per_node", "name")}
+    intra, inter = gpu.intra, gpu.inter
+    if kw.get("intra_bandwidth") is not None or kw.get("intra_latency") is not None:
+        intra = Link(bandwidth=kw.get("intra_bandwidth") or intra.bandwidth,
+                     latency=intra.latency if kw.get("intra_latency") is None else kw["intra_latency"])
+    if kw.get("inter_bandwidth") is not None or kw.get("inter_latency") is not None:
+        inter = Link(bandwidth=kw.get("inter_bandwidth") or inter.bandwidth,
+                     latency=inter.latency if kw.get("inter_latency") is None else kw["inter_latency"])
+    return replace(gpu, intra=intra, inter=inter, **fields)
+
+
+__all__ = ["GPU", "GPUError", "GPUS", "GiB", "Link", "MiB", "gpu_preset", "with_overrides"]

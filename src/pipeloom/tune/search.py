@@ -1,0 +1,633 @@
+"""Search tp, pp, vpp, dp, micro-batch size, schedule, memory limit, recompute, ZeRO-1 and the layer
+partition for the fastest configuration that fits (no torch).
+
+Order of work (the space of a 70B model on 1,024 GPUs holds tens of thousands of configurations):
+
+1. enumerate every configuration; drop those that cannot exist (tp not dividing the heads, a global
+   batch not divisible by dp x micro-batch, more chunks than layers, a builder's vpp rule) and those
+   whose *memory lower bound* is over the GPU: parameters, gradients and optimizer states of the
+   device plus one microbatch's activations of each of its chunks (every schedule holds that much
+   when microbatch 0 turns around at the last chunk) plus the transient working set;
+2. a *time lower bound* for each: the busiest device's compute ``m * sum(F+B+W)`` plus the forward
+   chain before its first job, plus the optimizer step (every schedule pays these);
+3. simulate in increasing order of that bound and stop once the bound passes the ``top``-th best
+   step time found: nothing left can enter the ranking, so pruning never drops the best.
+
+Simulations are cached by (schedule, pp, vpp, m, normalised per-chunk costs, memory model, limit).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..core.costs import Costs, MemModel
+from ..core.errors import ScheduleError
+from ..core.ir import Kind, Placement, chunks_of
+from ..memory.analytic import (MemoryConfigError, TrainConfig, _available_units, _device_params, activation_trace,
+                               chunk_memory, check_tp, mem_model_for, static_bytes, transient_bytes)
+from ..models.config import ModelConfig
+from ..partition.balance import bottleneck_dp
+from ..partition.layer_costs import LayerCost, LayerCosts
+from ..partition.layout import uniform
+from ..partition.megatron import counts_to_layout
+from ..schedule import registry
+from ..schedule.registry import PlanSpec
+from ..sim.simulate import simulate
+from .costs import (ACT_BYTES, GRAD_BYTES, PARAM_BYTES, Calibration, all_gather, all_reduce, head_times,
+                    layer_times, p2p, reduce_scatter, step_model_flops)
+from .gpus import GPU
+
+RECOMPUTES = ("none", "selective", "full")
+PARTITIONS = ("uniform", "balanced")
+#: builder options during the sweep (a tenth of the greedy budget, no CP-SAT polish); the top configurations
+#: are planned again with the builders' defaults before the final ranking
+SWEEP_OPTIONS = {"budget": 3000, "polish": 0}
+#: builders left out unless named: CP-SAT per configuration is far too slow for a sweep
+SLOW = ("optimal",)
+
+
+class TuneError(ValueError):
+    """Bad tuner input, or a model that fits nowhere (one line, with what would work)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    model: ModelConfig
+    gpus: int
+    gpu: GPU
+    global_batch: int
+    seq: int
+    calibration: Calibration = field(default_factory=Calibration)
+    max_tp: int | None = None
+    max_pp: int | None = None
+    tp: int | None = None
+    """fix the tensor-parallel degree (None: search it)"""
+    pp: int | None = None
+    """fix the pipeline degree (None: search it)"""
+    microbatch_sizes: tuple[int, ...] | None = None
+    """the micro-batch sizes to try (None: every divisor up to max_microbatch_size)"""
+    max_vpp: int = 4
+    max_microbatch_size: int = 8
+    schedules: tuple[str, ...] | None = None
+    recompute: tuple[str, ...] = RECOMPUTES
+    zero: tuple[int, ...] = (0, 1)
+    partitions: tuple[str, ...] = PARTITIONS
+    mem_limits: tuple[str, ...] = ("default", "fit")
+    reserve: int = 2 * 1024 ** 3
+    top: int = 5
+
+    def __post_init__(self) -> None:
+        for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise TuneError(f"{k} must be an integer >= 1, got {v!r}")
+        if self.gpus % self.gpu.gpus_per_node and self.gpus > self.gpu.gpus_per_node:
+            raise TuneError(f"{self.gpus} GPUs are not whole nodes of {self.gpu.gpus_per_node}; give a multiple of "
+                            f"--gpus-per-node (or fewer GPUs than one node)")
+        bad = [r for r in self.recompute if r not in RECOMPUTES]
+        if bad or not self.recompute:
+            raise TuneError(f"recompute must be among {', '.join(RECOMPUTES)}, got {', '.join(bad) or 'none'}")
+        if not self.zero or any(z not in (0, 1) for z in self.zero):
+            raise TuneError(f"zero must be among 0, 1, got {self.zero!r}")
+        if not self.partitions or any(p not in PARTITIONS for p in self.partitions):
+            raise TuneError(f"partitions must be among {', '.join(PARTITIONS)}, got {self.partitions!r}")
+        if not self.mem_limits or any(x not in ("default", "fit") for x in self.mem_limits):
+            raise TuneError(f"memory limits must be among default, fit, got {self.mem_limits!r}")
+
+    @property
+    def gpn(self) -> int:
+        return min(self.gpu.gpus_per_node, self.gpus)
+
+
+@dataclass(slots=True)
+class Config:
+    """One point of the space and, once evaluated, its predicted performance."""
+
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    microbatch_size: int
+    microbatches: int
+    schedule: str
+    recompute: str
+    zero: int
+    partition: str
+    mem_limit_mode: str
+    seg_layer_num: tuple[int, ...] = ()
+    placement: Placement = Placement.INTERLEAVED
+    lower_bound_s: float = 0.0
+    mem_lower_bound: float = 0.0
+    # filled by evaluate()
+    mem_limit: float | None = None
+    step_time_s: float | None = None
+    makespan_s: float | None = None
+    bubble: float | None = None
+    exposed_comm_s: float | None = None
+    optimizer_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_bytes: float | None = None
+    device_peaks: list = field(default_factory=list)
+    fits: bool | None = None
+    error: str | None = None
+    detail: dict = field(default_factory=dict)
+    schedule_obj: object = None
+    sim: object = None
+
+    def key(self) -> tuple:
+        return (self.tp, self.pp, self.dp, self.vpp, self.microbatch_size, self.microbatches, self.schedule,
+                self.recompute, self.zero, self.seg_layer_num, self.mem_limit_mode)
+
+    def to_dict(self) -> dict:
+        return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "dp": self.dp,
+                "microbatch_size": self.microbatch_size, "microbatches": self.microbatches,
+                "schedule": self.schedule, "mem_limit": self.mem_limit, "mem_limit_mode": self.mem_limit_mode,
+                "recompute": self.recompute, "zero": self.zero, "partition": self.partition,
+                "seg_layer_num": list(self.seg_layer_num),
+                "megatron_layout": counts_to_layout(self.seg_layer_num)
+                if self.placement is Placement.INTERLEAVED or self.vpp == 1 else None,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "step_time_s": self.step_time_s,
+                "makespan_s": self.makespan_s, "bubble": self.bubble, "exposed_comm_s": self.exposed_comm_s,
+                "optimizer_s": self.optimizer_s, "peak_bytes": self.peak_bytes, "fits": self.fits,
+                "lower_bound_s": self.lower_bound_s}
+
+
+@dataclass(slots=True)
+class TuneResult:
+    problem: Problem
+    configs: list[Config]
+    """evaluated configurations, best first (fitting ones before the others)"""
+    searched: int
+    pruned: dict[str, int]
+    simulations: int
+    cache_hits: int
+    seconds: float
+    explain: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> Config | None:
+        return self.configs[0] if self.configs and self.configs[0].fits else None
+
+    def to_dict(self) -> dict:
+        return {"configs": [c.to_dict() for c in self.configs if c.fits], "searched": self.searched,
+                "pruned": dict(sorted(self.pruned.items(), key=lambda kv: -kv[1])),
+                "simulated": self.simulations, "cache_hits": self.cache_hits, "seconds": round(self.seconds, 3),
+                "model": self.problem.model.name, "gpus": self.problem.gpus, "gpu": self.problem.gpu.to_dict(),
+                "global_batch": self.problem.global_batch, "seq": self.problem.seq,
+                "calibration": self.problem.calibration.to_dict()}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def builder_vpps(name: str, pp: int, layers: int, max_vpp: int) -> list[int]:
+    rule = registry.get(name).vpp
+    cands = {"1": [1], "2": [2], ">=2": list(range(2, max_vpp + 1)), "any": list(range(2, max_vpp + 1))}[rule]
+    return [v for v in cands if pp * v <= layers]
+
+
+class _Space:
+    """Caches shared by the enumeration and the evaluation of one problem."""
+
+    def __init__(self, prob: Problem) -> None:
+        self.p = prob
+        self.eff = prob.calibration.efficiency
+        self.gpu = prob.calibration.apply(prob.gpu)
+        self.layer_t: dict = {}
+        self.head_t: dict = {}
+        self.chunk_mem: dict = {}
+        self.parts: dict = {}
+        self.sims: dict = {}
+        self.statics: dict = {}
+        self.owned: dict = {}
+        self.sim_count = 0
+        self.hits = 0
+
+    # -------------------------------------------------------------- costs
+    def times(self, tp: int, b: int, r: str):
+        k = (tp, b, r)
+        if k not in self.layer_t:
+            p = self.p
+            self.layer_t[k] = (layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r),
+                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq))
+        return self.layer_t[k]
+
+    def split(self, pp: int, vpp: int, placement: Placement, how: str, tp: int, b: int, r: str) -> tuple[int, ...]:
+        L = self.p.model.layers
+        if how == "uniform":
+            k = (pp, vpp, placement)
+            if k not in self.parts:
+                self.parts[k] = tuple(uniform(L, pp, vpp, placement).seg_layer_num)
+            return self.parts[k]
+        lt, ht = self.times(tp, b, r)
+        ratio = float(f"{(ht.F + ht.B + ht.W) / (lt.F + lt.B + lt.W):.2g}")
+        k = (pp, vpp, placement, ratio)
+        if k not in self.parts:
+            layer = LayerCost(F=1.0, B=0.0, W=0.0, mem=1.0)
+            lc = LayerCosts(tuple([layer] * L), LayerCost(), LayerCost(F=ratio, mem=0.0))
+            self.parts[k] = tuple(bottleneck_dp(lc, pp, vpp, placement).seg_layer_num)
+        return self.parts[k]
+
+    def memory(self, tp: int, b: int, r: str, zero: int, dp: int, seg: tuple[int, ...]):
+        k = (tp, b, r, zero, dp, seg)
+        if k not in self.chunk_mem:
+            train = TrainConfig(seq=self.p.seq, micro_batch=b, tp=tp, sequence_parallel=tp > 1, recompute=r,
+                                dp=dp, zero=zero)
+            chunks = chunk_memory(self.p.model, train, list(seg))
+            self.chunk_mem[k] = (train, chunks)
+        return self.chunk_mem[k]
+
+
+def _static(space: _Space, train, chunks, pp: int, vpp: int, placement: Placement):
+    """Per device: (chunk list, static bytes, transient bytes, params)."""
+    k = (train, id(chunks), pp, vpp, placement)
+    hit = space.statics.get(k)
+    if hit is None:
+        hit = space.statics[k] = _static_new(space, train, chunks, pp, vpp, placement)
+    return hit
+
+
+def _static_new(space: _Space, train, chunks, pp: int, vpp: int, placement: Placement):
+    out = []
+    for d in range(pp):
+        mine = [chunks[c] for c in chunks_of(d, pp, vpp, placement)]
+        params = _device_params(space.p.model, train, mine)
+        st = sum(static_bytes(params, train))
+        tr = transient_bytes(space.p.model, train, mine, split=True)
+        out.append((mine, st, tr, params))
+    return out
+
+
+def chunk_costs(space: _Space, c: Config) -> tuple[list[float], list[float], list[float], float]:
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute)
+    nc = c.pp * c.vpp
+    F = [n * lt.F for n in c.seg_layer_num]
+    B = [n * lt.B for n in c.seg_layer_num]
+    W = [n * lt.W for n in c.seg_layer_num]
+    F[nc - 1] += ht.F
+    B[nc - 1] += ht.B
+    W[nc - 1] += ht.W
+    return F, B, W, comm_p2p(space, c)
+
+
+def comm_p2p(space: _Space, c: Config) -> float:
+    if c.pp == 1:
+        return 0.0
+    p = space.p
+    link = space.gpu.intra if c.tp * c.dp * c.pp <= p.gpn else space.gpu.inter
+    nbytes = c.microbatch_size * p.seq * p.model.hidden * ACT_BYTES / c.tp
+    return p2p(nbytes, link)
+
+
+def dp_link(space: _Space, c: Config):
+    return space.gpu.intra if c.tp * c.dp <= space.p.gpn else space.gpu.inter
+
+
+def dp_time(space: _Space, c: Config, params: float) -> float:
+    """Seconds to reduce ``params`` parameters' gradients over dp (and re-gather them with ZeRO-1)."""
+    link = dp_link(space, c)
+    if c.zero:
+        return reduce_scatter(params * GRAD_BYTES, c.dp, link) + all_gather(params * PARAM_BYTES, c.dp, link)
+    return all_reduce(params * GRAD_BYTES, c.dp, link)
+
+
+def optimizer_time(space: _Space, c: Config, params: float) -> float:
+    z = c.dp if c.zero else 1
+    return params * (28.0 / z + 2.0) / space.gpu.hbm_bandwidth
+
+
+def _owned(space: _Space, pp: int, vpp: int, placement: Placement):
+    """(chunks of each device, whether the edge into chunk k crosses devices)."""
+    k = (pp, vpp, placement)
+    hit = space.owned.get(k)
+    if hit is None:
+        from ..core.ir import device_of
+
+        nc = pp * vpp
+        devs = [device_of(c, pp, placement) for c in range(nc)]
+        hit = space.owned[k] = ([chunks_of(d, pp, vpp, placement) for d in range(pp)],
+                                [k > 0 and devs[k] != devs[k - 1] for k in range(nc)])
+    return hit
+
+
+def memory_lower_bound(space: _Space, c: Config) -> float:
+    """Bytes every schedule of ``c`` needs on its fullest device: parameters, gradients, optimizer states,
+    the transient working set, and microbatch 0's activations on each of the device's chunks (all held
+    when that microbatch's backward starts at the last chunk)."""
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    return max(st + tr + sum(ch.activation_bytes for ch in mine) for mine, st, tr, _ in statics)
+
+
+def lower_bound(space: _Space, c: Config) -> float:
+    """Seconds no schedule of ``c`` can beat (module docstring): the larger of
+    * per device: the forward chain before its first chunk can start, plus its busy time;
+    * the last microbatch: chunk 0 runs m-1 other forwards first, then that microbatch's forward and
+      backward traverse every chunk (with the cross-device latencies);
+    plus the optimizer step."""
+    F, B, W, comm = chunk_costs(space, c)
+    nc = c.pp * c.vpp
+    owned, cross = _owned(space, c.pp, c.vpp, c.placement)
+    prefix = [0.0]
+    for k in range(nc):
+        prefix.append(prefix[-1] + F[k] + (comm if cross[k] else 0.0))
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    m = c.microbatches
+    best = (m - 1) * F[0] + prefix[nc] + sum(B) + comm * sum(cross)
+    for mine in owned:
+        busy = m * sum(F[k] + B[k] + W[k] for k in mine)
+        best = max(best, prefix[mine[0]] + busy)
+    opt = max(optimizer_time(space, c, s[3]) for s in statics)
+    return best + opt
+
+
+# ------------------------------------------------------------------------------------------ enumeration
+def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tuple[list[Config], int]:
+    """Every configuration that can exist, with its bounds; the rest counted in ``pruned``."""
+    model = prob.model
+    names = list(prob.schedules) if prob.schedules else [n for n in registry.names() if n not in SLOW]
+    for n in names:
+        registry.get(n)
+    if not prob.schedules:
+        for n in SLOW:
+            pruned[f"schedule {n}: left out (a CP-SAT solve per configuration; name it in --schedules)"] = 1
+    gpn = prob.gpn
+    avail_bytes = prob.gpu.memory - prob.reserve
+    out: list[Config] = []
+    searched = 0
+
+    def drop(reason: str, n: int = 1) -> None:
+        pruned[reason] = pruned.get(reason, 0) + n
+
+    tps = [t for t in _divisors(gpn) if (prob.max_tp is None or t <= prob.max_tp) and prob.tp in (None, t)]
+    if not tps:
+        raise TuneError(f"no tensor-parallel degree to try: tp must divide the {gpn} GPUs of a node"
+                        + (f" and be <= --max-tp {prob.max_tp}" if prob.max_tp else "")
+                        + (f"; --tp {prob.tp} does not" if prob.tp else ""))
+    bad_dp = []
+    for tp in tps:
+        try:
+            check_tp(model, TrainConfig(tp=tp, seq=prob.seq))
+        except MemoryConfigError:
+            drop(f"tp: does not divide heads/kv_heads/ffn/hidden of {model.name}")
+            continue
+        if prob.gpus % tp:
+            drop("tp: does not divide the GPU count")
+            continue
+        for pp in _divisors(prob.gpus // tp):
+            if prob.pp is not None and pp != prob.pp:
+                continue
+            if prob.max_pp is not None and pp > prob.max_pp:
+                drop("pp: above --max-pp")
+                continue
+            if pp > model.layers:
+                drop("pp: more stages than layers")
+                continue
+            dp = prob.gpus // (tp * pp)
+            if prob.global_batch % dp:
+                drop("dp: global batch not divisible by dp")
+                bad_dp.append(dp)
+                continue
+            per = prob.global_batch // dp
+            for b in _divisors(per):
+                if b > prob.max_microbatch_size or (prob.microbatch_sizes and b not in prob.microbatch_sizes):
+                    continue
+                m = per // b
+                for r in prob.recompute:
+                    for z in prob.zero:
+                        if z and dp == 1:
+                            continue  # ZeRO-1 over one replica is the plain optimizer
+                        for name in names:
+                            info = registry.get(name)
+                            vpps = builder_vpps(name, pp, model.layers, prob.max_vpp)
+                            if not vpps:
+                                drop(f"schedule {name}: needs more chunks than layers or a vpp above --max-vpp")
+                                continue
+                            for vpp in vpps:
+                                placement = info.placement_at(vpp)
+                                seen = set()
+                                for how in prob.partitions:
+                                    try:
+                                        seg = space.split(pp, vpp, placement, how, tp, b, r)
+                                    except ValueError:
+                                        drop("partition: cannot split the layers")
+                                        continue
+                                    if seg in seen:
+                                        drop("partition: balanced equals uniform")
+                                        continue
+                                    seen.add(seg)
+                                    limits = prob.mem_limits if info.memory_aware else ("default",)
+                                    for lim in limits:
+                                        searched += 1
+                                        c = Config(tp=tp, pp=pp, dp=dp, vpp=vpp, microbatch_size=b, microbatches=m,
+                                                   schedule=name, recompute=r, zero=z, partition=how,
+                                                   mem_limit_mode=lim, seg_layer_num=seg, placement=placement)
+                                        c.mem_lower_bound = memory_lower_bound(space, c)
+                                        if c.mem_lower_bound > avail_bytes:
+                                            drop("memory: weights + optimizer + one microbatch over the GPU")
+                                            out.append(c)  # kept aside for the 'fits nowhere' message
+                                            c.fits = False
+                                            continue
+                                        c.lower_bound_s = lower_bound(space, c)
+                                        out.append(c)
+    if searched == 0 and bad_dp:
+        ok = sorted(set(bad_dp))
+        raise TuneError(f"--global-batch {prob.global_batch} is not divisible by any data-parallel degree of "
+                        f"{prob.gpus} GPUs (dp = GPUs / (tp*pp) in {', '.join(map(str, ok))}); global batches "
+                        f"that work are multiples of one of them, e.g. {_nearest(prob.global_batch, ok)}")
+    return out, searched
+
+
+def _nearest(gb: int, dps: list[int]) -> str:
+    cands = sorted({(gb // d + k) * d for d in dps for k in (0, 1) if (gb // d + k) * d > 0})
+    cands.sort(key=lambda x: abs(x - gb))
+    return " or ".join(map(str, sorted(cands[:2])))
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+def _q(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
+    """Simulate ``c``: step time, MFU, peak memory per device (fills the fields, returns ``c``).
+
+    The schedule is built with :data:`SWEEP_OPTIONS` (where the builder reads them), or with the
+    builder's defaults when ``refine``."""
+    p = space.p
+    F, B, W, comm = chunk_costs(space, c)
+    unit = max(F) or 1.0
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    U, a, bfree = mem_model_for(chunks, c.pp)
+    a_r = tuple(round(x, 3) for x in a)
+    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
+    info = registry.get(c.schedule)
+    limit = None
+    if c.mem_limit_mode == "fit":
+        units = _available_units(p.model, train, chunks, c.pp, c.vpp, c.placement, p.gpu.memory, p.reserve, U)
+        if units < max(a_r):
+            c.fits, c.error = False, "memory: no room for one chunk's activations"
+            return c
+        limit = math.floor(units * 100) / 100
+    opts = {} if refine else {k: v for k, v in SWEEP_OPTIONS.items() if k in info.option_names}
+    key = (c.schedule, c.pp, c.vpp, c.microbatches, tuple(_q(x / unit) for x in F + B + W), _q(comm / unit),
+           a_r, b_r, limit, tuple(sorted(opts.items())))
+    hit = space.sims.get(key)
+    if hit is None:
+        spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches,
+                        costs=Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B),
+                                    W=tuple(x / unit for x in W), comm=comm / unit),
+                        mem=MemModel(a=a_r, b=b_r), mem_limit=limit, options=opts)
+        try:
+            sched = registry.build(c.schedule, spec)
+            sim = simulate(sched, spec.costs)
+            hit = (sched, sim, None)
+        except (ScheduleError, ValueError) as e:
+            hit = (None, None, str(e).splitlines()[0])
+        space.sims[key] = hit
+        space.sim_count += 1
+    else:
+        space.hits += 1
+    sched, sim, err = hit
+    if err:
+        c.fits, c.error = False, f"schedule {c.schedule}: {err}"
+        return c
+    c.schedule_obj, c.sim = sched, sim
+    c.mem_limit = limit
+    scale = unit
+    makespan = sim.makespan * scale
+    peaks, _ = activation_trace(sched, a, bfree)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    # dp reduction: one bucket per chunk, started when the chunk's last weight gradient is done
+    finish = []
+    for d in range(c.pp):
+        ready: dict[int, float] = {}
+        for (kind, mb, ch), e in zip(sched.devices[d], sim.end[d]):
+            if kind is Kind.W or kind is Kind.BW:
+                ready[ch] = max(ready.get(ch, 0.0), e * scale)
+        t = 0.0
+        for ch in sorted(ready, key=ready.get):
+            t = max(t, ready[ch]) + dp_time(space, c, chunks[ch].params)
+        dev_end = (sim.end[d][-1] * scale) if sim.end[d] else 0.0
+        finish.append(max(dev_end, t))
+    pipe = max(finish) if finish else makespan
+    opt = max(optimizer_time(space, c, s[3]) for s in statics)
+    c.makespan_s = makespan
+    c.exposed_comm_s = max(0.0, pipe - makespan)
+    c.optimizer_s = opt
+    c.step_time_s = pipe + opt
+    c.bubble = sim.bubble
+    c.tokens_per_s = p.global_batch * p.seq / c.step_time_s
+    c.mfu = step_model_flops(p.model, p.global_batch, p.seq) / (p.gpus * p.gpu.peak_flops * c.step_time_s)
+    dev = [st + tr + pk * U for (mine, st, tr, _), pk in zip(statics, peaks)]
+    c.device_peaks = dev
+    c.peak_bytes = max(dev)
+    c.fits = c.peak_bytes + p.reserve <= p.gpu.memory
+    if not c.fits:
+        c.error = "memory: simulated peak over the GPU"
+    c.detail = {"unit_bytes": U, "peak_units": peaks, "comm_p2p_s": comm, "chunk_F_s": F, "chunk_B_s": B,
+                "chunk_W_s": W, "dp_link": "intra" if dp_link(space, c) is space.gpu.intra else "inter"}
+    return c
+
+
+def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, exhaustive: bool = False) -> TuneResult:
+    """Search the space of ``prob``; ``exhaustive`` simulates every configuration (no time-bound pruning)."""
+    t0 = time.perf_counter()
+    space = _Space(prob)
+    pruned: dict[str, int] = {}
+    cands, searched = enumerate_space(prob, space, pruned)
+    live = [c for c in cands if c.fits is None]
+    dead = [c for c in cands if c.fits is False]
+    if not live:
+        raise _fits_nowhere(prob, dead)
+    live.sort(key=lambda c: (c.lower_bound_s, c.key()))
+    done: list[Config] = []
+    best_times: list[float] = []
+    n = len(live)
+    for i, c in enumerate(live):
+        if not exhaustive and len(best_times) >= prob.top and c.lower_bound_s >= best_times[prob.top - 1]:
+            pruned["bound: step-time lower bound above the top results"] = n - i
+            break
+        evaluate(space, c)
+        if c.fits:
+            best_times.append(c.step_time_s)
+            best_times.sort()
+            del best_times[prob.top:]
+        elif c.error:
+            reason = c.error if c.error.startswith("memory") else c.error.split(":")[0] + ": builder refused"
+            pruned[reason] = pruned.get(reason, 0) + 1
+        done.append(c)
+        if progress and (i % 8 == 0):
+            progress(i + 1, n)
+    if progress:
+        progress(n, n)
+    ok = sorted((c for c in done if c.fits), key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
+    # plan the leaders again with the builders' own defaults (polish can only shorten them: the bound stays valid)
+    for i, c in enumerate(ok[:prob.top]):
+        if any(k in registry.get(c.schedule).option_names for k in SWEEP_OPTIONS):
+            again = evaluate(space, copy.copy(c), refine=True)
+            if again.fits and again.step_time_s < c.step_time_s:
+                ok[i] = again
+    ok.sort(key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
+    if not ok:
+        raise _fits_nowhere(prob, dead + [c for c in done if not c.fits])
+    rest = [c for c in done if not c.fits]
+    return TuneResult(prob, ok + rest, searched, pruned, space.sim_count, space.hits, time.perf_counter() - t0,
+                      explain=_explain(space, ok[0]))
+
+
+def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
+    GiB = 1024 ** 3
+    need = [c.peak_bytes if c.peak_bytes is not None else c.mem_lower_bound for c in dead]
+    if not need:
+        return TuneError(f"no configuration of {prob.model.name} on {prob.gpus} GPUs could be built; "
+                         f"widen --schedules / --max-vpp or change --gpus")
+    i = min(range(len(need)), key=need.__getitem__)
+    c = dead[i]
+    gpus = prob.gpus
+    # more GPUs: parameters and optimizer states split over more pipeline stages / tensor ranks
+    more = None
+    for k in range(1, 8):
+        g = prob.gpus * 2 ** k
+        if g % prob.gpu.gpus_per_node and g > prob.gpu.gpus_per_node:
+            continue
+        try:
+            sub = Problem(**{**{f: getattr(prob, f) for f in prob.__dataclass_fields__}, "gpus": g, "top": 1})
+            sp = _Space(sub)
+            cs, _ = enumerate_space(sub, sp, {})
+        except TuneError:
+            continue
+        if any(x.fits is None for x in cs):
+            more = g
+            break
+    return TuneError(f"{prob.model.name} fits in no searched configuration on {gpus} x {prob.gpu.name} "
+                     f"({prob.gpu.memory / GiB:.0f} GiB, {prob.reserve / GiB:.0f} GiB reserved): the smallest need is "
+                     f"{need[i] / GiB:.1f} GiB per device (tp={c.tp} pp={c.pp} vpp={c.vpp} recompute={c.recompute} "
+                     f"zero={c.zero}); it needs GPUs of >= {math.ceil((need[i] + prob.reserve) / GiB)} GiB"
+                     + (f" or >= {more} GPUs" if more else ""))
+
+
+def _explain(space: _Space, c: Config) -> dict:
+    p = space.p
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute)
+    return {"gpu": space.gpu.to_dict(), "efficiency": space.eff, "calibration": p.calibration.to_dict(),
+            "layer": {"F_s": lt.F, "B_s": lt.B, "W_s": lt.W, **lt.parts},
+            "head": {"F_s": ht.F, "B_s": ht.B, "W_s": ht.W, **ht.parts},
+            "p2p_s": comm_p2p(space, c), "dp_link": c.detail.get("dp_link"),
+            "dp_bucket_s_per_chunk": [dp_time(space, c, ch.params) for ch in space.memory(
+                c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)[1]],
+            "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
+            "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
+            "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,
+            "model_flops_per_step": step_model_flops(p.model, p.global_batch, p.seq),
+            "reserve_bytes": p.reserve}
+
+
+__all__ = ["Config", "PARTITIONS", "Problem", "RECOMPUTES", "SWEEP_OPTIONS", "TuneError", "TuneResult", "builder_vpps",
+           "enumerate_space", "evaluate", "lower_bound", "memory_lower_bound", "tune"]
