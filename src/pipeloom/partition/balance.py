@@ -195,11 +195,12 @@ class Evaluator:
     evals: int = 0
     _cache: dict = field(default_factory=dict)
 
-    def spec(self, part: Partition) -> PlanSpec:
+    def spec(self, part: Partition, cc: dict | None = None) -> PlanSpec:
         memory_aware = registry.get(self.schedule).memory_aware if self.schedule else False
+        cc = cc if cc is not None else self.costs.chunk_costs(part)  # summed once: O(layers) in Python
         return PlanSpec(pp=self.pp, vpp=self.vpp, microbatches=self.microbatches,
-                        costs=self.costs.costs(part, comm=self.comm, overlap=self.overlap),
-                        mem=self.costs.mem_model(part), mem_limit=self.mem_limit if memory_aware else None,
+                        costs=self.costs.costs(part, comm=self.comm, overlap=self.overlap, chunk_costs=cc),
+                        mem=self.costs.mem_model(part, chunk_costs=cc), mem_limit=self.mem_limit if memory_aware else None,
                         options=dict(self.options))
 
     def __call__(self, counts: tuple[int, ...]) -> Evaluation:
@@ -213,7 +214,7 @@ class Evaluator:
         if self.schedule is not None:
             self.evals += 1
             try:
-                spec = self.spec(part)
+                spec = self.spec(part, cc)
                 sched = registry.build(self.schedule, spec)
                 if [sched.device_of(c) for c in range(part.num_chunks)] != \
                         [part.device_of(c) for c in range(part.num_chunks)]:

@@ -145,14 +145,16 @@ class LayerCosts:
             out["total"].append(out["F"][-1] + out["B"][-1] + out["W"][-1])
         return out
 
-    def costs(self, part: Partition, *, comm: float = 0.0, overlap: float = 0.0) -> Costs:
-        """Per-chunk :class:`Costs` (tuples indexed by global chunk) for the simulator and builders."""
-        c = self.chunk_costs(part)
+    def costs(self, part: Partition, *, comm: float = 0.0, overlap: float = 0.0, chunk_costs: dict | None = None
+              ) -> Costs:
+        """Per-chunk :class:`Costs` (tuples indexed by global chunk) for the simulator and builders
+        (``chunk_costs``: this partition's :meth:`chunk_costs`, when the caller already has them)."""
+        c = chunk_costs if chunk_costs is not None else self.chunk_costs(part)
         return Costs(F=tuple(c["F"]), B=tuple(c["B"]), W=tuple(c["W"]), comm=comm, overlap=overlap)
 
-    def mem_model(self, part: Partition) -> MemModel:
+    def mem_model(self, part: Partition, *, chunk_costs: dict | None = None) -> MemModel:
         """Per-chunk :class:`MemModel`, normalised so the chunks' a sum to pp (average chunk 1/vpp)."""
-        c = self.chunk_costs(part)
+        c = chunk_costs if chunk_costs is not None else self.chunk_costs(part)
         total = sum(c["mem"])
         if total <= 0:
             return MemModel()
