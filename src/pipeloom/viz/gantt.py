@@ -36,6 +36,15 @@ def _boxes(xywh: list[tuple[float, float, float, float]]):
                      np.stack([x, y + h], 1)], 1)
 
 
+def _rgba(colors: list[str]):
+    """(n, 4) RGBA of colour names, each distinct name converted once (matplotlib would convert each item)."""
+    import numpy as np
+    from matplotlib.colors import to_rgba
+
+    table = {c: to_rgba(c) for c in set(colors)}
+    return np.array([table[c] for c in colors], dtype=float).reshape(-1, 4)
+
+
 def _luminance(hex_color: str) -> float:
     r, g, b = (int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5))
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
@@ -137,7 +146,8 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
             for s, e, _ in tl.dp_bands[r]:
                 dp_rects.append((s, yd, e - s, 0.16))
     if rects:
-        ax.add_collection(PolyCollection(_boxes(rects), facecolors=colors, edgecolors=edges, linewidths=lws,
+        ax.add_collection(PolyCollection(_boxes(rects), facecolors=_rgba(colors), edgecolors=_rgba(edges),
+                                         linewidths=lws,
                                          zorder=3), autolim=False)
     if waits:
         ax.add_collection(PolyCollection(_boxes(waits), facecolors=WAIT_COLOR, edgecolors="none", zorder=2),
