@@ -10,7 +10,9 @@ Two objectives, both over partitions into contiguous chunks of >= 1 layer each:
         T[k][j] = min_{k <= i < j} max(T[k-1][i], P[j] - P[i] + head*[k = nc-1])
         answer  = T[nc-1][L]
 
-    O(nc * L^2) work, vectorised over i. With vpp > 1 a device runs several chunks, so the DP
+    T[k-1][.] is non-decreasing and the last chunk's time non-increasing in i, so each row is found by
+    binary search for all j at once: O(nc * L log L) (a row whose predecessor is not monotone, e.g.
+    with negative costs, falls back to the O(L^2) scan). With vpp > 1 a device runs several chunks, so the DP
     optimum is then polished by the local search below on (max device load, max chunk).
 
 ``makespan``
@@ -76,18 +78,18 @@ def bottleneck_dp(costs: LayerCosts, pp: int, vpp: int = 1, placement: Placement
     T = np.full((nc, L + 1), INF)
     arg = np.zeros((nc, L + 1), dtype=int)
     T[0, 1:] = P[1:] + emb + (hd if nc == 1 else 0.0)
+    p_monotone = bool(np.all(np.diff(P) >= 0))
     for k in range(1, nc):
         extra = hd if k == nc - 1 else 0.0
         # chunk k ends at layer j; the chunks after it need nc-1-k more layers
-        for j in range(k + 1, L - (nc - 1 - k) + 1):
-            if j % 2048 == 0 and _progress.active():
-                _progress.report(f"balancing: exact DP, chunk boundary {k}/{nc - 1}, "
-                                 f"{100 * j / L:.0f}% of {L:,} layers")
-            i = np.arange(k, j)
-            vals = np.maximum(T[k - 1, i], P[j] - P[i] + extra)
-            best = int(np.argmin(vals))
-            T[k, j] = vals[best]
-            arg[k, j] = i[best]
+        jhi = L - (nc - 1 - k)
+        prev = T[k - 1, k:jhi]  # the i the row reads: k <= i < j <= jhi
+        if p_monotone and bool(np.all(np.diff(prev) >= 0)):
+            _dp_row_monotone(T, arg, P, k, jhi, extra)
+        else:
+            _dp_row_scan(T, arg, P, k, jhi, extra, L)
+        if _progress.active():
+            _progress.report(f"balancing: exact DP, chunk boundary {k}/{nc - 1} of {L:,} layers")
     counts, j = [], L
     for k in range(nc - 1, 0, -1):
         i = int(arg[k, j])
@@ -96,6 +98,61 @@ def bottleneck_dp(costs: LayerCosts, pp: int, vpp: int = 1, placement: Placement
     counts.append(j)
     counts.reverse()
     return from_counts(counts, pp, vpp, placement, embedding=embedding, head=head)
+
+
+def _dp_row_scan(T, arg, P, k: int, jhi: int, extra: float, L: int) -> None:
+    """Row k of the DP by scanning every split i (O(L^2)); used only when row k-1 is not monotone."""
+    for j in range(k + 1, jhi + 1):
+        if j % 2048 == 0 and _progress.active():
+            _progress.report(f"balancing: exact DP, chunk boundary {k}, {100 * j / L:.0f}% of {L:,} layers")
+        i = np.arange(k, j)
+        vals = np.maximum(T[k - 1, i], P[j] - P[i] + extra)
+        best = int(np.argmin(vals))
+        T[k, j] = vals[best]
+        arg[k, j] = i[best]
+
+
+def _first_true(pred, lo, hi):
+    """Per element, the least i in [lo, hi) with ``pred(i, mask)`` true (``hi`` when none); pred must be
+    monotone in i (false ... false true ... true). Vectorised binary search over all elements."""
+    lo, hi = lo.copy(), hi.copy()
+    while True:
+        act = lo < hi
+        if not act.any():
+            return lo
+        mid = (lo + hi) // 2
+        ok = pred(np.where(act, mid, lo)) & act
+        hi = np.where(ok, mid, hi)
+        lo = np.where(act & ~ok, mid + 1, lo)
+
+
+def _dp_row_monotone(T, arg, P, k: int, jhi: int, extra: float) -> None:
+    """Row k of the DP in O(L log L), the same values and the same (first) argmin as the scan.
+
+    For a fixed end j, f(i) = T[k-1][i] is non-decreasing and g(i) = P[j] - P[i] + extra non-increasing
+    in i (checked by the caller, and exact in floating point: rounding is monotone). So max(f, g) is
+    g (non-increasing) before the first i* with f(i*) >= g(i*) and f (non-decreasing) from there: its
+    minimum is min(g(i*-1), f(i*)), and the first index reaching it is i* or the first i with
+    g(i) <= g(i*-1). Both are found by binary search, for all j at once."""
+    J = np.arange(k + 1, jhi + 1)
+    if J.size == 0:
+        return
+    f = T[k - 1]
+    PJ = P[J]
+    lo = np.full(J.size, k)
+    istar = _first_true(lambda i: f[i] >= PJ - P[i] + extra, lo, J)
+    has_f = istar < J
+    has_g = istar > k
+    i_f = np.minimum(istar, J - 1)
+    val_f = np.where(has_f, np.maximum(f[i_f], PJ - P[i_f] + extra), np.inf)
+    i_g = np.maximum(istar - 1, k)
+    gm = np.where(has_g, PJ - P[i_g] + extra, np.inf)
+    # the first i whose g already equals g(i*-1) (g is flat over zero-cost layers)
+    first_g = _first_true(lambda i: PJ - P[i] + extra <= gm, lo, np.where(has_g, istar, lo))
+    use_g = has_g & (gm <= val_f)
+    best = np.where(use_g, first_g, istar)
+    T[k, J] = np.where(use_g, gm, val_f)
+    arg[k, J] = best
 
 
 @dataclass(slots=True)
@@ -138,11 +195,12 @@ class Evaluator:
     evals: int = 0
     _cache: dict = field(default_factory=dict)
 
-    def spec(self, part: Partition) -> PlanSpec:
+    def spec(self, part: Partition, cc: dict | None = None) -> PlanSpec:
         memory_aware = registry.get(self.schedule).memory_aware if self.schedule else False
+        cc = cc if cc is not None else self.costs.chunk_costs(part)  # summed once: O(layers) in Python
         return PlanSpec(pp=self.pp, vpp=self.vpp, microbatches=self.microbatches,
-                        costs=self.costs.costs(part, comm=self.comm, overlap=self.overlap),
-                        mem=self.costs.mem_model(part), mem_limit=self.mem_limit if memory_aware else None,
+                        costs=self.costs.costs(part, comm=self.comm, overlap=self.overlap, chunk_costs=cc),
+                        mem=self.costs.mem_model(part, chunk_costs=cc), mem_limit=self.mem_limit if memory_aware else None,
                         options=dict(self.options))
 
     def __call__(self, counts: tuple[int, ...]) -> Evaluation:
@@ -156,7 +214,7 @@ class Evaluator:
         if self.schedule is not None:
             self.evals += 1
             try:
-                spec = self.spec(part)
+                spec = self.spec(part, cc)
                 sched = registry.build(self.schedule, spec)
                 if [sched.device_of(c) for c in range(part.num_chunks)] != \
                         [part.device_of(c) for c in range(part.num_chunks)]:

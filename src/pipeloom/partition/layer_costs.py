@@ -133,26 +133,31 @@ class LayerCosts:
                                  f"{self.num_layers}; make --layers match the layer-cost file")
         out = {k: [] for k in ("F", "B", "W", "total", "mem", "mem_b")}
         last = part.num_chunks - 1
+        # one column of floats per field, summed per chunk in layer order (then embedding, head): the
+        # same additions as summing the LayerCost objects, without an attribute lookup per layer and field
+        cols = {key: [getattr(x, key) for x in self.layers] for key in ("F", "B", "W", "mem")}
+        cols["mem_b"] = [x.freed_by_b for x in self.layers]
         for k, layers in enumerate(part.chunks):
-            parts = [self.layers[i] for i in layers]
-            if k == 0 and part.embedding:
-                parts.append(self.embedding)
-            if k == last and part.head:
-                parts.append(self.head)
-            for key in ("F", "B", "W", "mem"):
-                out[key].append(sum(getattr(p, key) for p in parts))
-            out["mem_b"].append(sum(p.freed_by_b for p in parts))
+            ends = ([self.embedding] if k == 0 and part.embedding else []) + \
+                ([self.head] if k == last and part.head else [])
+            for key in ("F", "B", "W", "mem", "mem_b"):
+                col = cols[key]
+                vals = [col[i] for i in layers]
+                vals += [p.freed_by_b if key == "mem_b" else getattr(p, key) for p in ends]
+                out[key].append(sum(vals))
             out["total"].append(out["F"][-1] + out["B"][-1] + out["W"][-1])
         return out
 
-    def costs(self, part: Partition, *, comm: float = 0.0, overlap: float = 0.0) -> Costs:
-        """Per-chunk :class:`Costs` (tuples indexed by global chunk) for the simulator and builders."""
-        c = self.chunk_costs(part)
+    def costs(self, part: Partition, *, comm: float = 0.0, overlap: float = 0.0, chunk_costs: dict | None = None
+              ) -> Costs:
+        """Per-chunk :class:`Costs` (tuples indexed by global chunk) for the simulator and builders
+        (``chunk_costs``: this partition's :meth:`chunk_costs`, when the caller already has them)."""
+        c = chunk_costs if chunk_costs is not None else self.chunk_costs(part)
         return Costs(F=tuple(c["F"]), B=tuple(c["B"]), W=tuple(c["W"]), comm=comm, overlap=overlap)
 
-    def mem_model(self, part: Partition) -> MemModel:
+    def mem_model(self, part: Partition, *, chunk_costs: dict | None = None) -> MemModel:
         """Per-chunk :class:`MemModel`, normalised so the chunks' a sum to pp (average chunk 1/vpp)."""
-        c = self.chunk_costs(part)
+        c = chunk_costs if chunk_costs is not None else self.chunk_costs(part)
         total = sum(c["mem"])
         if total <= 0:
             return MemModel()

@@ -12,11 +12,13 @@ from __future__ import annotations
 import ctypes
 import datetime as _dt
 import os
+import pickle
 import queue as _queue
 import re
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -93,10 +95,17 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _child(rank: int, world: int, port: int, q, fn: Callable, args: tuple, timeout_s: float,
+def _child(rank: int, world: int, port: int, q, fn: Callable | None, args: tuple | str, timeout_s: float,
            parent: int | None = None) -> None:
     if parent is not None:
         _die_with_parent(parent)
+    if fn is None:  # ``args`` names the file that holds (fn, args): see _stash_args
+        try:
+            with open(args, "rb") as fh:
+                fn, args = pickle.load(fh)
+        except BaseException as e:
+            q.put((rank, "error", f"cannot read the rank's arguments: {one_line(e)}", traceback.format_exc()))
+            return
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -123,8 +132,44 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, timeout_s: float =
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, fn, args, timeout_s, os.getpid()),
+    stash = _stash_args(fn, args)
+    target_args = (None, stash) if stash else (fn, args)
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, q, *target_args, timeout_s, os.getpid()),
                          daemon=True) for r in range(world_size)]
+    try:
+        return _run_ranks(procs, q, world_size, grace_s, total_timeout_s)
+    finally:
+        if stash:
+            try:
+                os.unlink(stash)
+            except OSError:
+                pass
+
+
+def _stash_args(fn: Callable, args: tuple) -> str | None:
+    """Write ``(fn, args)`` to a private temp file and return its path (None if they cannot be pickled
+    plainly; they then travel in the process object as before).
+
+    With the "spawn" start method the parent writes the pickled process object into the child's pipe
+    while it still holds the pipe's read end itself: if the child's interpreter exits at once and the
+    object is larger than the pipe buffer (64 KiB; a RunConfig with a schedule of thousands of
+    microbatches), ``Process.start`` blocks forever. Kept small, the write always completes and a dead
+    child is seen by its exit code."""
+    try:
+        data = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+    fd, path = tempfile.mkstemp(prefix="pipeloom-rank-args-", suffix=".pkl")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
+
+
+def _run_ranks(procs: list, q, world_size: int, grace_s: float, total_timeout_s: float | None) -> Any:
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

@@ -6,7 +6,9 @@ enough; the grey band behind the boxes is idle time. Under every row a thin stri
 device's activation memory (units of one full-stage microbatch activation) with its peak;
 a dashed line marks the memory limit. The right margin gives each row's bubble (idle share).
 Figure size grows with the number of jobs and rows (readable up to pp 16, m 64); labels
-that do not fit their box are left out.
+that do not fit their box are left out, and above ``LABEL_LIMIT`` jobs no box is labelled.
+Boxes are drawn as one :class:`~matplotlib.collections.PolyCollection` (vertex arrays, not one
+patch object per job), so a plan of 65k jobs draws in seconds.
 """
 from __future__ import annotations
 
@@ -20,6 +22,27 @@ DP_COLOR = "#8c564b"
 LATE_COLOR = "#d62728"
 LATE_EDGE = "#111111"
 WAIT_COLOR = "#888888"
+LABEL_LIMIT = 20_000
+"""above this many jobs no box gets its microbatch label (they would not fit, and text is slow)"""
+
+
+def _boxes(xywh: list[tuple[float, float, float, float]]):
+    """(n, 4, 2) vertices of axis-aligned boxes (x, y, width, height), in a Rectangle's vertex order."""
+    import numpy as np
+
+    a = np.asarray(xywh, dtype=float).reshape(-1, 4)
+    x, y, w, h = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
+    return np.stack([np.stack([x, y], 1), np.stack([x + w, y], 1), np.stack([x + w, y + h], 1),
+                     np.stack([x, y + h], 1)], 1)
+
+
+def _rgba(colors: list[str]):
+    """(n, 4) RGBA of colour names, each distinct name converted once (matplotlib would convert each item)."""
+    import numpy as np
+    from matplotlib.colors import to_rgba
+
+    table = {c: to_rgba(c) for c in set(colors)}
+    return np.array([table[c] for c in colors], dtype=float).reshape(-1, 4)
 
 
 def _luminance(hex_color: str) -> float:
@@ -51,7 +74,7 @@ def figure_size(tl: Timeline, with_memory: bool) -> tuple[float, float]:
 def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) -> str:
     """Draw ``tl`` into ``path`` (format from the suffix: .png, .svg, .pdf); return the path."""
     from matplotlib.figure import Figure
-    from matplotlib.collections import PatchCollection
+    from matplotlib.collections import PolyCollection
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch, Rectangle
 
@@ -78,6 +101,7 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
 
     rects, colors, edges, lws, waits, dp_rects = [], [], [], [], [], []
     windows = [(s, e) for _, s, e in tl.steps] or [(t0, t1)]
+    labels = sum(len(row.bars) for row in tl.rows) <= LABEL_LIMIT
     for r, row in enumerate(tl.rows):
         y = r * pitch
         for s, e in windows:
@@ -85,14 +109,16 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         for bar in row.bars:
             h, yb = (1.0, y) if bar.lane == 0 else (0.5, y + (0.0 if bar.lane == 1 else 0.5))
             col = shade(KIND_COLORS.get(bar.kind, "#777777"), bar.local, tl.vpp)
-            rects.append(Rectangle((bar.start, yb), bar.end - bar.start, h))
+            rects.append((bar.start, yb, bar.end - bar.start, h))
             colors.append(col)
             if bar.wait > 0:
-                waits.append(Rectangle((bar.start - bar.wait, y + 0.44), bar.wait, 0.12))
+                waits.append((bar.start - bar.wait, y + 0.44, bar.wait, 0.12))
             wpx = (bar.end - bar.start) * px_per_t
             late = bar.late > 0 and wpx >= 5  # a frame would hide a sliver of a box
             edges.append(LATE_EDGE if late else "white")
             lws.append(1.2 if late else 0.35)
+            if not labels:
+                continue
             fs = font if h == 1.0 else font - 1
             if wpx < len(bar.label) * char_px * fs / font + 1.5:
                 fs = fs - 1.5  # one size smaller before giving up on the label
@@ -118,13 +144,17 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         if r < len(tl.dp_bands) and tl.dp_bands[r]:  # the dp collectives: a thin band in the gap under the row
             yd = y + pitch - 0.21
             for s, e, _ in tl.dp_bands[r]:
-                dp_rects.append(Rectangle((s, yd), e - s, 0.16))
-    ax.add_collection(PatchCollection(rects, facecolors=colors, edgecolors=edges, linewidths=lws, zorder=3))
+                dp_rects.append((s, yd, e - s, 0.16))
+    if rects:
+        ax.add_collection(PolyCollection(_boxes(rects), facecolors=_rgba(colors), edgecolors=_rgba(edges),
+                                         linewidths=lws,
+                                         zorder=3), autolim=False)
     if waits:
-        ax.add_collection(PatchCollection(waits, facecolors=WAIT_COLOR, edgecolors="none", zorder=2))
+        ax.add_collection(PolyCollection(_boxes(waits), facecolors=WAIT_COLOR, edgecolors="none", zorder=2),
+                          autolim=False)
     if dp_rects:
-        ax.add_collection(PatchCollection(dp_rects, facecolors=DP_COLOR, edgecolors="white", linewidths=0.3,
-                                          zorder=3, gid="dp-reduction"))
+        ax.add_collection(PolyCollection(_boxes(dp_rects), facecolors=DP_COLOR, edgecolors="white", linewidths=0.3,
+                                         zorder=3, gid="dp-reduction"), autolim=False)
     for step, s, e in tl.steps:
         for x in (s, e):
             ax.axvline(x, color="#555555", linewidth=0.6, linestyle=":", zorder=0)
