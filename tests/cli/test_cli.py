@@ -84,7 +84,7 @@ def test_compare_json(capsys):
      "1f1b: unknown option(s) time_limit; allowed: none"),
     (["simulate", "-s", "interleaved", "--pp", "2", "-m", "4", "-O", "remainer=last"],
      "interleaved: unknown option(s) remainer; allowed: remainder"),
-    (["simulate", "-s", "zbv", "--pp", "2", "-m", "4", "-O", "budjet=5"], "allowed: budget, insert_budget, polish"),
+    (["simulate", "-s", "zbv", "--pp", "2", "-m", "4", "-O", "budjet=5"], "allowed: budget, effort, insert_budget, polish"),
     (["simulate", "-s", "zbh1", "--pp", "2", "-m", "4", "-O", "budget=[1]"], "zbh1: option budget must be a whole"),
     (["simulate", "-s", "zbh2", "--pp", "2", "-m", "4", "-O", "budget=-5"], "zbh2: option budget must be a whole"),
     (["simulate", "-s", "dualpipev", "--pp", "2", "-m", "4", "-O", "overlap_pairs=maybe"],
