@@ -94,3 +94,33 @@ def test_moe_transformers_chunks_traced_within_2_percent(arch):
         assert tc.activation_bytes == pytest.approx(a.activation_bytes, rel=0.02)
         # the runtime's split: the routed experts' weight grads in B, router and shared experts deferred to W
         assert tc.w_held_bytes == pytest.approx(a.w_held_bytes, rel=0.02)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_gpt2_chunks_traced_within_2_percent(dtype):
+    """GPT-2 (learned positions, LayerNorm, Conv1D, gelu_new written out in PyTorch ops) cut by pipeloom's own
+    ``integrations.hf.pipeline_chunks``: activations within 2%, bytes held for W (Conv1D deferred) equal."""
+    from pipeloom.integrations.hf import pipeline_chunks
+
+    cfg = dict(model_type="gpt2", n_embd=64, n_inner=96, n_layer=4, n_head=4, vocab_size=128, n_positions=64,
+               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    conf = transformers.AutoConfig.for_model(**cfg)
+    conf._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tdtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    hf = transformers.AutoModelForCausalLM.from_config(conf).to(tdtype).train()
+    b, s = 2, 16
+    cuts = [[0], [1, 2], [3]]
+    train = an.TrainConfig(seq=s, micro_batch=b, dtype=dtype, impl="hf")
+    analytic = an.chunk_memory(from_hf_config(cfg), train, [len(c) for c in cuts])
+    x = torch.randint(0, 128, (b, s))
+    y = torch.randint(0, 128, (b, s))
+    chunks = pipeline_chunks(hf, cuts)
+    for i, (chunk, a) in enumerate(zip(chunks, analytic)):
+        last = i == len(cuts) - 1
+        tc = trace_chunk(chunk, x, target=y if last else None, loss_fn=_loss if last else None, fake=True)
+        assert tc.activation_bytes == pytest.approx(a.activation_bytes, rel=0.02), i
+        assert tc.w_held_bytes == a.w_held_bytes, i
+        if not last:
+            with torch.no_grad():
+                x = chunk(x).detach()

@@ -211,6 +211,8 @@ def _mlp_items(prefix: str, model: ModelConfig, train: TrainConfig, ffn: int, to
     items = [Item(f"{prefix}.fc1.input", e * h * tokens, w_input=deferred)] if with_input else []
     if model.mlp == "gelu":
         items.append(Item(f"{prefix}.gelu.input", e * ffn * tokens / t))
+        if train.impl == "hf" and model.gelu_saved > 1:  # GPT-2's gelu_new, written out in PyTorch ops
+            items.append(Item(f"{prefix}.gelu.intermediates", (model.gelu_saved - 1) * e * ffn * tokens / t))
     elif train.impl != "fused":
         items += [Item(f"{prefix}.swiglu.gate", e * ffn * tokens / t),
                   Item(f"{prefix}.swiglu.silu_gate", e * ffn * tokens / t),

@@ -77,6 +77,10 @@ class ModelConfig:
     """inner width of one shared expert; None = ``ffn``"""
     shared_expert_gate: bool = False
     """a ``hidden -> 1`` sigmoid gate on the shared experts' output (Qwen2-MoE)"""
+    gelu_saved: int = 1
+    """with ``mlp='gelu'`` and transformers' modules (memory ``impl='hf'``): the ffn-wide tensors the GeLU keeps
+    for backward: 1 for a fused GeLU (``gelu``, ``gelu_pytorch_tanh``), 4 for GPT-2's ``gelu_new``, which
+    transformers writes out in PyTorch ops (x, x^3's input, the tanh argument and the tanh, as traced)"""
     tied_embeddings: bool = False
     """the output head shares the input embedding matrix (GPT-3: yes)"""
     learned_positions: bool = False

@@ -212,6 +212,7 @@ def _gpt2(r, label):
     return ModelConfig(name=label, hidden=h, layers=r.int("n_layer"), heads=r.int("n_head"),
                        ffn=r.int("n_inner", none_ok=True) or 4 * h, vocab=r.int("vocab_size"),
                        seq=r.int("n_positions"), mlp="gelu", norm="layernorm", bias=True,
+                       gelu_saved=4 if act == "gelu_new" else 1,  # traced; gelu_fast (7 saves) is not modelled
                        tied_embeddings=r.bool("tie_word_embeddings"), learned_positions=True,
                        dropout=r.float("resid_pdrop"), norm_eps=r.float("layer_norm_epsilon"),
                        init_std=r.float("initializer_range", 0.02))
