@@ -36,6 +36,13 @@ CONFIGS = {
     "mixtral": dict(model_type="mixtral", vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=4,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, num_local_experts=4,
                     num_experts_per_tok=2),
+    "mistral": dict(model_type="mistral", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=8,
+                    num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=32, sliding_window=4),
+    "qwen3": dict(model_type="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=32),
+    "qwen3_moe": dict(model_type="qwen3_moe", vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      max_position_embeddings=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
 }
 
 
@@ -159,6 +166,9 @@ def test_hf_models_run_and_match_the_unsplit_model(tmp_path, model_dirs):
         "gpt2-tied-zbh1-pp4": dict(model=m["gpt2"], schedule="zbh1", pp=4, microbatches=4),
         "qwen2-tied-1f1b-pp4": dict(model=m["qwen2"], schedule="1f1b", pp=4, microbatches=4),
         "mixtral-zbv-pp2-dp2": dict(model=m["mixtral"], schedule="zbv", pp=2, dp=2, microbatches=4),
+        "mistral-interleaved-pp4": dict(model=m["mistral"], schedule="interleaved", pp=4, microbatches=4),
+        "qwen3-zbv-pp2-dp2": dict(model=m["qwen3"], schedule="zbv", pp=2, dp=2, microbatches=4),
+        "qwen3_moe-1f1b-pp2-dp2": dict(model=m["qwen3_moe"], schedule="1f1b", pp=2, dp=2, microbatches=4),
         "weights-zbh1-pp2-dp2": dict(model=HFRunModel(str(saved), weights=True), schedule="zbh1", pp=2, dp=2,
                                      microbatches=2, steps=1, data=str(data)),
         "data-1f1b-pp2-dp2": dict(model=m["llama"], schedule="1f1b", pp=2, dp=2, microbatches=2, steps=1,

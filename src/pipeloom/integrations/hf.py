@@ -195,7 +195,11 @@ class HFChunk(nn.Module):
             if path:
                 _mount(self, path, parts[role])
         self._parts = parts
-        self._window = any(getattr(m, "attention_type", None) == "sliding_attention" for m in parts["layers"])
+        # each layer's mask: its own ``attention_type`` (llama, qwen2/3: layer_types); models whose layers have none
+        # pick one mask for the whole decoder from ``config.sliding_window`` (mistral, mixtral), as they do
+        whole = "full_attention" if getattr(self.config, "sliding_window", None) is None else "sliding_attention"
+        self._types = [getattr(m, "attention_type", whole) for m in parts["layers"]]
+        self._window = "sliding_attention" in self._types
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
@@ -216,9 +220,8 @@ class HFChunk(nn.Module):
         extra = {}
         if parts["rotary"] is not None:
             extra["position_embeddings"] = parts["rotary"](x, position_ids=pos)
-        for layer in parts["layers"]:
-            out = layer(x, attention_mask=masks[getattr(layer, "attention_type", "full_attention")],
-                        position_ids=pos, **extra)
+        for layer, kind in zip(parts["layers"], self._types):
+            out = layer(x, attention_mask=masks[kind], position_ids=pos, **extra)
             x = out[0] if isinstance(out, tuple) else out
         if parts["head"] is not None:
             x = parts["head"](parts["norm"](x))
