@@ -483,8 +483,10 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     # the plan (the job order) is shared by every configuration whose per-chunk cost ratios agree to
     # PLAN_DIGITS significant digits: it is planned once, with those rounded ratios (so it does not depend
     # on which configuration came first), then simulated with each configuration's own costs
-    qcosts = Costs(F=tuple(_q(x / unit) for x in F), B=tuple(_q(x / unit) for x in B),
-                   W=tuple(_q(x / unit) for x in W), comm=_q(comm / unit))
+    # (the final plans of the leaders, ``refine``, use the exact costs)
+    q = (lambda x: x) if refine else _q
+    qcosts = Costs(F=tuple(q(x / unit) for x in F), B=tuple(q(x / unit) for x in B),
+                   W=tuple(q(x / unit) for x in W), comm=q(comm / unit))
     key = (c.schedule, c.pp, c.vpp, c.microbatches, qcosts.F, qcosts.B, qcosts.W, qcosts.comm,
            a_r, b_r, limit, tuple(sorted(opts.items())))
     plan = space.plans.get(key)
