@@ -202,7 +202,7 @@ class _Space:
         self.head_t: dict = {}
         self.chunk_mem: dict = {}
         self.parts: dict = {}
-        self.sims: dict = {}
+        self.plans: dict = {}
         self.statics: dict = {}
         self.owned: dict = {}
         self.sim_count = 0
@@ -451,8 +451,12 @@ def _nearest(gb: int, dps: list[int]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ evaluation
+#: significant digits of the cost ratios a shared plan is keyed (and planned) on
+PLAN_DIGITS = 3
+
+
 def _q(x: float) -> float:
-    return float(f"{x:.3g}")
+    return float(f"{x:.{PLAN_DIGITS}g}")
 
 
 def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
@@ -476,24 +480,33 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
             return c
         limit = math.floor(units * 100) / 100
     opts = {} if refine else {k: v for k, v in SWEEP_OPTIONS.items() if k in info.option_names}
-    key = (c.schedule, c.pp, c.vpp, c.microbatches, tuple(_q(x / unit) for x in F + B + W), _q(comm / unit),
+    # the plan (the job order) is shared by every configuration whose per-chunk cost ratios agree to
+    # PLAN_DIGITS significant digits: it is planned once, with those rounded ratios (so it does not depend
+    # on which configuration came first), then simulated with each configuration's own costs
+    # (the final plans of the leaders, ``refine``, use the exact costs)
+    q = (lambda x: x) if refine else _q
+    qcosts = Costs(F=tuple(q(x / unit) for x in F), B=tuple(q(x / unit) for x in B),
+                   W=tuple(q(x / unit) for x in W), comm=q(comm / unit))
+    key = (c.schedule, c.pp, c.vpp, c.microbatches, qcosts.F, qcosts.B, qcosts.W, qcosts.comm,
            a_r, b_r, limit, tuple(sorted(opts.items())))
-    hit = space.sims.get(key)
-    if hit is None:
-        spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches,
-                        costs=Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B),
-                                    W=tuple(x / unit for x in W), comm=comm / unit),
+    plan = space.plans.get(key)
+    if plan is None:
+        spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches, costs=qcosts,
                         mem=MemModel(a=a_r, b=b_r), mem_limit=limit, options=opts)
         try:
-            sched = registry.build(c.schedule, spec)
-            sim = simulate(sched, spec.costs)
-            hit = (sched, sim, None)
+            plan = (registry.build(c.schedule, spec), None)
         except (ScheduleError, ValueError) as e:
-            hit = (None, None, str(e).splitlines()[0])
-        space.sims[key] = hit
+            plan = (None, str(e).splitlines()[0])
+        space.plans[key] = plan
         space.sim_count += 1
     else:
         space.hits += 1
+    if plan[0] is None:
+        hit = (None, None, plan[1])
+    else:
+        exact = Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B), W=tuple(x / unit for x in W),
+                      comm=comm / unit)
+        hit = (plan[0], simulate(plan[0], exact), None)
     sched, sim, err = hit
     if err:
         c.fits, c.error = False, f"schedule {c.schedule}: {err}"
