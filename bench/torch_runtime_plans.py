@@ -39,6 +39,7 @@ from torch.distributed.pipelining._backward import stage_backward_input  # noqa:
 
 from pipeloom.core.costs import Costs, MemModel  # noqa: E402
 from pipeloom.integrations.torch import build_torch_schedule, torch_builtin  # noqa: E402
+from pipeloom.memory.traced import SavedBytes  # noqa: E402
 from pipeloom.runtime.launch import spawn  # noqa: E402
 from pipeloom.schedule import io as schedule_io  # noqa: E402
 from pipeloom.schedule.planning import evaluate, make_spec, plan  # noqa: E402
@@ -79,28 +80,6 @@ def data(m: int, hidden: int, heavy_last: bool):
     return x, y
 
 
-# --- saved-tensor accounting (in-flight activations) ---
-class _Live:
-    now = 0
-    peak = 0
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        _Live.now += nbytes
-        _Live.peak = max(_Live.peak, _Live.now)
-
-    def __del__(self):
-        _Live.now -= self.nbytes
-
-
-def _pack(t):
-    return t if isinstance(t, nn.Parameter) else (_Live(t.numel() * t.element_size()), t)
-
-
-def _unpack(x):
-    return x[1] if isinstance(x, tuple) else x
-
-
 def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, list[float], list[float]]:
     """Per-chunk F, I (input gradient) and W (weight gradient) in ms, one thread, median of ``repeats``; the bytes
     (MiB) autograd saves for one microbatch's forward of each chunk (the memory model's ``a``), and the part of them
@@ -113,17 +92,16 @@ def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, 
     f, b, w, act, freed = [], [], [], [], []
     for c, mod in enumerate(chunks):
         last = c == len(chunks) - 1
-        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
-            _Live.now = _Live.peak = 0
+        with SavedBytes() as saved:
             inp = x.clone().requires_grad_(True)
             out = mod(inp)
             if last:
                 out = lf(out, y)
-            act.append(_Live.now / 2**20)
+            act.append(saved.now / 2**20)
         kept = stage_backward_input([out], None if last else [torch.ones_like(out)], [inp], mod.parameters())
         del out
         gc.collect()
-        freed.append(0.0 if c == 0 else act[-1] - _Live.now / 2**20)
+        freed.append(0.0 if c == 0 else act[-1] - saved.now / 2**20)
         del kept
         gc.collect()
         last = c == len(chunks) - 1
@@ -185,10 +163,9 @@ def _bench_rank(plan_dict: dict, m: int, hidden: int, heavy_last: bool, rounds: 
     peaks: dict[str, float] = {}
     for name, rt, first, last, chunks in runs:  # warm-up (shape inference) and the in-flight peak
         step(rt, first, last, chunks)
-        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
-            _Live.now = _Live.peak = 0
+        with SavedBytes() as saved:
             step(rt, first, last, chunks)
-        peaks[name] = _Live.peak / 2**20
+        peaks[name] = saved.peak / 2**20
     for r in range(rounds):  # alternating, the order rotated each round
         order = runs[r % len(runs):] + runs[: r % len(runs)]
         for name, rt, first, last, chunks in order:

@@ -15,6 +15,7 @@ from torch.distributed.pipelining import schedules as ts  # noqa: E402
 
 from pipeloom.core.ir import Job, Schedule  # noqa: E402
 from pipeloom.integrations.torch import build_torch_schedule  # noqa: E402
+from pipeloom.memory.traced import SavedBytes  # noqa: E402
 from pipeloom.runtime.launch import RankFailure, spawn  # noqa: E402
 from pipeloom.schedule import io as schedule_io  # noqa: E402
 from pipeloom.schedule.planning import make_spec, plan  # noqa: E402
@@ -204,31 +205,6 @@ def test_a_trace_without_pipeline_spans_is_a_one_line_error(tmp_path):
         read_logs(str(tmp_path))
 
 
-class _Live:
-    """Counts the bytes autograd keeps saved for backward, and their peak (per process)."""
-
-    now = 0
-    peak = 0
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        _Live.now += nbytes
-        _Live.peak = max(_Live.peak, _Live.now)
-
-    def __del__(self):
-        _Live.now -= self.nbytes
-
-
-def _pack(t):
-    if isinstance(t, nn.Parameter):
-        return t
-    return (_Live(t.numel() * t.element_size()), t)
-
-
-def _unpack(x):
-    return x[1] if isinstance(x, tuple) else x
-
-
 def _inflight(plan_dict: dict):
     """Peak saved-activation bytes of this rank during one step, in units of one full-stage microbatch."""
     s = schedule_io.from_dict(plan_dict)
@@ -236,10 +212,9 @@ def _inflight(plan_dict: dict):
     torch.manual_seed(0)
     chunks = [nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for _ in range(s.num_chunks)]  # equal chunks
     # one chunk's forward of one microbatch, measured the same way
-    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
-        _Live.now = _Live.peak = 0
+    with SavedBytes() as saved:
         out = chunks[0](torch.randn(ROWS_PER_MB, DIM, requires_grad=True))
-        per_chunk = _Live.now
+        per_chunk = saved.now
         del out
     mine = s.chunks_of(rank)
     stages = [PipelineStage(chunks[c], c, s.num_chunks, torch.device("cpu")) for c in mine]
@@ -249,11 +224,10 @@ def _inflight(plan_dict: dict):
     first, last = 0 in mine, s.num_chunks - 1 in mine
     args = ((x,) if first else ()), ({"target": y, "losses": []} if last else {})
     runtime.step(*args[0], **args[1])  # warm-up (shape inference)
-    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
-        _Live.now = _Live.peak = 0
+    with SavedBytes() as saved:
         runtime.step(*args[0], **args[1])
     out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, _Live.peak / per_chunk / s.vpp)
+    dist.all_gather_object(out, saved.peak / per_chunk / s.vpp)
     return out
 
 

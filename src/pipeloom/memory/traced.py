@@ -345,6 +345,51 @@ def traced_activation_peak(schedule, device: int, chunks: dict[int, TracedChunk]
 
 
 
+class SavedBytes:
+    """Counts, live, the bytes autograd keeps saved for backward (parameters excluded) and their peak, while
+    the ``with`` block runs forwards; a saved tensor stops counting when autograd releases it (by the
+    backward that used it, or when its graph is dropped). ``now``/``peak`` in bytes; ``reset()`` zeroes both."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+        self._hooks = None
+
+    def reset(self) -> None:
+        self.now = self.peak = 0
+
+    def _pack(self, t: torch.Tensor):
+        if isinstance(t, nn.Parameter):
+            return t
+        return (_Held(self, t.numel() * t.element_size()), t)
+
+    @staticmethod
+    def _unpack(x):
+        return x[1] if isinstance(x, tuple) else x
+
+    def __enter__(self) -> "SavedBytes":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+class _Held:
+    """One saved tensor's bytes, counted while autograd holds it."""
+
+    __slots__ = ("owner", "nbytes")
+
+    def __init__(self, owner: SavedBytes, nbytes: int) -> None:
+        self.owner, self.nbytes = owner, nbytes
+        owner.now += nbytes
+        owner.peak = max(owner.peak, owner.now)
+
+    def __del__(self) -> None:
+        self.owner.now -= self.nbytes
+
+
 def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, inputs: Sequence[torch.Tensor],
                      targets: Sequence[torch.Tensor], loss_fn: Callable, activation: tuple[tuple[int, ...], torch.dtype],
                      seed: int = 0) -> int:
