@@ -443,7 +443,7 @@ def _gather_params(ex: PipelineExecutor, dp_rank: int) -> dict | None:
 
 def _bound_world_waits(timeout_s: float) -> None:
     """After setup (every rank has built its model: one barrier with the setup allowance), let the world
-    group's collectives (the step's loss all-reduce) wait at most ``timeout_s`` instead of the group's
+    group's collectives (the step's loss all-reduce) wait at most ``max(timeout_s, 30)`` instead of the group's
     setup timeout (300 s at least): gloo applies a group's timeout, not a per-wait one, so a dead node
     would otherwise hold the other node's ranks for minutes."""
     import datetime as _dt
@@ -452,7 +452,9 @@ def _bound_world_waits(timeout_s: float) -> None:
     barrier(None, max(timeout_s, 120.0), "the barrier before the first step")
     try:
         from torch.distributed.distributed_c10d import _set_pg_timeout
-        _set_pg_timeout(_dt.timedelta(seconds=timeout_s))
+        # not below 30 s: the pipeline's own P2P waits give up after timeout_s and name the job; a world
+        # timeout as short as theirs raced them (a peer's send failing first hid the "timed out" message)
+        _set_pg_timeout(_dt.timedelta(seconds=max(timeout_s, 30.0)))
     except (ImportError, RuntimeError, ValueError):  # an older torch or a backend without it: the group's timeout
         pass
 
