@@ -219,24 +219,8 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable, warm=True):
         for t in range(horizon):
             cur += delta[t]
             r[t] = cur
-    heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(ntypes)]
-    heapq.heapify(heap)
-    steady = False
-    cool = False
-    f0_dev0 = 0
     mov = [k in movable for k in range(ntypes)]
-    while heap:
-        t, d, k, j = heapq.heappop(heap)
-        if j + 1 < m:
-            heapq.heappush(heap, (T[d][k][j + 1], d, k, j + 1))
-        if d == 0 and k == _B0 and j == 0:
-            steady = f0_dev0 < m
-        if d == 0 and k == _F0:
-            f0_dev0 += 1
-            if steady and f0_dev0 == m:
-                steady = False
-                cool = True
-                continue
+    for t, d, k, j, steady, cool in _phased_jobs(T, pp, ntypes, m):
         if steady or not mov[k] or not (warm or cool):
             continue
         dep = _deps(T, pp, d, k, j)
@@ -254,6 +238,29 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable, warm=True):
                 r[u] += x
             T[d][k][j] = s
             break
+
+
+def _phased_jobs(T, pp: int, ntypes: int, m: int):
+    """Every job of the block in time order, ``(t, d, k, j, steady, cool)``: steady from device 0's first B
+    (while it still has forwards left) until its last F, cool-down after that (the job that ends the steady
+    phase is not yielded). Each job's next time is read when the job is yielded, so a caller may move
+    ``T[d][k][j]`` earlier without disturbing the order."""
+    heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(ntypes)]
+    heapq.heapify(heap)
+    steady = cool = False
+    f0_dev0 = 0
+    while heap:
+        t, d, k, j = heapq.heappop(heap)
+        if j + 1 < m:
+            heapq.heappush(heap, (T[d][k][j + 1], d, k, j + 1))
+        if d == 0 and k == _B0 and j == 0:
+            steady = f0_dev0 < m
+        if d == 0 and k == _F0:
+            f0_dev0 += 1
+            if steady and f0_dev0 == m:
+                steady, cool = False, True
+                continue
+        yield t, d, k, j, steady, cool
 
 
 def _peak_implicit_w(row, dm) -> float:
@@ -297,21 +304,7 @@ def _squeeze_implicit_w(pp, m, T, dm, cap):
             for t in T[d][k]:
                 row[t] = k
         rows.append(row)
-    heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(4)]
-    heapq.heapify(heap)
-    steady = cool = False
-    f0_dev0 = 0
-    while heap:
-        t, d, k, j = heapq.heappop(heap)
-        if j + 1 < m:
-            heapq.heappush(heap, (T[d][k][j + 1], d, k, j + 1))
-        if d == 0 and k == _B0 and j == 0:
-            steady = f0_dev0 < m
-        if d == 0 and k == _F0:
-            f0_dev0 += 1
-            if steady and f0_dev0 == m:
-                steady, cool = False, True
-                continue
+    for t, d, k, j, _steady, cool in _phased_jobs(T, pp, 4, m):
         if not cool:
             continue
         dep = _deps(T, pp, d, k, j)
