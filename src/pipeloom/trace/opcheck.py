@@ -1,9 +1,10 @@
 """``pipeloom check`` for op traces: read, rebuild the dependencies, replay what-ifs, give verdicts and pictures.
 
-One call, :func:`check_optrace`, returns a JSON-ready dict (see docs/diagnose.md for every field) and writes
-the pictures: ``heatmap.png`` (workers x steps by S_w), ``timeline.perfetto.json`` (the slowest step as
-measured and as the what-if ideal replays it, two processes side by side) and, when a stage is imbalanced,
-``layer-costs.json`` for the suggested ``pipeloom partition`` command.
+One call, :func:`check_optrace` (a trace file) or :func:`check_run_whatif` (a run log read by
+:mod:`.reader`, turned into an op trace by :mod:`.runops`), returns a JSON-ready dict (see docs/diagnose.md
+for every field) and writes the pictures: ``heatmap.png`` (workers x steps by S_w), ``timeline.perfetto.json``
+(the slowest step as measured and as the what-if ideal replays it, two processes side by side) and, when a
+stage is imbalanced, ``layer-costs.json`` for the suggested ``pipeloom partition`` command.
 """
 from __future__ import annotations
 
@@ -74,7 +75,13 @@ def _by_rank(tr: OpTrace, steps: list[int] | None, scores: np.ndarray, pp: int) 
             for x in pairs]
 
 
+MIN_STEPS = 3
+"""fewer analysed steps than this get a warning: the persistence rules of the verdicts need several steps"""
+
+
 def default_out_dir(path: str) -> str:
+    """``X.whatif`` beside the trace file or log directory ``X`` (extension dropped)."""
+    path = os.path.abspath(path)
     base = os.path.basename(path)
     for ext in (".csv.gz", ".parquet", ".pq", ".csv"):
         if base.lower().endswith(ext):
@@ -87,18 +94,41 @@ def check_optrace(path: str, *, meta: str | None = None, steps: str | None = Non
                   layers: int | None = None, out_dir: str | None = None, pictures: bool = True,
                   progress=None) -> dict:
     """The whole analysis of one op trace; ``progress(total=None, advance=0, what=None)`` is told how far."""
+    if progress is not None:
+        progress(what="reading trace")
+    tr = read_optrace(path, meta)
+    return check_ops(tr, steps=steps, threshold=threshold, layers=layers, out_dir=out_dir or default_out_dir(path),
+                     pictures=pictures, progress=progress)
+
+
+def check_run_whatif(run, *, steps: str | None = None, threshold: float = 0.05, layers: int | None = None,
+                     out_dir: str | None = None, pictures: bool = True, progress=None) -> dict:
+    """The same analysis of a run log (:class:`~pipeloom.trace.run.RunLog`: pipeloom's job logs, seed-003 text
+    logs, torch profiler traces), through :func:`~pipeloom.trace.runops.optrace_of_run`; pictures go to
+    ``out_dir`` (default ``LOGDIR.whatif/`` beside the log directory)."""
+    from .runops import optrace_of_run
+
+    tr = optrace_of_run(run)
+    d = check_ops(tr, steps=steps, threshold=threshold, layers=layers, out_dir=out_dir or default_out_dir(run.root),
+                  pictures=pictures, progress=progress)
+    d["source"] = "run logs"
+    return d
+
+
+def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05, layers: int | None = None,
+              out_dir: str = "whatif", pictures: bool = True, progress=None) -> dict:
+    """Analyse an op trace already in memory (a file's or a run log's): dependency model, what-if replays,
+    verdicts, pictures in ``out_dir``; the JSON-ready dict of ``pipeloom check --json``."""
     def tell(**kw):
         if progress is not None:
             progress(**kw)
 
-    tell(what="reading trace")
-    tr = read_optrace(path, meta)
+    path = tr.path
     sel = _resolve_steps(parse_steps(steps), tr)
     tell(what="dependency graph")
     model = build_model(tr, sel)
     tell(total=scenario_count(model) + 4, what="what-if replays")
     res = analyse(model, threshold=threshold, progress=lambda n: tell(advance=n))
-    out_dir = out_dir or default_out_dir(path)
     costs_path = os.path.join(out_dir, "layer-costs.json")
     vpp = tr.sizes.get("vpp_size", 1)
     dg = diagnose(res, model, threshold=threshold, layers=layers, vpp=vpp, costs_path=costs_path)
@@ -149,7 +179,10 @@ def check_optrace(path: str, *, meta: str | None = None, steps: str | None = Non
         "model": {"pipeline_edges": model.pipeline_edges, "p2p_pairs": model.p2p_pairs,
                   "collectives": model.collectives, "levels": len(model.levels),
                   "tp_rows_merged": model.merged_tp_rows, "scenarios": res.scenarios},
-        "warnings": tr.warnings + model.warnings,
+        "warnings": tr.warnings + model.warnings + ([
+            f"only {len(res.steps)} step(s) analysed: whether a slow worker is slow in every step (a straggler) or "
+            f"only in some (no fixed straggler) rests on {len(res.steps)} step(s); analyse {MIN_STEPS} or more"]
+            if len(res.steps) < MIN_STEPS else []),
         "pictures": {},
     }
     if dg.layer_costs:

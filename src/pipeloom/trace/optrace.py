@@ -8,10 +8,11 @@ Large Model Training Using What-if Analysis" (OSDI 2025):
 ``stage`` is the pipeline rank, ``mc`` the model chunk within the stage (VPP), ``gmc`` the global chunk
 (``mc * pp + stage`` for interleaved placement), ``mb_id`` the microbatch (valid for the compute ops),
 ``seq_id`` numbers the ops of one type of one worker in one step in start order. Optypes known to the
-dependency model (:mod:`.whatif`): forward-compute, backward-compute, forward-send, forward-recv,
-backward-send, backward-recv, grads-reduce-scatter, params-all-gather, separate-grads-all-reduce,
-embedding-grads-all-reduce, layernorm-grads-all-reduce, optimizer, optimizer-clip-main-grad, gc; any other
-optype is kept as an opaque op of its worker. Often only one rank of each (dp, stage) worker is recorded.
+dependency model (:mod:`.whatif`): forward-compute, backward-compute, backward-weight-compute (the W half of
+a split backward), forward-send, forward-recv, backward-send, backward-recv, grads-reduce-scatter,
+params-all-gather, separate-grads-all-reduce, embedding-grads-all-reduce, layernorm-grads-all-reduce,
+optimizer, optimizer-clip-main-grad, gc; any other optype is kept as an opaque op of its worker.
+Often only one rank of each (dp, stage) worker is recorded.
 
 Files: Parquet (``.parquet``/``.pq``) or CSV (``.csv``, ``.csv.gz``), read with pyarrow (imported only
 here, when such a file is read). Sizes (``dp_size, pp_size, tp_size, vpp_size, world_size``) come from a

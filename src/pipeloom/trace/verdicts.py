@@ -3,13 +3,15 @@
 Rules (``thr`` = the slowdown threshold, default 5%):
 
 * nothing is said when the whole slowdown ``S`` (Eq. 1) is below ``1 + thr``;
-* a communication optype ``t`` (anything but forward/backward compute) with ``S_t >= 1 + thr`` (Eq. 2) is
+* a communication optype ``t`` (anything but the compute ops: forward, backward, backward-weight) with ``S_t >= 1 + thr`` (Eq. 2) is
   named, with the stages whose dp group spends clearly more than the typical time on it;
 * a worker is *persistently slow* when ``S_w >= 1 + thr`` (Eq. 4), its per-step ``S_w`` passes the threshold
   in at least 60% of the steps, and its own compute takes more than typical (so waiting workers are not
   blamed). When at least 3/4 of the dp ranks of one stage are persistently slow the stage is
   *imbalanced* (give it fewer layers; a ``pipeloom partition`` command with layer costs fitted from the
-  trace follows); the other persistently slow workers are *stragglers* (hardware?);
+  trace follows); the other persistently slow workers are *stragglers* (hardware?), and so is a worker of an
+  imbalanced stage whose compute exceeds the median of its stage's other dp ranks by ``thr`` in at least 60%
+  of the steps (a slow GPU on a heavy stage: both verdicts);
 * otherwise, when the steps are slow but the slowest worker changes from step to step: no fixed
   straggler (sequence-length or data imbalance).
 
@@ -44,17 +46,23 @@ class Diagnosis:
     layer_costs: dict | None = None
 
 
-def _stage_compute(r: WhatIf, model) -> np.ndarray:
-    """Per stage the median over dp ranks and steps of the worker's compute time per step (fwd, bwd)."""
+def _stage_compute(r: WhatIf, model, exclude: list[int] | None = None) -> np.ndarray:
+    """Per stage the median over dp ranks and steps of the worker's compute time per step (fwd, bwd + weight);
+    the workers in ``exclude`` (stragglers) count only where they are all their stage has."""
     W, K = r.W, len(r.steps)
+    keep = np.ones(W, dtype=bool)
+    keep[list(exclude or [])] = False
     out = np.zeros((r.pp, 2))
     key = model.worker * K + model.k
-    for j, nm in enumerate(COMPUTE_OPS):
-        if nm not in model.optypes:
+    for j, names in enumerate((COMPUTE_OPS[:1], COMPUTE_OPS[1:])):  # forward; backward (B and W)
+        codes = [model.optypes.index(nm) for nm in names if nm in model.optypes]
+        if not codes:
             continue
-        sel = model.op == model.optypes.index(nm)
+        sel = np.isin(model.op, codes)
         tot = np.bincount(key[sel], weights=model.dm[sel], minlength=W * K).reshape(r.dp, r.pp, K)
-        out[:, j] = np.median(tot.transpose(1, 0, 2).reshape(r.pp, -1), axis=1)
+        for st in range(r.pp):
+            use = keep[st::r.pp] if keep[st::r.pp].any() else np.ones(r.dp, dtype=bool)
+            out[st, j] = np.median(tot[use, st])
     return out
 
 
@@ -92,28 +100,40 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
     frac = (swk >= 1 + threshold).mean(axis=1)
     persistent = (sw >= 1 + threshold) & (frac >= PERSISTENT_SHARE) & (med_cr >= 1 + threshold / 2)
     stage_of, dp_of = np.arange(W) % r.pp, np.arange(W) // r.pp
-    comp = _stage_compute(r, model)
-    for s in range(r.pp):
-        members = np.flatnonzero((stage_of == s) & persistent)
-        need = 1 if r.dp == 1 else max(2, math.ceil(STAGE_SHARE * r.dp))
-        if len(members) >= need:
-            dg.imbalanced_stages.append(s)
-            tot = comp.sum(axis=1)
-            others = np.delete(tot, s)
-            pct = 100 * (tot[s] / others.mean() - 1) if others.size and others.mean() > 0 else float("nan")
-            name = "the last stage" if s == r.pp - 1 else "the first stage" if s == 0 else f"stage {s}"
-            note = " (dp=1: one slow GPU looks the same)" if r.dp == 1 else ""
-            text = (f"{name} ({s}) is {pct:.0f}% longer than the others on all {r.dp} dp rank(s), every step, and "
-                    f"alone slows the step {r.by_stage[s]:.2f}x: give it fewer layers{note}")
-            cmd, costs = _partition(r, comp, layers, vpp, costs_path)
-            if cmd:
-                dg.partition_command, dg.layer_costs = cmd, costs
-                text += f"; rebalance: {cmd}"
-            dg.verdicts.append(text)
+    need = 1 if r.dp == 1 else max(2, math.ceil(STAGE_SHARE * r.dp))
+    heavy = [s for s in range(r.pp) if ((stage_of == s) & persistent).sum() >= need]
+    # a worker of a heavy stage that is clearly slower than the stage's other dp ranks is a straggler as well
+    inner: dict[int, np.ndarray] = {}
+    for w in np.flatnonzero(persistent & np.isin(stage_of, heavy)).tolist():
+        rel = _stage_relative(cr, w, r.pp)
+        if rel is not None and (rel >= 1 + threshold).mean() >= PERSISTENT_SHARE and np.nanmedian(rel) >= 1 + threshold:
+            inner[w] = rel
+    comp = _stage_compute(r, model, exclude=list(inner))
+    for s in heavy:
+        dg.imbalanced_stages.append(s)
+        tot = comp.sum(axis=1)
+        others = np.delete(tot, s)
+        pct = 100 * (tot[s] / others.mean() - 1) if others.size and others.mean() > 0 else float("nan")
+        name = "the last stage" if s == r.pp - 1 else "the first stage" if s == 0 else f"stage {s}"
+        note = " (dp=1: one slow GPU looks the same)" if r.dp == 1 else ""
+        text = (f"{name} ({s}) is {pct:.0f}% longer than the others on all {r.dp} dp rank(s), every step, and "
+                f"alone slows the step {r.by_stage[s]:.2f}x: give it fewer layers{note}")
+        cmd, costs = _partition(r, comp, layers, vpp, costs_path)
+        if cmd:
+            dg.partition_command, dg.layer_costs = cmd, costs
+            text += f"; rebalance: {cmd}"
+        dg.verdicts.append(text)
     for w in np.flatnonzero(persistent).tolist():
         s, d = int(stage_of[w]), int(dp_of[w])
-        if s in dg.imbalanced_stages:
+        if w in inner:
+            rel = inner[w]
+            dg.stragglers.append((d, s))
+            dg.verdicts.append(f"worker dp {d} / pp {s} alone slows the step {sw[w]:.2f}x: beyond its stage's "
+                               f"imbalance, its compute is {np.nanmedian(rel):.2f}x that of the other dp ranks of "
+                               f"stage {s} in {int((rel >= 1 + threshold).sum())}/{K} steps (hardware? check that GPU)")
             continue
+        if s in heavy:
+            continue  # as slow as its stage: the stage's verdict covers it
         dg.stragglers.append((d, s))
         nslow = int((cr[w] >= 1 + threshold / 2).sum())
         dg.verdicts.append(f"worker dp {d} / pp {s} alone slows the step {sw[w]:.2f}x: its compute is "
@@ -135,6 +155,17 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
                                    f"{len(slow_steps)} slow steps (an intermittent straggler); the step is "
                                    f"{S:.2f}x the ideal")
     return dg
+
+
+def _stage_relative(cr: np.ndarray, w: int, pp: int) -> np.ndarray | None:
+    """Per step: worker ``w``'s compute ratio / the median of the other dp ranks' of its stage (None at dp = 1)."""
+    peers = [x for x in range(w % pp, cr.shape[0], pp) if x != w]
+    if not peers:
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        med = np.nanmedian(cr[peers], axis=0) if np.isfinite(cr[peers]).any() else np.full(cr.shape[1], np.nan)
+        rel = cr[w] / med
+    return np.where(np.isfinite(rel), rel, 0.0)
 
 
 def _partition(r: WhatIf, comp: np.ndarray, layers: int | None, vpp: int,

@@ -18,7 +18,8 @@ Dependency model (per step; steps are replayed independently, each from its firs
   last stage of a dp rank, optimizer-clip-main-grad over all workers (the grad-norm all-reduce); a
   collective starts when its last member arrives and ends for all members after its transfer time
   (the measured transfer = member end - last member arrival). Other optypes (compute, optimizer,
-  layernorm-grads-all-reduce inside the TP group, gc, unknown ones) are local to the worker.
+  layernorm-grads-all-reduce inside the TP group, backward-weight-compute, gc, unknown ones) are local to the
+  worker.
 
 Replay: the units (ops, and collectives as one unit) get levels by a vectorised Kahn topological sort;
 each level is one numpy step over a batch of scenarios at once (a column per scenario).
@@ -47,7 +48,10 @@ import numpy as np
 
 from .optrace import OpTrace
 
-COMPUTE_OPS = ("forward-compute", "backward-compute")
+WEIGHT_GRAD_OP = "backward-weight-compute"
+"""the weight-gradient half of a split backward (zero-bubble W): compute of its worker, no pipeline edge (nothing
+on another stage waits for it)"""
+COMPUTE_OPS = ("forward-compute", "backward-compute", WEIGHT_GRAD_OP)
 SEND_OF_RECV = {"forward-recv": "forward-send", "backward-recv": "backward-send"}
 DP_COLLECTIVES = ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce")
 PP_EDGE_COLLECTIVES = ("embedding-grads-all-reduce",)

@@ -1,0 +1,126 @@
+"""Run logs as op traces: one input model for the what-if analysis (no torch).
+
+:func:`optrace_of_run` turns a :class:`~pipeloom.trace.run.RunLog` (pipeloom's job logs, seed 003's
+text lines, torch profiler traces: whatever :func:`~pipeloom.trace.reader.read_logs` read, clocks
+aligned and waits clipped) into the :class:`~pipeloom.trace.optrace.OpTrace` that op-trace files are
+read into, so :mod:`.whatif`, :mod:`.verdicts` and :mod:`.opcheck` have one input whatever wrote the run.
+
+Mapping, one op row per logged job:
+
+=========  ==========================================================================================
+column     from the log
+=========  ==========================================================================================
+optype     F -> ``forward-compute``; B (input-grad half of a split backward) and BW (whole backward)
+           -> ``backward-compute``; W (weight-grad half) -> ``backward-weight-compute`` (a compute op of
+           its worker without pipeline edges: no other stage waits for a W)
+dp_rank    the rank's data-parallel coordinate (meta line ``dp_rank``; 0 for text logs, torch traces)
+stage      the rank's pipeline rank (meta ``pp_rank``; text logs and torch traces: the rank order)
+rank       the global rank
+step       the logged step
+start_ts   job start in ms after the run's first job (aligned clocks), ``duration`` end - start in ms
+seq_id     n-th job of that optype of the rank in the step (start order)
+gmc        the job's global chunk: the model-order index, whatever the placement (a V placement's
+           rank 0 holds chunks 0 and 2pp-1), so the what-if pipeline edges F(mb, g-1) -> F(mb, g) and
+           B(mb, g+1) -> B(mb, g) follow the model, not the rank order
+mc         the chunk's position among its rank's chunks (``Schedule.chunks_of``)
+mb_id      the microbatch
+=========  ==========================================================================================
+
+The logs carry no P2P or collective records (the job lines bracket the compute only); the transfer
+and waiting time between jobs becomes the launch gap of the what-if model (replayed for the replay
+error, left out of ``T_base`` and ``T_ideal``). Two jobs of one rank logged over one shared interval
+(torch's ``OVERLAP_F_B`` span holds a forward and a backward) split it evenly in their logged order;
+any other overlap on a rank starts the later job when the earlier one ends (counted in the warnings),
+since the what-if model runs the ops of a worker one at a time.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from .optrace import OpTrace
+from .run import RunLog
+from .whatif import WEIGHT_GRAD_OP
+
+OPTYPE_OF_KIND = {"F": "forward-compute", "B": "backward-compute", "BW": "backward-compute", "W": WEIGHT_GRAD_OP}
+"""the op type of each pipeloom job kind"""
+
+
+def optrace_of_run(run: RunLog) -> OpTrace:
+    """The jobs of ``run`` as op-trace rows (see the module docstring); times in ms."""
+    optypes = list(dict.fromkeys(OPTYPE_OF_KIND.values()))
+    code = {k: optypes.index(v) for k, v in OPTYPE_OF_KIND.items()}
+    sched = run.schedule
+    pp = run.pp
+    t0 = run.t0()
+    cols: dict[str, list] = defaultdict(list)
+    split = clamped = 0
+    for r in run.ranks:
+        stage = r.pp_rank if r.pp_rank is not None else r.rank % pp
+        local = {c: i for i, c in enumerate(sched.chunks_of(stage))} if sched is not None else {}
+        by_step: dict[int, list] = defaultdict(list)
+        for j in r.jobs:
+            by_step[j.step].append(j)
+        for step, jobs in sorted(by_step.items()):
+            jobs.sort(key=lambda j: (j.start, j.end))
+            spans = _serialise([(j.start, j.end) for j in jobs])
+            split += spans[1]
+            clamped += spans[2]
+            seen: dict[int, int] = defaultdict(int)
+            for j, (s, e) in zip(jobs, spans[0]):
+                c = code[j.kind]
+                cols["dp"].append(r.dp_rank)
+                cols["stage"].append(stage)
+                cols["rank"].append(r.rank)
+                cols["step"].append(step)
+                cols["op"].append(c)
+                cols["start"].append((s - t0) * 1e3)
+                cols["dur"].append((e - s) * 1e3)
+                cols["seq"].append(seen[c])
+                seen[c] += 1
+                cols["mc"].append(local.get(j.chunk, -1))
+                cols["gmc"].append(j.chunk)
+                cols["mb"].append(j.mb)
+    i64 = {k: np.asarray(cols[k], dtype=np.int64) for k in ("dp", "stage", "rank", "step", "op", "seq", "mc", "gmc",
+                                                            "mb")}
+    dp_size = max(run.dp, int(i64["dp"].max()) + 1 if len(i64["dp"]) else 1)
+    vpp = sched.vpp if sched is not None else 1
+    sizes = {"dp_size": dp_size, "pp_size": pp, "tp_size": 1, "vpp_size": vpp, "world_size": dp_size * pp}
+    warnings = []
+    if split:
+        warnings.append(f"{split} job(s) shared one logged interval with another job of their rank (an overlapped "
+                        f"pair); the interval was split evenly between them")
+    if clamped:
+        warnings.append(f"{clamped} job(s) started before the previous job of their rank ended; the what-if model "
+                        f"starts them when it ended")
+    return OpTrace(path=run.root, dp=i64["dp"], stage=i64["stage"], rank=i64["rank"], step=i64["step"], op=i64["op"],
+                   optypes=optypes, start=np.asarray(cols["start"], dtype=np.float64),
+                   dur=np.asarray(cols["dur"], dtype=np.float64), seq=i64["seq"], mc=i64["mc"], gmc=i64["gmc"],
+                   mb=i64["mb"], sizes=sizes, inferred=[], malformed=0, examples=[], warnings=warnings,
+                   time_unit="ms", rows=len(cols["dur"]))
+
+
+def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], int, int]:
+    """Make one rank's job intervals (sorted by start) run one after another: runs of identical intervals
+    are split evenly, other overlaps start at the previous end. Returns (intervals, split, clamped)."""
+    out: list[tuple[float, float]] = []
+    split = clamped = 0
+    i = 0
+    while i < len(spans):
+        k = i + 1
+        while k < len(spans) and spans[k] == spans[i]:
+            k += 1
+        s, e = spans[i]
+        if k - i > 1:
+            split += k - i
+        step = (e - s) / (k - i)
+        for n in range(k - i):
+            a, b = s + n * step, s + (n + 1) * step
+            if out and a < out[-1][1]:
+                clamped += 1
+                a = out[-1][1]
+                b = max(a, b)
+            out.append((a, b))
+        i = k
+    return out, split, clamped
