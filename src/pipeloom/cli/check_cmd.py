@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from .common import check_out_path, nonnegative_int, number_type, positive_int, wrap
 
@@ -13,16 +14,22 @@ def add_parser(sub) -> None:
                     "replay the plan, and report per device the planned and measured bubble, the jobs that started "
                     "late and by how much, the rank that causes them (its own jobs grew or started late; ranks "
                     "that only waited are not blamed) and a verdict. For FThenB, 1F1B and balanced interleaved "
-                    "VPP the closed-form bubble positions of seed 002 are compared as well."),
+                    "VPP the closed-form bubble positions of seed 002 are compared as well. Every input (worker logs, torch "
+                    "profiler traces, op traces of any trainer) then gets the what-if straggler analysis: slowdown S, "
+                    "the workers, stages and op types that cause it, verdicts, a heatmap and a Perfetto timeline "
+                    "(docs/diagnose.md)."),
         epilog="exit status: 0 when the check ran (1 with --strict and a verdict other than OK), 2 on bad input\n"
                "example:\n  pipeloom check logs\n  pipeloom check logs --json | jq .stragglers\n"
                "  pipeloom check trace.parquet --meta meta.yaml --steps 10:30\n"
-               "op traces: exit status 1 with --strict when there is a verdict",
+               "op traces: exit status 1 with --strict when there is a verdict; worker logs: --strict follows the "
+               "bubble check's verdict",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders, a torch profiler "
                                   "trace, or an op trace of any trainer (.parquet or .csv; see docs/diagnose.md)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object: planned_bubble, measured_bubble, stragglers, late_jobs, verdict, ...")
+                   help="print one JSON object: planned_bubble, measured_bubble, stragglers, late_jobs, verdict, and the "
+                        "what-if keys slowdown, mw, ms, by_worker, by_stage, by_optype, imbalanced_stages, verdicts, "
+                        "replay_error, whatif_stragglers, whatif {...}")
     p.add_argument("--straggler-threshold", type=number_type(0, 1, hi_open=True), default=0.03, metavar="FRACTION",
                    help="a rank is a straggler when it alone lengthens the step by this share of the planned "
                         "makespan (default: %(default)s)")
@@ -36,7 +43,7 @@ def add_parser(sub) -> None:
                    help="late jobs to list (op traces: rows of the slowdown table) (default: %(default)s)")
     p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt with late jobs framed (.png, .svg or .pdf)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 unless the verdict is OK")
-    g = p.add_argument_group("op traces (.parquet / .csv: what-if straggler analysis)")
+    g = p.add_argument_group("what-if straggler analysis (every input; --meta: op traces .parquet / .csv only)")
     g.add_argument("--meta", metavar="META", help="YAML or JSON with dp_size, pp_size, tp_size, vpp_size, world_size "
                                                   "(and time_unit: s|ms|us|ns; default ms); inferred when absent")
     g.add_argument("--steps", metavar="STEPS", help="steps to analyse: 5, 1,3,5, A:B (A..B-1) or A: (default: all)")
@@ -46,7 +53,7 @@ def add_parser(sub) -> None:
     g.add_argument("--layers", type=positive_int, default=None,
                    help="the model's transformer layers, for the rebalancing partition command (default: 8 per stage)")
     g.add_argument("--out", metavar="DIR", help="where the heatmap, Perfetto timeline and layer costs go "
-                                                "(default: TRACE.whatif/ beside the trace)")
+                                                "(default: TRACE.whatif/ or LOGDIR.whatif/ beside the input)")
     g.add_argument("--no-pictures", action="store_true", help="skip the heatmap and the timeline")
     p.set_defaults(func=run)
 
@@ -59,15 +66,17 @@ def run(args) -> int:
             raise ValueError(f"--{'png' if args.png else 'late-tolerance'} applies to worker logs; for an op trace "
                              f"the pictures go to --out DIR")
         return run_optrace(args)
-    for flag in ("meta", "steps", "layers", "out"):
-        if getattr(args, flag) is not None:
-            raise ValueError(f"--{flag} applies to op traces (.parquet / .csv), not to {args.logdir}")
+    if args.meta is not None:
+        raise ValueError(f"--meta applies to op traces (.parquet / .csv), not to {args.logdir} (the sizes of a run "
+                         f"come from its logs)")
     from ..trace.check import check_run, measured_timeline
+    from ..trace.opcheck import parse_steps
     from ..trace.reader import read_logs
     from .common import print_json
 
     if args.png:
         check_out_path("--png", args.png, (".png", ".svg", ".pdf"))
+    parse_steps(args.steps)  # a bad --steps is an error before any work
     run_log = read_logs(args.logdir)
     rep = check_run(run_log, straggler_threshold=args.straggler_threshold,
                     late_tolerance=None if args.late_tolerance is None else args.late_tolerance / 1e3,
@@ -75,14 +84,49 @@ def run(args) -> int:
     if args.png:
         from ..viz import write_outputs
         write_outputs([args.png], timeline=measured_timeline(run_log, late=rep.late_by_job))
+    wi, wi_error = _run_whatif(run_log, args)
     if args.json:
         d = rep.to_dict()
         if args.png:
             d["png"] = args.png
+        d.update(whatif_keys(wi, wi_error, d))
         print_json(d)
     else:
         _print(rep, run_log, args)
+        _print_run_whatif(wi, wi_error, args)
     return 1 if args.strict and not rep.ok else 0
+
+
+#: what-if keys copied to the top level of a run log's ``--json`` (the whole analysis is under ``whatif``;
+#: its ``stragglers``, workers, would clash with the bubble check's ranks: they are ``whatif_stragglers`` there)
+WHATIF_TOP_KEYS = ("slowdown", "mw", "ms", "by_worker", "by_stage", "by_optype", "imbalanced_stages", "verdicts",
+                   "replay_error")
+
+
+def _run_whatif(run_log, args) -> tuple[dict | None, str | None]:
+    """The what-if analysis of a run log (trace/opcheck.py), or None and why it could not run."""
+    from ..trace.opcheck import check_run_whatif
+    from ..trace.whatif import WhatIfError
+
+    try:
+        with _progress() as progress:
+            return check_run_whatif(run_log, steps=args.steps, threshold=args.slowdown_threshold,
+                                    layers=args.layers, out_dir=args.out, pictures=not args.no_pictures,
+                                    progress=progress), None
+    except WhatIfError as e:
+        return None, str(e)
+
+
+def whatif_keys(wi: dict | None, error: str | None, existing: dict) -> dict:
+    """The keys a run log's ``--json`` gains: the item-5 keys at the top (never replacing a key of the bubble
+    check), ``whatif_stragglers`` (workers with their ranks), the whole analysis under ``whatif``."""
+    if wi is None:
+        return {"whatif": None, "whatif_error": error}
+    out = {k: wi[k] for k in WHATIF_TOP_KEYS if k not in existing}
+    ranks = {(r["dp_rank"], r["stage"]): r["rank"] for r in wi["by_rank"]}
+    out["whatif_stragglers"] = [dict(s, rank=ranks.get((s["dp_rank"], s["stage"]))) for s in wi["stragglers"]]
+    out["whatif"] = wi
+    return out
 
 
 def _print(rep, run_log, args) -> None:
@@ -152,10 +196,25 @@ def run_optrace(args) -> int:
     import sys
 
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..trace.opcheck import check_optrace
     from .common import print_json
+
+    with _progress() as progress:
+        d = check_optrace(args.logdir, meta=args.meta, steps=args.steps, threshold=args.slowdown_threshold,
+                          layers=args.layers, out_dir=args.out, pictures=not args.no_pictures, progress=progress)
+    if args.json:
+        print_json(d)
+    else:
+        _print_optrace(d, Console(file=sys.stdout), args.top)
+    return 1 if args.strict and d["verdicts"] else 0
+
+
+@contextlib.contextmanager
+def _progress():
+    """A rich progress bar on stderr (only on a terminal); yields ``progress(total=, advance=, what=)``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -170,27 +229,39 @@ def run_optrace(args) -> int:
             if advance:
                 bar.advance(task, advance)
 
-        d = check_optrace(args.logdir, meta=args.meta, steps=args.steps, threshold=args.slowdown_threshold,
-                          layers=args.layers, out_dir=args.out, pictures=not args.no_pictures, progress=progress)
-    if args.json:
-        print_json(d)
-    else:
-        _print_optrace(d, Console(file=sys.stdout), args.top)
-    return 1 if args.strict and d["verdicts"] else 0
+        yield progress
+
+
+def _print_run_whatif(wi: dict | None, error: str | None, args) -> None:
+    import sys
+
+    from rich.console import Console
+
+    con = Console(file=sys.stdout)
+    con.width = max(con.width, 100)
+    con.rule("what-if straggler analysis (Lin et al., OSDI 2025): the jobs as ops, see docs/diagnose.md")
+    if wi is None:
+        con.print(f"[yellow]what-if analysis not possible:[/yellow] {error}")
+        return
+    _print_whatif(wi, con, args.top, verdict="what-if verdict")
 
 
 def _print_optrace(d: dict, con, top: int) -> None:
-    from rich import box
-    from rich.table import Table
-
     con.width = max(con.width, 100)
-    u = d["time_unit"]
     sz = d["sizes"]
     con.print(f"[bold]{d['trace']}[/bold]  dp={sz['dp_size']} pp={sz['pp_size']} tp={sz['tp_size']} "
               f"vpp={sz['vpp_size']} world={sz['world_size']}"
               + (f" (inferred: {', '.join(d['inferred_sizes'])})" if d["inferred_sizes"] else "")
               + f"  {len(d['steps'])} steps, {d['ops']} ops" + (f", {d['malformed_rows']} malformed rows skipped"
                                                               if d["malformed_rows"] else ""))
+    _print_whatif(d, con, top)
+
+
+def _print_whatif(d: dict, con, top: int, verdict: str = "verdict") -> None:
+    from rich import box
+    from rich.table import Table
+
+    u = d["time_unit"]
     con.print(f"step time: measured {d['step_time_measured']:.4g} {u}, replayed {d['step_time_replayed']:.4g} {u} "
               f"(replay error {100 * d['replay_error']:.2f}%), without launch gaps {d['step_time_no_launch_gaps']:.4g}"
               f" {u}, what-if ideal {d['step_time_ideal']:.4g} {u}")
@@ -220,9 +291,9 @@ def _print_optrace(d: dict, con, top: int) -> None:
         con.print(f"[yellow]warning:[/yellow] {w}")
     if d["verdicts"]:
         for v in d["verdicts"]:
-            con.print(f"[bold red]verdict:[/bold red] {v}")
+            con.print(f"[bold red]{verdict}:[/bold red] {v}")
     else:
-        con.print(f"[bold green]verdict: OK[/bold green] (no worker, stage or op type slows the step by "
+        con.print(f"[bold green]{verdict}: OK[/bold green] (no worker, stage or op type slows the step by "
                   f">= {100 * d['threshold']:.0f}%)")
     for k, p in d["pictures"].items():
         con.print(f"{k.replace('_', ' ')}: {p}")
