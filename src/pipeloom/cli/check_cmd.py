@@ -114,6 +114,8 @@ def _run_whatif(run_log, args) -> tuple[dict | None, str | None]:
                                     layers=args.layers, out_dir=args.out, pictures=not args.no_pictures,
                                     progress=progress), None
     except WhatIfError as e:
+        if args.steps is not None:  # the steps asked for are not there: the user's to fix
+            raise
         return None, str(e)
 
 

@@ -1,0 +1,138 @@
+"""Run logs as op traces (trace/runops.py): the chunk mapping of every placement, dp coordinates, planted
+causes named by the what-if analysis on pipeloom's own (synthetic) logs and on seed-003 text logs."""
+import json
+
+import numpy as np
+import pytest
+
+from pipeloom import make_spec, plan
+from pipeloom.cli import main
+from pipeloom.trace.opcheck import check_run_whatif
+from pipeloom.trace.reader import read_logs
+from pipeloom.trace.runops import _serialise, optrace_of_run
+from pipeloom.trace.synth import SynthConfig, write_logs
+from pipeloom.trace.whatif import analyse, build_model
+
+
+def _logs(tmp_path, name, pp, m, vpp=1, **kw):
+    sched = plan(name, make_spec(pp=pp, microbatches=m, vpp=vpp, costs="F=1,B=1,W=1,comm=0"))
+    d = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
+    write_logs(str(d), sched, SynthConfig(**kw))
+    return str(d), sched
+
+
+# ------------------------------------------------------------------------------- the mapping
+@pytest.mark.parametrize("name,pp,vpp", [("1f1b", 4, 1), ("zbh1", 4, 1), ("interleaved", 4, 2), ("zbv", 4, 2)])
+def test_every_dependency_of_the_schedule_is_rebuilt(tmp_path, name, pp, vpp):
+    """Logs timed by the simulator without comm latency: every job starts when its last input ends, so the
+    what-if model reproduces the step without any launch gap only if it rebuilt every pipeline edge, chunk
+    order of the placement (V differs from looped) included; a wrong gmc would drop or misplace edges."""
+    m, dp, steps = 8, 2, 3
+    d, sched = _logs(tmp_path, name, pp, m, vpp, dp=dp, jitter=0.05, profile_steps=(1, 1 + steps), extra_steps=0)
+    run = read_logs(d)
+    tr = optrace_of_run(run)
+    nc = sched.num_chunks
+    assert len(tr) == dp * steps * sched.num_jobs
+    for r in run.ranks:  # gmc = the global chunk, mc = its index on the rank, whatever the placement
+        rows = tr.rank == r.rank
+        assert set(tr.gmc[rows].tolist()) == set(sched.chunks_of(r.pp_rank))
+        for c, i in zip(sched.chunks_of(r.pp_rank), range(vpp)):
+            assert set(tr.mc[rows & (tr.gmc == c)].tolist()) == {i}
+        assert set(tr.dp[rows].tolist()) == {r.dp_rank} and set(tr.stage[rows].tolist()) == {r.pp_rank}
+    names = [tr.optypes[c] for c in tr.op]
+    split = any(j.kind.value == "W" for _, _, j in sched.jobs())
+    assert names.count("backward-weight-compute") == (dp * steps * m * nc if split else 0)
+    assert names.count("forward-compute") == names.count("backward-compute") == dp * steps * m * nc
+    model = build_model(tr)
+    assert model.pipeline_edges == 2 * dp * steps * m * (nc - 1)
+    assert not model.warnings
+    res = analyse(model)
+    assert res.replay_error < 1e-9
+    assert np.allclose(res.t_base, res.t_measured, rtol=1e-6)  # no launch gap: every wait is explained
+
+
+def test_overlapped_pairs_and_overlaps_are_serialised():
+    spans, split, clamped = _serialise([(0.0, 2.0), (0.0, 2.0), (2.0, 3.0), (2.5, 4.0)])
+    assert spans == [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)]
+    assert (split, clamped) == (2, 1)
+
+
+# ------------------------------------------------------------------------------- planted causes
+def _whatif(tmp_path, **kw):
+    d, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, jitter=0.02, profile_steps=(1, 7), extra_steps=0, **kw)
+    return check_run_whatif(read_logs(d), pictures=False)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    return _whatif(tmp_path_factory.mktemp("clean"))
+
+
+def test_clean_logs_get_no_verdict(clean):
+    assert clean["verdicts"] == [] and clean["stragglers"] == [] and clean["imbalanced_stages"] == []
+    assert clean["slowdown"] < 1.05 and clean["replay_error"] < 1e-6
+
+
+def test_a_slow_stage_is_named_imbalanced_and_its_slowdown_recovered(tmp_path, clean):
+    d = _whatif(tmp_path, slow={3: 1.5, 7: 1.5})  # stage 3 on both dp ranks
+    assert d["imbalanced_stages"] == [3] and d["stragglers"] == []
+    planted = d["step_time_measured"] / clean["step_time_measured"]  # same jitter draws
+    assert d["slowdown"] == pytest.approx(planted, rel=0.05)
+    assert d["partition_command"] and "--pp 4" in d["partition_command"]
+
+
+def test_a_slow_rank_is_a_straggler_by_its_dp_coordinates(tmp_path, clean):
+    d = _whatif(tmp_path, slow={5: 1.6})  # rank 5 = dp 1, pp 1
+    assert d["stragglers"] == [{"dp_rank": 1, "stage": 1}] and d["imbalanced_stages"] == []
+    assert d["slowdown"] == pytest.approx(d["step_time_measured"] / clean["step_time_measured"], rel=0.05)
+    assert max(d["by_rank"], key=lambda r: r["score"])["rank"] == 5
+
+
+def test_a_slow_rank_on_a_heavy_stage_gets_both_verdicts(tmp_path):
+    d = _whatif(tmp_path, slow={2: 1.4, 6: 1.4 * 1.6})
+    assert d["imbalanced_stages"] == [2] and d["stragglers"] == [{"dp_rank": 1, "stage": 2}]
+    stage_verdict = next(v for v in d["verdicts"] if "stage (2)" in v or "stage 2 (2)" in v)
+    pct = float(stage_verdict.split(" is ")[1].split("%")[0])
+    assert 25 < pct < 55  # the stage's own 40%, not inflated by the straggler on it
+
+
+# ------------------------------------------------------------------------------- seed 003 text logs
+def test_seed003_text_logs_of_two_skewed_machines(tmp_path):
+    """Text lines (no meta, no sync), two machines with clocks 5 s apart: aligned by the reader, the replay
+    reproduces the measured steps and the slow stage is the one the analysis names."""
+    sched = plan("1f1b", make_spec(pp=4, microbatches=8))
+    write_logs(str(tmp_path), sched, SynthConfig(text_form=True, machines=2, skew={1: 5.0}, slow={2: 1.6},
+                                                 profile_steps=(0, 5), extra_steps=0))
+    run = read_logs(str(tmp_path))
+    assert run.alignment == "p2p"
+    d = check_run_whatif(run, pictures=False)
+    assert d["replay_error"] < 0.02 and not [w for w in d["warnings"] if "contradict" in w]
+    assert d["steps"] == [0, 1, 2, 3, 4]
+    assert d["imbalanced_stages"] == [2]  # dp = 1: a slow rank and a heavy stage look the same
+    assert max(d["by_stage"], key=lambda s: s["slowdown"])["stage"] == 2
+
+
+# ------------------------------------------------------------------------------- the CLI
+def test_check_logdir_json_gains_the_whatif_keys(tmp_path, capsys):
+    d, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, slow={5: 1.6}, profile_steps=(1, 5), extra_steps=0)
+    assert main(["check", d, "--json", "--out", str(tmp_path / "w")]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert {"planned_bubble", "measured_bubble", "late_jobs", "verdict"} <= set(obj)
+    assert obj["stragglers"] == [5]  # the bubble check's key, unchanged: ranks
+    for k in ("slowdown", "mw", "ms", "by_worker", "by_stage", "by_optype", "imbalanced_stages", "verdicts",
+              "replay_error", "whatif"):
+        assert k in obj, k
+    assert obj["whatif"]["stragglers"] == [{"dp_rank": 1, "stage": 1}]
+    assert obj["whatif_stragglers"] == [{"dp_rank": 1, "stage": 1, "rank": 5}]
+    assert obj["slowdown"] > 1.2 and obj["replay_error"] < 1e-6
+    pics = obj["whatif"]["pictures"]
+    assert pics["heatmap"].startswith(str(tmp_path / "w")) and json.load(open(pics["timeline"]))
+    assert main(["check", d, "--no-pictures"]) == 0
+    out = capsys.readouterr().out
+    assert "what-if verdict: worker dp 1 / pp 1" in out and "verdict: " in out
+    assert main(["check", d, "--no-pictures", "--json", "--steps", "1:2"]) == 0
+    assert json.loads(capsys.readouterr().out)["whatif"]["steps"] == [1]
+    assert main(["check", d, "--steps", "50:60"]) == 2
+    assert "none of the steps" in capsys.readouterr().err
+    assert main(["check", d, "--meta", "m.yaml"]) == 2
+    assert "--meta applies to op traces" in capsys.readouterr().err
