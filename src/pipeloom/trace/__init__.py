@@ -9,5 +9,6 @@
     whatif          dependency model of an op trace, vectorised what-if replay, S / S_t / S_w / M_W / M_S
     verdicts        actionable verdicts from a what-if analysis (straggler, imbalanced stage, ...)
     opcheck         the whole op-trace check (analysis, verdicts, pictures, JSON) behind ``pipeloom check``
+    runops          run logs (pipeloom's, seed 003's, torch profiler traces) as op traces: one input for the what-if
     optrace_synth   synthetic op traces with one planted cause (``python -m pipeloom.trace.optrace_synth``)
 """
