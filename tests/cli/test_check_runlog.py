@@ -36,21 +36,40 @@ def _check(logdir: str) -> dict:
     return json.loads(buf.getvalue())
 
 
-def test_pipeloom_run_with_a_slow_rank_is_named_by_the_whatif_keys(tmp_path):
-    """pp 2 x dp 2 with ranks laid out pp-major (rank 1 = stage 0, dp 1: the coordinates come from the logs,
-    not from the rank number), 5 profiled steps; the same run without the delay names no straggler."""
+def _all(cases: list[dict], plan_dict: dict, out_dir: str) -> int:
+    """Both runs in ONE process group (process start dominates): pipeloom's runtime, then torch's."""
+    cases_worker(cases)
+    dist.barrier()
+    return _profiled(plan_dict, out_dir, 2, 3)
+
+
+ZBV = dict(pp=4, microbatches=8, vpp=2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """pipeloom: 1F1B, pp 2 x dp 2 with ranks laid out pp-major (rank 1 = stage 0, dp 1: the coordinates must
+    come from the logs, not from the rank number), 5 profiled steps, rank 1 slowed, and the same run without
+    the delay. torch: zbv on 4 ranks, rank 2 slowed, 3 profiled steps."""
+    d = tmp_path_factory.mktemp("runs")
     base = dict(schedule="1f1b", pp=2, dp=2, microbatches=4, steps=6, profile_steps="1:6", seq_len=8,
                 rank_order="pp-dp")
-    cases = [dict(base, log_dir=str(tmp_path / "slow"), inject_delay=(1, DELAY)),
-             dict(base, log_dir=str(tmp_path / "clean"))]
-    spawn(cases_worker, 4, (cases,), timeout_s=180)
-    slow = _check(str(tmp_path / "slow"))
+    cases = [dict(base, log_dir=str(d / "slow"), inject_delay=(1, DELAY)), dict(base, log_dir=str(d / "clean"))]
+    spawn(_all, 4, (cases, schedule_io.to_dict(plan("zbv", make_spec(**ZBV))), str(d / "torch")), timeout_s=240)
+    return d
+
+
+def test_pipeloom_run_with_a_slow_rank_is_named_by_the_whatif_keys(runs):
+    slow = _check(str(runs / "slow"))
     assert slow["whatif_stragglers"] == [{"dp_rank": 1, "stage": 0, "rank": 1}], slow["verdicts"]
     assert slow["slowdown"] > 2 and slow["whatif"]["steps"] == [1, 2, 3, 4, 5]
     top = max(slow["by_worker"], key=lambda w: w["slowdown"])
     assert (top["dp_rank"], top["stage"]) == (1, 0)
     assert slow["replay_error"] < 0.02  # the logs' gaps replayed: the measured step comes back
-    clean = _check(str(tmp_path / "clean"))
+
+
+def test_a_clean_pipeloom_run_names_no_straggler(runs):
+    clean = _check(str(runs / "clean"))
     assert clean["whatif_stragglers"] == [] and clean["whatif"]["stragglers"] == []
     assert clean["replay_error"] < 0.02
 
@@ -102,18 +121,18 @@ def _profiled(plan_dict: dict, out_dir: str, slow_rank: int, steps: int) -> int:
     return rank
 
 
-def test_torch_profiler_traces_get_the_whatif_analysis(tmp_path):
-    """zbv (V placement, split backward: W jobs) on 4 ranks, rank 2 slowed, 3 profiled steps: the what-if keys
-    name its stage (dp = 1: a slow rank and a heavy stage look the same, so it is the imbalanced stage)."""
-    s = plan("zbv", make_spec(pp=4, microbatches=8, vpp=2))
-    spawn(_profiled, 4, (schedule_io.to_dict(s), str(tmp_path), 2, 3), timeout_s=180)
-    rep = _check(str(tmp_path))
+def test_torch_profiler_traces_get_the_whatif_analysis(runs):
+    """zbv (V placement, split backward: W jobs), rank 2 slowed: the what-if keys name its stage (dp = 1: a slow
+    rank and a heavy stage look the same, so it is the imbalanced stage)."""
+    s = plan("zbv", make_spec(**ZBV))
+    rep = _check(str(runs / "torch"))
     w = rep["whatif"]
     assert w["steps"] == [1, 2, 3] and w["ops"] == 3 * s.num_jobs
     assert {o["optype"] for o in rep["by_optype"]} == {"forward-compute", "backward-compute",
                                                        "backward-weight-compute"}
     assert 2 in rep["imbalanced_stages"], rep["verdicts"]
-    assert max(w["by_rank"], key=lambda r: r["score"])["rank"] == 2
+    assert max(rep["by_worker"], key=lambda r: r["slowdown"])["stage"] == 2
+    assert {r["rank"]: r["score"] for r in w["by_rank"]}[2] == max(r["score"] for r in w["by_rank"])
     assert max(rep["by_stage"], key=lambda r: r["slowdown"])["stage"] == 2
     assert w["model"]["pipeline_edges"] == 3 * 2 * s.microbatches * (s.num_chunks - 1)
     assert rep["replay_error"] < 0.02

@@ -136,3 +136,22 @@ def test_check_logdir_json_gains_the_whatif_keys(tmp_path, capsys):
     assert "none of the steps" in capsys.readouterr().err
     assert main(["check", d, "--meta", "m.yaml"]) == 2
     assert "--meta applies to op traces" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- torch profiler traces
+def test_torch_actions_lose_the_wait_for_their_input(tmp_path):
+    """torch's RECV action only posts a receive; the F/I/B action that needs the data waits inside its own
+    span until the gloo:recv the RECV action started ends: that wait is cut off the job (times in µs)."""
+    def trace(rank, events):
+        evs = [{"ph": "X", "name": n, "ts": t, "dur": d} for n, t, d in events]
+        (tmp_path / f"rank{rank}_trace.json").write_text(json.dumps({"traceEvents": evs}))
+    trace(0, [("PP:0F0", 0, 10), ("PP:0RECV_B0", 11, 1), ("c10d::recv_", 11.2, 0.5), ("gloo:recv", 11.5, 40),
+              ("PP:0B0", 12, 45)])
+    trace(1, [("PP:1RECV_F0", 0, 1), ("gloo:recv", 0.5, 11), ("PP:1F0", 1, 15), ("PP:1B0", 16, 20)])
+    run = read_logs(str(tmp_path))
+    jobs = {(j.kind, j.chunk): j for j in run.jobs()}
+    assert jobs[("F", 1)].start * 1e6 == pytest.approx(11.5) and jobs[("F", 1)].wait * 1e6 == pytest.approx(10.5)
+    assert jobs[("BW", 0)].start * 1e6 == pytest.approx(51.5) and jobs[("BW", 0)].wait * 1e6 == pytest.approx(39.5)
+    assert jobs[("F", 0)].wait == 0 and jobs[("BW", 1)].wait == 0  # nothing to receive
+    tr = optrace_of_run(run)
+    assert sorted(np.round(tr.dur * 1e3, 6).tolist()) == [4.5, 5.5, 10.0, 20.0]  # µs: compute only

@@ -12,10 +12,14 @@ folder, else from the job order (a step starts at stage 0's forward of microbatc
 was seen, seed 003's rule). :func:`read_trace` turns one file into a :class:`~pipeloom.trace.reader.RankLog`
 of jobs in pipeloom's vocabulary (torch ``I`` = pipeloom ``B``, ``B`` = ``BW``), so that
 :func:`pipeloom.trace.reader.read_logs` gives the same run model, pictures and checks as for
-pipeloom's own logs. Other events are ignored.
+pipeloom's own logs. torch's ``PP:<stage>RECV_F<mb>`` / ``RECV_B`` actions only post a receive; the action
+that needs the data waits for it inside its own span, so the arrival (the end of the ``gloo:recv`` /
+``nccl:recv`` event the RECV action started) is cut off the front of that action (``LogJob.wait``). Other
+events are ignored.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -25,6 +29,7 @@ from ..core.ir import Placement, Schedule, device_of
 from .run import LogError, LogJob, RankLog
 
 _PP = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
+_RECV = re.compile(r"^PP:(\d+)RECV_(F|B)(\d+)$")
 _PP_OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
 _SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
 _KIND = {"F": "F", "I": "B", "W": "W", "B": "BW"}
@@ -63,8 +68,40 @@ def find_traces(root: str) -> list[tuple[str, int | None]]:
     return sorted(out)
 
 
-def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float]]:
-    """(kind, mb, chunk, start s, end s) of the pipeline actions among ``events``."""
+def _arrivals(events: list) -> dict[tuple[int, str, int], float]:
+    """(stage, "F" | "B", mb) -> when the input that ``PP:<stage>RECV_<F|B><mb>`` posted arrived (µs): the latest
+    end of a recv event (``gloo:recv``, ``nccl:recv`` ...) that starts inside the RECV action's span."""
+    posts, recvs = [], []
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or not isinstance(ev.get("name"), str):
+            continue
+        try:
+            t0, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        m = _RECV.match(ev["name"])
+        if m:
+            posts.append((t0, t0 + dur, (int(m.group(1)), m.group(2), int(m.group(3)))))
+        elif not ev["name"].startswith("PP:") and "recv" in ev["name"].lower():
+            recvs.append((t0, t0 + dur))
+    if not posts or not recvs:
+        return {}
+    recvs.sort()
+    starts = [a for a, _ in recvs]
+    out = {}
+    for a, b, key in posts:
+        i = bisect.bisect_left(starts, a)
+        ends = [e for s, e in recvs[i: bisect.bisect_right(starts, b)]]
+        if ends:
+            out[key] = max(ends)
+    return out
+
+
+def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float, float]]:
+    """(kind, mb, chunk, start s, end s, wait s) of the pipeline actions among ``events``: an action that
+    started before the input its RECV action posted arrived waited inside its span; that wait is cut off
+    its start (``LogJob.wait``), as the job-log format asks for compute-only intervals."""
+    arrived = _arrivals(events)
     out = []
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -86,11 +123,14 @@ def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float]
             s = _SINGLE.match(name)
             if s:
                 kind = "F" if s.group(1) == "Forward" else "BW"
-                out.append((kind, int(s.group(2)), pp_rank, t0, t0 + dur))
+                out.append((kind, int(s.group(2)), pp_rank, t0, t0 + dur, 0.0))
             continue
         for p in parts:
             if p:
-                out.append((_KIND[p.group(2)], int(p.group(3)), int(p.group(1)), t0, t0 + dur))
+                kind, mb, stage = _KIND[p.group(2)], int(p.group(3)), int(p.group(1))
+                arr = arrived.get((stage, "F" if kind == "F" else "B", mb))
+                wait = 0.0 if arr is None or kind == "W" else min(max(0.0, arr * 1e-6 - t0), dur)
+                out.append((kind, mb, stage, t0 + wait, t0 + dur, wait))
     return out
 
 
@@ -106,22 +146,22 @@ def read_trace(path: str, step: int | None, order: int) -> RankLog:
     offset = float(base) * 1e-9 if isinstance(base, (int, float)) else 0.0  # ts are microseconds after it
     host = str(data.get("host_name") or data.get("hostname") or "")
     log = RankLog(path=path, rank=rank, machine=0, local_rank=rank, host=host)
-    jobs = [(k, mb, c, s + offset, e + offset) for k, mb, c, s, e in _jobs(data["traceEvents"], rank)]
+    jobs = [(k, mb, c, s + offset, e + offset, w) for k, mb, c, s, e, w in _jobs(data["traceEvents"], rank)]
     if not jobs:
         raise LogError(f"{path} holds no pipeline actions (no 'PP:<action>' spans, nor 'Forward i'/'Backward i'); "
                        f"profile the step of a torch.distributed.pipelining schedule")
     jobs.sort(key=lambda t: t[3])
     if step is not None:
-        log.jobs = [LogJob(k, mb, c, s, e, step, rank) for k, mb, c, s, e in jobs]
+        log.jobs = [LogJob(k, mb, c, s, e, step, rank, wait=w) for k, mb, c, s, e, w in jobs]
     else:  # steps from the order: a new one at stage 0's F of microbatch 0 once a backward was seen
         cur, seen_backward = -1, True
-        for k, mb, c, s, e in jobs:
+        for k, mb, c, s, e, w in jobs:
             if k == "F" and mb == 0 and seen_backward and c == min(j[2] for j in jobs):
                 cur += 1
                 seen_backward = False
             if k != "F":
                 seen_backward = True
-            log.jobs.append(LogJob(k, mb, c, s, e, max(cur, 0), rank))
+            log.jobs.append(LogJob(k, mb, c, s, e, max(cur, 0), rank, wait=w))
     return log
 
 
