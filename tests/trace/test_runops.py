@@ -155,3 +155,11 @@ def test_torch_actions_lose_the_wait_for_their_input(tmp_path):
     assert jobs[("F", 0)].wait == 0 and jobs[("BW", 1)].wait == 0  # nothing to receive
     tr = optrace_of_run(run)
     assert sorted(np.round(tr.dur * 1e3, 6).tolist()) == [4.5, 5.5, 10.0, 20.0]  # µs: compute only
+
+
+def test_a_missing_rank_log_is_a_warning_not_a_failure(tmp_path):
+    d, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, slow={6: 1.5}, profile_steps=(1, 4), extra_steps=0)
+    (tmp_path / d.rsplit("/", 1)[1] / "workerlog.5").unlink()
+    res = check_run_whatif(read_logs(d), pictures=False)
+    assert any("no jobs of worker(s) dp 1 / pp 1" in w for w in res["warnings"])
+    assert res["stragglers"] == [{"dp_rank": 1, "stage": 2}] and res["replay_error"] < 1e-6

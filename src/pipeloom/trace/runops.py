@@ -88,6 +88,12 @@ def optrace_of_run(run: RunLog) -> OpTrace:
     vpp = sched.vpp if sched is not None else 1
     sizes = {"dp_size": dp_size, "pp_size": pp, "tp_size": 1, "vpp_size": vpp, "world_size": dp_size * pp}
     warnings = []
+    have = set(zip(i64["dp"].tolist(), i64["stage"].tolist()))
+    missing = [(d, st) for d in range(dp_size) for st in range(pp) if (d, st) not in have]
+    if missing:
+        warnings.append(f"no jobs of worker(s) {', '.join(f'dp {d} / pp {st}' for d, st in missing[:4])}"
+                        f"{' ...' if len(missing) > 4 else ''} (log missing?): the ops that wait for them are "
+                        f"replayed with their measured waits as launch gaps")
     if split:
         warnings.append(f"{split} job(s) shared one logged interval with another job of their rank (an overlapped "
                         f"pair); the interval was split evenly between them")
