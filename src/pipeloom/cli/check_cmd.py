@@ -40,13 +40,14 @@ def add_parser(sub) -> None:
                    help="measured bubble may exceed the planned one by this much before the verdict says so "
                         "(default: %(default)s)")
     p.add_argument("--top", type=nonnegative_int, default=10,
-                   help="late jobs to list (op traces: rows of the slowdown table) (default: %(default)s)")
+                   help="late jobs to list, and rows of the what-if table (default: %(default)s)")
     p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt with late jobs framed (.png, .svg or .pdf)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 unless the verdict is OK")
     g = p.add_argument_group("what-if straggler analysis (every input; --meta: op traces .parquet / .csv only)")
     g.add_argument("--meta", metavar="META", help="YAML or JSON with dp_size, pp_size, tp_size, vpp_size, world_size "
                                                   "(and time_unit: s|ms|us|ns; default ms); inferred when absent")
-    g.add_argument("--steps", metavar="STEPS", help="steps to analyse: 5, 1,3,5, A:B (A..B-1) or A: (default: all)")
+    g.add_argument("--steps", metavar="STEPS", help="steps to analyse: 5, 1,3,5, A:B (A..B-1) or A: (default: all; worker logs: the "
+                                                    "what-if section's steps)")
     g.add_argument("--slowdown-threshold", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",
                    help="report a worker, stage or op type when it alone slows the step by this share "
                         "(default: %(default)s)")
