@@ -163,3 +163,10 @@ def test_a_missing_rank_log_is_a_warning_not_a_failure(tmp_path):
     res = check_run_whatif(read_logs(d), pictures=False)
     assert any("no jobs of worker(s) dp 1 / pp 1" in w for w in res["warnings"])
     assert res["stragglers"] == [{"dp_rank": 1, "stage": 2}] and res["replay_error"] < 1e-6
+
+
+def test_a_shared_interval_is_split_by_the_kinds_lengths_alone():
+    spans, split, _ = _serialise([(0.0, 3.0), (0.0, 3.0), (3.0, 4.0)], [1.0, 2.0, 1.0])
+    assert spans == [(0.0, 1.0), (1.0, 3.0), (3.0, 4.0)] and split == 2
+    spans, _, _ = _serialise([(0.0, 2.0), (0.0, 2.0)], [1.0, None])  # a kind never alone: evenly
+    assert spans == [(0.0, 1.0), (1.0, 2.0)]

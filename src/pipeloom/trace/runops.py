@@ -29,12 +29,14 @@ mb_id      the microbatch
 The logs carry no P2P or collective records (the job lines bracket the compute only); the transfer
 and waiting time between jobs becomes the launch gap of the what-if model (replayed for the replay
 error, left out of ``T_base`` and ``T_ideal``). Two jobs of one rank logged over one shared interval
-(torch's ``OVERLAP_F_B`` span holds a forward and a backward) split it evenly in their logged order;
+(torch's ``OVERLAP_F_B`` span holds a forward and a backward) split it in their logged order, in proportion
+to the median length of each kind when it ran alone on that rank;
 any other overlap on a rank starts the later job when the earlier one ends (counted in the warnings),
 since the what-if model runs the ops of a worker one at a time.
 """
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 import numpy as np
@@ -56,6 +58,7 @@ def optrace_of_run(run: RunLog) -> OpTrace:
     t0 = run.t0()
     cols: dict[str, list] = defaultdict(list)
     split = clamped = 0
+    alone = _alone_durations(run)
     for r in run.ranks:
         stage = r.pp_rank if r.pp_rank is not None else r.rank % pp
         local = {c: i for i, c in enumerate(sched.chunks_of(stage))} if sched is not None else {}
@@ -64,7 +67,8 @@ def optrace_of_run(run: RunLog) -> OpTrace:
             by_step[j.step].append(j)
         for step, jobs in sorted(by_step.items()):
             jobs.sort(key=lambda j: (j.start, j.end))
-            spans = _serialise([(j.start, j.end) for j in jobs])
+            spans = _serialise([(j.start, j.end) for j in jobs],
+                               [alone.get((r.rank, j.kind), alone.get(j.kind)) for j in jobs])
             split += spans[1]
             clamped += spans[2]
             seen: dict[int, int] = defaultdict(int)
@@ -96,7 +100,7 @@ def optrace_of_run(run: RunLog) -> OpTrace:
                         f"replayed with their measured waits as launch gaps")
     if split:
         warnings.append(f"{split} job(s) shared one logged interval with another job of their rank (an overlapped "
-                        f"pair); the interval was split evenly between them")
+                        f"pair); the interval was split between them in proportion to their kinds' lengths alone")
     if clamped:
         warnings.append(f"{clamped} job(s) started before the previous job of their rank ended; the what-if model "
                         f"starts them when it ended")
@@ -107,12 +111,30 @@ def optrace_of_run(run: RunLog) -> OpTrace:
                    time_unit="ms", rows=len(cols["dur"]))
 
 
-def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], int, int]:
+def _alone_durations(run: RunLog) -> dict:
+    """Median duration of the jobs that had their interval to themselves, per (rank, kind) and per kind: the
+    weights an interval shared by several jobs is split by."""
+    per: dict = defaultdict(list)
+    for r in run.ranks:
+        seen: dict = defaultdict(int)
+        for j in r.jobs:
+            seen[(j.step, j.start, j.end)] += 1
+        for j in r.jobs:
+            if seen[(j.step, j.start, j.end)] == 1 and j.end > j.start:
+                per[(r.rank, j.kind)].append(j.end - j.start)
+                per[j.kind].append(j.end - j.start)
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _serialise(spans: list[tuple[float, float]], weights: list[float | None] | None = None
+               ) -> tuple[list[tuple[float, float]], int, int]:
     """Make one rank's job intervals (sorted by start) run one after another: runs of identical intervals
-    are split evenly, other overlaps start at the previous end. Returns (intervals, split, clamped)."""
+    are split in proportion to ``weights`` (the jobs' typical lengths when alone; evenly without), other
+    overlaps start at the previous end. Returns (intervals, split, clamped)."""
     out: list[tuple[float, float]] = []
     split = clamped = 0
     i = 0
+    weights = weights or [1.0] * len(spans)
     while i < len(spans):
         k = i + 1
         while k < len(spans) and spans[k] == spans[i]:
@@ -120,9 +142,15 @@ def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, floa
         s, e = spans[i]
         if k - i > 1:
             split += k - i
-        step = (e - s) / (k - i)
+        w = weights[i:k]
+        tot = sum(w) if None not in w else 0.0
+        if not tot > 0:  # a kind never seen alone: evenly
+            w, tot = [1.0] * (k - i), float(k - i)
+        cum = 0.0
         for n in range(k - i):
-            a, b = s + n * step, s + (n + 1) * step
+            a = s + (e - s) * cum / tot
+            cum += w[n]
+            b = s + (e - s) * cum / tot if n < k - i - 1 else e
             if out and a < out[-1][1]:
                 clamped += 1
                 a = out[-1][1]

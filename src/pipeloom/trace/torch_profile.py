@@ -125,12 +125,17 @@ def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float,
                 kind = "F" if s.group(1) == "Forward" else "BW"
                 out.append((kind, int(s.group(2)), pp_rank, t0, t0 + dur, 0.0))
             continue
+        acts = []
         for p in parts:
             if p:
                 kind, mb, stage = _KIND[p.group(2)], int(p.group(3)), int(p.group(1))
                 arr = arrived.get((stage, "F" if kind == "F" else "B", mb))
-                wait = 0.0 if arr is None or kind == "W" else min(max(0.0, arr * 1e-6 - t0), dur)
-                out.append((kind, mb, stage, t0 + wait, t0 + dur, wait))
+                acts.append((kind, mb, stage, 0.0 if arr is None or kind == "W" else
+                             min(max(0.0, arr * 1e-6 - t0), dur)))
+        cut = min((a[3] for a in acts), default=0.0)  # an overlapped pair keeps one shared interval
+        for kind, mb, stage, wait in acts:
+            w = cut if len(acts) > 1 else wait
+            out.append((kind, mb, stage, t0 + w, t0 + dur, w))
     return out
 
 
