@@ -68,6 +68,12 @@ class OpTrace:
     time_unit: str = "ms"
     rows: int = 0
     """rows in the file (kept + malformed)"""
+    pair: np.ndarray | None = None
+    """overlapped-pair id per row (-1: none; rows of one worker and step with one id ran together), or None;
+    not a column of the file format: set for run logs (:mod:`.runops`)"""
+    variant: np.ndarray | None = None
+    """per row a sub-kind of its optype with its own typical duration (run logs: B and BW jobs are both
+    backward-compute), or None"""
 
     def __len__(self) -> int:
         return int(self.dur.shape[0])

@@ -28,15 +28,14 @@ mb_id      the microbatch
 
 The logs carry no P2P or collective records (the job lines bracket the compute only); the transfer
 and waiting time between jobs becomes the launch gap of the what-if model (replayed for the replay
-error, left out of ``T_base`` and ``T_ideal``). Two jobs of one rank logged over one shared interval
-(torch's ``OVERLAP_F_B`` span holds a forward and a backward) split it in their logged order, in proportion
-to the median length of each kind when it ran alone on that rank;
+error, left out of ``T_base`` and ``T_ideal``). Jobs of one rank logged over one shared interval (an
+overlapped pair: DualPipe's F & B in the simulator's logs, torch's ``OVERLAP_F_B`` span) get one ``pair`` id:
+the what-if model replays them as one unit that starts when both are ready and takes the longer of the two;
 any other overlap on a rank starts the later job when the earlier one ends (counted in the warnings),
 since the what-if model runs the ops of a worker one at a time.
 """
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 
 import numpy as np
@@ -47,6 +46,8 @@ from .whatif import WEIGHT_GRAD_OP
 
 OPTYPE_OF_KIND = {"F": "forward-compute", "B": "backward-compute", "BW": "backward-compute", "W": WEIGHT_GRAD_OP}
 """the op type of each pipeloom job kind"""
+VARIANT_OF_KIND = {"F": 0, "B": 0, "BW": 1, "W": 0}
+"""B and BW are both backward-compute, with a typical duration each (a BW also computes the weight grads)"""
 
 
 def optrace_of_run(run: RunLog) -> OpTrace:
@@ -57,8 +58,7 @@ def optrace_of_run(run: RunLog) -> OpTrace:
     pp = run.pp
     t0 = run.t0()
     cols: dict[str, list] = defaultdict(list)
-    split = clamped = 0
-    alone = _alone_durations(run)
+    shared = clamped = npair = 0
     for r in run.ranks:
         stage = r.pp_rank if r.pp_rank is not None else r.rank % pp
         local = {c: i for i, c in enumerate(sched.chunks_of(stage))} if sched is not None else {}
@@ -67,12 +67,11 @@ def optrace_of_run(run: RunLog) -> OpTrace:
             by_step[j.step].append(j)
         for step, jobs in sorted(by_step.items()):
             jobs.sort(key=lambda j: (j.start, j.end))
-            spans = _serialise([(j.start, j.end) for j in jobs],
-                               [alone.get((r.rank, j.kind), alone.get(j.kind)) for j in jobs])
-            split += spans[1]
-            clamped += spans[2]
+            spans, pairs, sh, cl = _serialise([(j.start, j.end) for j in jobs])
+            shared, clamped = shared + sh, clamped + cl
             seen: dict[int, int] = defaultdict(int)
-            for j, (s, e) in zip(jobs, spans[0]):
+            for j, (s, e), pr in zip(jobs, spans, pairs):
+                cols["pair"].append(pr + npair if pr >= 0 else -1)
                 c = code[j.kind]
                 cols["dp"].append(r.dp_rank)
                 cols["stage"].append(stage)
@@ -86,8 +85,10 @@ def optrace_of_run(run: RunLog) -> OpTrace:
                 cols["mc"].append(local.get(j.chunk, -1))
                 cols["gmc"].append(j.chunk)
                 cols["mb"].append(j.mb)
+                cols["variant"].append(VARIANT_OF_KIND[j.kind])
+            npair += max(pairs, default=-1) + 1
     i64 = {k: np.asarray(cols[k], dtype=np.int64) for k in ("dp", "stage", "rank", "step", "op", "seq", "mc", "gmc",
-                                                            "mb")}
+                                                            "mb", "pair", "variant")}
     dp_size = max(run.dp, int(i64["dp"].max()) + 1 if len(i64["dp"]) else 1)
     vpp = sched.vpp if sched is not None else 1
     sizes = {"dp_size": dp_size, "pp_size": pp, "tp_size": 1, "vpp_size": vpp, "world_size": dp_size * pp}
@@ -98,9 +99,9 @@ def optrace_of_run(run: RunLog) -> OpTrace:
         warnings.append(f"no jobs of worker(s) {', '.join(f'dp {d} / pp {st}' for d, st in missing[:4])}"
                         f"{' ...' if len(missing) > 4 else ''} (log missing?): the ops that wait for them are "
                         f"replayed with their measured waits as launch gaps")
-    if split:
-        warnings.append(f"{split} job(s) shared one logged interval with another job of their rank (an overlapped "
-                        f"pair); the interval was split between them in proportion to their kinds' lengths alone")
+    if shared:
+        warnings.append(f"{shared} job(s) shared one logged interval with another job of their rank (overlapped "
+                        f"pairs): each pair is replayed as one unit that takes the longer of its two jobs")
     if clamped:
         warnings.append(f"{clamped} job(s) started before the previous job of their rank ended; the what-if model "
                         f"starts them when it ended")
@@ -108,53 +109,33 @@ def optrace_of_run(run: RunLog) -> OpTrace:
                    optypes=optypes, start=np.asarray(cols["start"], dtype=np.float64),
                    dur=np.asarray(cols["dur"], dtype=np.float64), seq=i64["seq"], mc=i64["mc"], gmc=i64["gmc"],
                    mb=i64["mb"], sizes=sizes, inferred=[], malformed=0, examples=[], warnings=warnings,
-                   time_unit="ms", rows=len(cols["dur"]))
+                   time_unit="ms", rows=len(cols["dur"]), pair=i64["pair"] if shared else None,
+                   variant=i64["variant"])
 
 
-def _alone_durations(run: RunLog) -> dict:
-    """Median duration of the jobs that had their interval to themselves, per (rank, kind) and per kind: the
-    weights an interval shared by several jobs is split by."""
-    per: dict = defaultdict(list)
-    for r in run.ranks:
-        seen: dict = defaultdict(int)
-        for j in r.jobs:
-            seen[(j.step, j.start, j.end)] += 1
-        for j in r.jobs:
-            if seen[(j.step, j.start, j.end)] == 1 and j.end > j.start:
-                per[(r.rank, j.kind)].append(j.end - j.start)
-                per[j.kind].append(j.end - j.start)
-    return {k: statistics.median(v) for k, v in per.items()}
-
-
-def _serialise(spans: list[tuple[float, float]], weights: list[float | None] | None = None
-               ) -> tuple[list[tuple[float, float]], int, int]:
-    """Make one rank's job intervals (sorted by start) run one after another: runs of identical intervals
-    are split in proportion to ``weights`` (the jobs' typical lengths when alone; evenly without), other
-    overlaps start at the previous end. Returns (intervals, split, clamped)."""
+def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], list[int], int, int]:
+    """Make one rank's job intervals (sorted by start) run one after another: a run of identical intervals is
+    one overlapped pair (same pair number, interval kept), any other overlap starts at the previous end.
+    Returns (intervals, pair number or -1 per job, jobs in pairs, jobs clamped)."""
     out: list[tuple[float, float]] = []
-    split = clamped = 0
+    pairs: list[int] = []
+    shared = clamped = npair = 0
     i = 0
-    weights = weights or [1.0] * len(spans)
     while i < len(spans):
         k = i + 1
         while k < len(spans) and spans[k] == spans[i]:
             k += 1
-        s, e = spans[i]
+        a, b = spans[i]
+        if out and a < out[-1][1]:
+            clamped += k - i
+            a = out[-1][1]
+            b = max(a, b)
+        out += [(a, b)] * (k - i)
         if k - i > 1:
-            split += k - i
-        w = weights[i:k]
-        tot = sum(w) if None not in w else 0.0
-        if not tot > 0:  # a kind never seen alone: evenly
-            w, tot = [1.0] * (k - i), float(k - i)
-        cum = 0.0
-        for n in range(k - i):
-            a = s + (e - s) * cum / tot
-            cum += w[n]
-            b = s + (e - s) * cum / tot if n < k - i - 1 else e
-            if out and a < out[-1][1]:
-                clamped += 1
-                a = out[-1][1]
-                b = max(a, b)
-            out.append((a, b))
+            shared += k - i
+            pairs += [npair] * (k - i)
+            npair += 1
+        else:
+            pairs.append(-1)
         i = k
-    return out, split, clamped
+    return out, pairs, shared, clamped

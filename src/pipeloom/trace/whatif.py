@@ -17,7 +17,10 @@ Dependency model (per step; steps are replayed independently, each from its firs
   separate-grads-all-reduce over the dp ranks of a stage, embedding-grads-all-reduce over the first and
   last stage of a dp rank, optimizer-clip-main-grad over all workers (the grad-norm all-reduce); a
   collective starts when its last member arrives and ends for all members after its transfer time
-  (the measured transfer = member end - last member arrival). Other optypes (compute, optimizer,
+  (the measured transfer = member end - last member arrival). Ops with one ``pair`` id (an overlapped
+  pair of one worker, e.g. DualPipe's F & B, only from run logs) are one unit the same way: they start
+  when both are ready and end together, after the longer of the two; their typical duration is taken over
+  paired ops only (their measured time is the pair's). Other optypes (compute, optimizer,
   layernorm-grads-all-reduce inside the TP group, backward-weight-compute, gc, unknown ones) are local to the
   worker.
 
@@ -210,6 +213,8 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     dpr, stage, step, op = tr.dp[keep], tr.stage[keep], tr.step[keep], tr.op[keep]
     start, dur, rank, seq = tr.start[keep], tr.dur[keep], tr.rank[keep], tr.seq[keep]
     mb, gmc, mc = tr.mb[keep], tr.gmc[keep], tr.mc[keep]
+    pair = tr.pair[keep] if tr.pair is not None else np.full(len(mb), -1, dtype=np.int64)
+    var = tr.variant[keep] if tr.variant is not None else np.zeros(len(mb), dtype=np.int64)
     end = start + dur
     worker = dpr * pp + stage
     # ---- TP ranks of one worker: one row per (worker, step, optype, n-th of that type)
@@ -224,7 +229,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
             s_max = _group_reduce(np.maximum, gid, start, ng, -np.inf)
             e_max = _group_reduce(np.maximum, gid, end, ng, -np.inf)
             dpr, stage, step, op, worker = dpr[first], stage[first], step[first], op[first], worker[first]
-            seq, mb, gmc, mc = seq[first], mb[first], gmc[first], mc[first]
+            seq, mb, gmc, mc, pair, var = seq[first], mb[first], gmc[first], mc[first], pair[first], var[first]
             start, end = s_max, e_max
     n = len(start)
     steps_u = np.unique(step)
@@ -234,7 +239,8 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     torder = o1[np.argsort(_key([k, worker])[o1], kind="stable")]
     inv = np.empty(n, dtype=np.int64)
     inv[torder] = np.arange(n)
-    dpr, stage, k, op, worker, mb, gmc, mc = (a[torder] for a in (dpr, stage, k, op, worker, mb, gmc, mc))
+    dpr, stage, k, op, worker, mb, gmc, mc, pair, var = (a[torder] for a in (dpr, stage, k, op, worker, mb, gmc,
+                                                                              mc, pair, var))
     start, end = start[torder], end[torder]
     same = np.zeros(n, dtype=bool)
     same[1:] = (k[1:] == k[:-1]) & (worker[1:] == worker[:-1])
@@ -318,6 +324,12 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
         rep = _group_reduce(np.minimum, gid, idx, len(size), n)
         uid[idx[multi]] = rep[gid[multi]]
         ncoll = int((size > 1).sum())
+    paired = (pair >= 0) & ~grouped
+    if paired.any():  # ops that ran as one overlapped pair: one unit, they start and end together
+        idx = np.flatnonzero(paired)
+        _, _, gid = _lex([k[idx], worker[idx], pair[idx]])
+        rep = _group_reduce(np.minimum, gid, idx, int(gid.max()) + 1, n)
+        uid[idx] = rep[gid]
     # ---- measured effective durations and gaps
     pe = np.where(prev >= 0, re[np.maximum(prev, 0)], 0.0)
     xe = np.where(xdep >= 0, re[np.maximum(xdep, 0)], 0.0)
@@ -326,12 +338,15 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     dm = np.where(is_recv, np.maximum(0.0, re - np.maximum(rs, xe)),
                   np.where(ingroup, np.maximum(0.0, re - gstart[uid]), re - rs))
     gap = np.where(is_recv, np.maximum(0.0, rs - pe), np.maximum(0.0, rs - np.maximum(pe, xe)))
-    # ---- typical durations: per (step, optype) the median over workers of each worker's median
-    _, _, g1 = _lex([k, op, worker])
+    # ---- typical durations: per (step, optype) the median over workers of each worker's median (ops of
+    # overlapped pairs, whose measured time is the pair's, have their own typical: the paired ones'; so do
+    # the variants of one optype a run log tells apart, e.g. B and BW jobs, both backward-compute)
+    pk = paired.astype(np.int64) * (int(var.max()) + 1) + var
+    _, _, g1 = _lex([k, op, pk, worker])
     n1 = int(g1.max()) + 1
     med1 = group_median(g1, dm, n1)
     first1 = _group_reduce(np.minimum, g1, np.arange(n), n1, n)
-    _, _, g2 = _lex([k[first1], op[first1]])
+    _, _, g2 = _lex([k[first1], op[first1], pk[first1]])
     med2 = group_median(g2, med1, int(g2.max()) + 1)
     dt = med2[g2[g1]]  # g2: the (step, optype) group of each (step, optype, worker) group
     # ---- levels: Kahn over units
