@@ -1,6 +1,7 @@
 """Run logs as op traces (trace/runops.py): the chunk mapping of every placement, dp coordinates, planted
 causes named by the what-if analysis on pipeloom's own (synthetic) logs and on seed-003 text logs."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +178,29 @@ def test_a_missing_rank_log_is_a_warning_not_a_failure(tmp_path):
     res = check_run_whatif(read_logs(d), pictures=False)
     assert any("no jobs of worker(s) dp 1 / pp 1" in w for w in res["warnings"])
     assert res["stragglers"] == [{"dp_rank": 1, "stage": 2}] and res["replay_error"] < 1e-6
+
+
+def test_the_time_to_hand_outputs_over_is_a_send_op(tmp_path):
+    """CPU logs carry `done` (outputs handed to the transport): end..done becomes a forward-/backward-send op
+    of the worker, cut at the next job's start; none after a rank's last job of a step or for a bad value."""
+    from pipeloom import Costs
+
+    d, _ = _logs(tmp_path, "1f1b", 2, 4, profile_steps=(1, 3), extra_steps=0, costs=Costs(comm=0.5))
+    want = {"forward-send": [], "backward-send": []}
+    for path in sorted(Path(d).iterdir()):
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        jobs = [x for x in lines if x["event"] == "job"]
+        for x in jobs:
+            x["done"] = x["end"] + 2e-3 if x["kind"] == "F" else "bad" if x["mb"] == 0 else x["end"] + 1e9
+        for x, nxt in zip(jobs, jobs[1:]):
+            if nxt["step"] == x["step"] and isinstance(x["done"], float) and min(x["done"], nxt["start"]) > x["end"]:
+                want["forward-send" if x["kind"] == "F" else "backward-send"].append(
+                    (min(x["done"], nxt["start"]) - x["end"]) * 1e3)
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert want["forward-send"] and want["backward-send"]
+    tr = optrace_of_run(read_logs(d))
+    names = np.array([tr.optypes[c] for c in tr.op])
+    for name, durs in want.items():
+        assert sorted(tr.dur[names == name]) == pytest.approx(sorted(durs), abs=1e-6)
+    assert (names == "forward-compute").sum() == 2 * 2 * 4  # the jobs themselves unchanged
+    assert analyse(build_model(tr)).replay_error < 1e-9

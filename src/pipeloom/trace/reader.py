@@ -184,7 +184,10 @@ def _apply_event(log: RankLog, ev: dict, starts: list, stops: list) -> None:
         s, e = _num(ev["start"]), _num(ev["end"])
         if e < s:
             raise ValueError("job ends before it starts")
-        log.jobs.append(LogJob(k, _int(ev["mb"]), _int(ev["chunk"]), s, e, _int(ev["step"]), log.rank))
+        done = ev.get("done")  # optional (CPU logs): ignored unless a time at or after the end
+        ok = isinstance(done, (int, float)) and not isinstance(done, bool) and math.isfinite(done) and done >= e
+        log.jobs.append(LogJob(k, _int(ev["mb"]), _int(ev["chunk"]), s, e, _int(ev["step"]), log.rank,
+                               done=float(done) if ok else None))
     elif kind == "sync":
         log.syncs[_int(ev["step"])] = _num(ev["t"])
     elif kind == "step_end":
@@ -395,6 +398,8 @@ def align_clocks(run: RunLog) -> None:
             for j in r.jobs:
                 j.start -= off
                 j.end -= off
+                if j.done is not None:
+                    j.done -= off
             r.syncs = {s: t - off for s, t in r.syncs.items()}
             r.step_ends = {s: t - off for s, t in r.step_ends.items()}
     run.offsets = offsets

@@ -29,6 +29,9 @@ class LogJob:
     wait: float = 0.0
     """seconds cut from the front of the logged interval because the job's input did not exist yet
     (a runtime that starts its timer before the receive); see :func:`clip_waits`"""
+    done: float | None = None
+    """when the job had handed its outputs to the transport and posted the receives they unblock (pipeloom's
+    CPU logs: the ``done`` field, >= ``end``); None when not logged"""
 
     def job(self) -> Job:
         return Job(Kind(self.kind), self.mb, self.chunk)

@@ -26,6 +26,12 @@ mc         the chunk's position among its rank's chunks (``Schedule.chunks_of``)
 mb_id      the microbatch
 =========  ==========================================================================================
 
+pipeloom's CPU logs also carry each job's ``done`` (its outputs handed to the transport, the receives they
+unblock posted): the time from the job's end to ``done`` (at most to the next job's start, none after a
+rank's last job of a step) becomes a ``forward-send`` (after an F) or ``backward-send`` (after a B, BW
+or W) op of the worker, with the job's mb and chunk; nothing pairs these with receives (there are no recv
+rows), so they are the worker's own time, like an opaque op.
+
 The logs carry no P2P or collective records (the job lines bracket the compute only); the transfer
 and waiting time between jobs becomes the launch gap of the what-if model (replayed for the replay
 error, left out of ``T_base`` and ``T_ideal``). Jobs of one rank logged over one shared interval (an
@@ -52,13 +58,14 @@ VARIANT_OF_KIND = {"F": 0, "B": 0, "BW": 1, "W": 0}
 
 def optrace_of_run(run: RunLog) -> OpTrace:
     """The jobs of ``run`` as op-trace rows (see the module docstring); times in ms."""
-    optypes = list(dict.fromkeys(OPTYPE_OF_KIND.values()))
-    code = {k: optypes.index(v) for k, v in OPTYPE_OF_KIND.items()}
+    optypes = list(dict.fromkeys(OPTYPE_OF_KIND.values())) + ["forward-send", "backward-send"]
+    code = {k: optypes.index(v) for k, v in OPTYPE_OF_KIND.items()} | {"send-F": len(optypes) - 2,
+                                                                       "send-B": len(optypes) - 1}
     sched = run.schedule
     pp = run.pp
     t0 = run.t0()
     cols: dict[str, list] = defaultdict(list)
-    shared = clamped = npair = 0
+    shared = clamped = npair = sends = 0
     for r in run.ranks:
         stage = r.pp_rank if r.pp_rank is not None else r.rank % pp
         local = {c: i for i, c in enumerate(sched.chunks_of(stage))} if sched is not None else {}
@@ -70,9 +77,9 @@ def optrace_of_run(run: RunLog) -> OpTrace:
             spans, pairs, sh, cl = _serialise([(j.start, j.end) for j in jobs])
             shared, clamped = shared + sh, clamped + cl
             seen: dict[int, int] = defaultdict(int)
-            for j, (s, e), pr in zip(jobs, spans, pairs):
-                cols["pair"].append(pr + npair if pr >= 0 else -1)
-                c = code[j.kind]
+
+            def row(c: int, j, s: float, e: float, pair: int, variant: int) -> None:
+                cols["pair"].append(pair)
                 cols["dp"].append(r.dp_rank)
                 cols["stage"].append(stage)
                 cols["rank"].append(r.rank)
@@ -85,7 +92,15 @@ def optrace_of_run(run: RunLog) -> OpTrace:
                 cols["mc"].append(local.get(j.chunk, -1))
                 cols["gmc"].append(j.chunk)
                 cols["mb"].append(j.mb)
-                cols["variant"].append(VARIANT_OF_KIND[j.kind])
+                cols["variant"].append(variant)
+
+            for i, (j, (s, e), pr) in enumerate(zip(jobs, spans, pairs)):
+                row(code[j.kind], j, s, e, pr + npair if pr >= 0 else -1, VARIANT_OF_KIND[j.kind])
+                if j.done is not None and pr < 0 and i + 1 < len(jobs):  # handing the outputs over: a send
+                    send_end = min(j.done, spans[i + 1][0])
+                    if send_end > e:
+                        row(code["send-" + ("F" if j.kind == "F" else "B")], j, e, send_end, -1, 0)
+                        sends += 1
             npair += max(pairs, default=-1) + 1
     i64 = {k: np.asarray(cols[k], dtype=np.int64) for k in ("dp", "stage", "rank", "step", "op", "seq", "mc", "gmc",
                                                             "mb", "pair", "variant")}
@@ -119,7 +134,7 @@ def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, floa
     Returns (intervals, pair number or -1 per job, jobs in pairs, jobs clamped)."""
     out: list[tuple[float, float]] = []
     pairs: list[int] = []
-    shared = clamped = npair = 0
+    shared = clamped = npair = sends = 0
     i = 0
     while i < len(spans):
         k = i + 1
