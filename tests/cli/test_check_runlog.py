@@ -23,9 +23,10 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 DELAY = 0.1  # s slept in every job of the slow rank: ~15x a job of the example model, far above CPU noise
 TORCH_DELAY = 0.03  # s slept in every forward of the slow rank (the torch jobs are tiny)
-THRESHOLD = "0.9"
-"""4 ranks on a shared 2-core machine: one rank's jobs can take 2x its peers' for a whole run (measured: a clean
-run named two workers at S_w 2.2 with the default 5%); the planted causes are > 4x"""
+THRESHOLD = "0.99"
+"""the largest --slowdown-threshold: 4 ranks on a shared 2-core machine, one rank's jobs can take about 2x its
+peers' for a whole run (measured: clean runs whose worst worker had S_w 1.2, 1.4 and 2.2); the planted causes
+are > 4x"""
 
 
 def _check(logdir: str) -> dict:
