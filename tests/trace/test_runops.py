@@ -221,3 +221,16 @@ def test_merged_logs_of_several_machines_use_the_aligned_clocks(tmp_path):
     assert d["stragglers"] == [{"dp_rank": 1, "stage": 2}]
     raw = build_model(optrace_of_run(read_logs(str(tmp_path), align=False)))
     assert any("contradict" in w for w in raw.warnings)  # the test can tell aligned from not
+
+
+def test_an_unwritable_pictures_folder_leaves_the_analysis(tmp_path, capsys):
+    d, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, slow={5: 1.6}, profile_steps=(1, 4), extra_steps=0)
+    (tmp_path / "file").write_text("")
+    assert main(["check", d, "--json", "--out", str(tmp_path / "file" / "x")]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["whatif_stragglers"] == [{"dp_rank": 1, "stage": 1, "rank": 5}] and obj["whatif"]["pictures"] == {}
+    assert any(w.startswith("no pictures: cannot write to") for w in obj["whatif"]["warnings"])
+    d2, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, slow={1: 1.6, 5: 1.6}, profile_steps=(1, 4), extra_steps=0)
+    assert main(["check", d2, "--json", "--out", str(tmp_path / "file" / "x")]) == 0  # layer costs unwritable
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["whatif"] is None and "cannot write to" in obj["whatif_error"] and obj["verdict"]

@@ -109,15 +109,24 @@ def _run_whatif(run_log, args) -> tuple[dict | None, str | None]:
     from ..trace.opcheck import check_run_whatif
     from ..trace.whatif import WhatIfError
 
+    kw = dict(steps=args.steps, threshold=args.slowdown_threshold, layers=args.layers, out_dir=args.out)
     try:
         with _progress() as progress:
-            return check_run_whatif(run_log, steps=args.steps, threshold=args.slowdown_threshold,
-                                    layers=args.layers, out_dir=args.out, pictures=not args.no_pictures,
-                                    progress=progress), None
+            try:
+                return check_run_whatif(run_log, pictures=not args.no_pictures, progress=progress, **kw), None
+            except OSError as e:  # the pictures' folder: the analysis stands without them
+                d = check_run_whatif(run_log, pictures=False, **kw)
+                d["warnings"].append(f"no pictures: cannot write to {getattr(e, 'filename', None) or args.out}: "
+                                     f"{e.strerror or e} (give --out DIR or --no-pictures)")
+                d["pictures"] = {}
+                return d, None
     except WhatIfError as e:
         if args.steps is not None:  # the steps asked for are not there: the user's to fix
             raise
         return None, str(e)
+    except OSError as e:  # layer-costs.json of a heavy stage could not be written either
+        return None, (f"cannot write to {getattr(e, 'filename', None) or args.out}: {e.strerror or e} "
+                      f"(give --out DIR)")
 
 
 def whatif_keys(wi: dict | None, error: str | None, existing: dict) -> dict:
