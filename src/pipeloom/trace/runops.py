@@ -65,7 +65,7 @@ def optrace_of_run(run: RunLog) -> OpTrace:
     pp = run.pp
     t0 = run.t0()
     cols: dict[str, list] = defaultdict(list)
-    shared = clamped = npair = sends = 0
+    shared = clamped = npair = 0
     for r in run.ranks:
         stage = r.pp_rank if r.pp_rank is not None else r.rank % pp
         local = {c: i for i, c in enumerate(sched.chunks_of(stage))} if sched is not None else {}
@@ -100,7 +100,6 @@ def optrace_of_run(run: RunLog) -> OpTrace:
                     send_end = min(j.done, spans[i + 1][0])
                     if send_end > e:
                         row(code["send-" + ("F" if j.kind == "F" else "B")], j, e, send_end, -1, 0)
-                        sends += 1
             npair += max(pairs, default=-1) + 1
     i64 = {k: np.asarray(cols[k], dtype=np.int64) for k in ("dp", "stage", "rank", "step", "op", "seq", "mc", "gmc",
                                                             "mb", "pair", "variant")}
@@ -134,7 +133,7 @@ def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, floa
     Returns (intervals, pair number or -1 per job, jobs in pairs, jobs clamped)."""
     out: list[tuple[float, float]] = []
     pairs: list[int] = []
-    shared = clamped = npair = sends = 0
+    shared = clamped = npair = 0
     i = 0
     while i < len(spans):
         k = i + 1
