@@ -95,3 +95,43 @@ def test_a_dp_peer_that_never_arrives_is_named_within_the_timeout():
     assert "\n" not in msg
     # rank 1 (pp stage 1 of replica 0) hangs before its reduction; its dp peer, rank 3, names it
     assert "rank 3: step 0: data-parallel" in msg and "timed out after 3s: rank 1 did not arrive" in msg, msg
+
+
+# bf16 against the fp32 reference: the tolerance the runtime's other bf16 test uses (test_runtime_dist)
+BF16_TOL = 5e-2
+
+
+def _static(c, r):
+    """Measured per-rank (params, grads, optimizer) bytes of a run and ``pipeloom memory``'s estimate."""
+    cfg = RunConfig(**{k: v for k, v in c.items() if k != "dtype"})
+    mcfg = model_config(cfg, 2 * (2 if c["schedule"] != "1f1b" else 1))
+    rep = estimate(mcfg, TrainConfig(dtype=c["dtype"], dp=2, zero=c["zero"], seq=8, micro_batch=1, impl="eager"),
+                   schedule=c["schedule"], pp=2, microbatches=4)
+    for b in r["rank_bytes"]:
+        d = rep.devices[b["pp_rank"]]
+        yield b, (b["params_bytes"], b["grads_bytes"], b["optimizer_bytes"]), \
+            (d.params_bytes, d.grads_bytes, d.optimizer_bytes), d.params
+
+
+def test_pp2_dp2_bf16_zero1_shards_the_master_weights_and_matches_unsharded_bf16():
+    """bf16 + ZeRO-1: each rank keeps fp32 master weights and AdamW states of its 1/dp shard only (bytes
+    exactly as ``pipeloom memory --dtype bf16 --dp 2 --zero 1``: 2 + 4 + 12/2 per parameter, no full fp32
+    copy), and the run equals the unsharded bf16 run: losses of two steps, fp32 master weights after the
+    first step, replicas identical; both pass --verify at the bf16 tolerance."""
+    cases = [dict(schedule=s, pp=2, dp=2, microbatches=4, overlap_grad_reduce=True, zero=z, dtype="bf16", steps=2,
+                  **SMALL) for s in ("1f1b", "zbv") for z in (0, 1)]
+    res = spawn(cases_worker, 4, (cases,), timeout_s=120)
+    for c, r in zip(cases, res):
+        assert r["dtype"] == "bf16" and r["zero"] == c["zero"]
+        assert r["max_loss_diff"] < BF16_TOL and 0 < r["max_grad_diff"] < BF16_TOL, (c, r["max_grad_diff"])
+        assert r["params_missing_grad"] == 0 and r["replica_param_diff"] <= TOL
+        for b, measured, want, n in _static(c, r):
+            assert measured == want, (c["schedule"], c["zero"], b, want)
+            assert measured == (2 * n, 4 * n, (6 if c["zero"] else 12) * n)  # Megatron's 2 + 4 + 12/d
+    for sched in ("1f1b", "zbv"):
+        plain, zero = (r for c, r in zip(cases, res) if c["schedule"] == sched)
+        assert max(abs(a - b) for a, b in zip(plain["losses"], zero["losses"])) <= TOL, sched
+        assert zero["max_param_diff"] == pytest.approx(plain["max_param_diff"], abs=TOL)
+        d = max((torch.tensor(zero["params"][n]) - torch.tensor(plain["params"][n])).abs().max().item()
+                for n in plain["params"])
+        assert d <= TOL, (sched, d)
