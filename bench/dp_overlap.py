@@ -2,7 +2,7 @@
 gloo on CPU), next to the simulator's prediction (pipeloom.sim.dp) for the same configuration, and the
 simulator's prediction for Llama-2 7B pp 4 x dp 8 on a 100 Gb/s link.
 
-    python bench/dp_overlap.py [--pairs 10] [--calib 2] [--dim 768] [--layers 8] [--seq 8] [-m 4] [--out TABLE.md]
+    python bench/dp_overlap.py [--pairs 10] [--dim 768] [--layers 8] [--seq 8] [-m 4] [--out TABLE.md]
 
 The local configuration is chosen so that the gradient reduction is a visible part of the step: wide
 layers (many parameters per chunk) and few tokens per microbatch. Per schedule, ONE executor is built
@@ -13,7 +13,7 @@ median of the per-pair ratios on/off, and the reduction wait left at the end of 
 reducer's ``finish``, slowest rank; with ``off`` that is the whole reduction).
 
 The prediction for the same configuration is fed with measurements of this run: per-chunk F/B/W
-(and the P2P latency) fitted from logged steps of the same executor
+(and the P2P latency) fitted from the job logs of the timed steps without overlap
 (pipeloom.trace.check.fit_chunk_costs, ms), and a gloo all-reduce link fitted from timed all-reduces
 over the dp groups of the sizes the run reduces (both stages' groups at once, as in a step: time =
 bytes / bandwidth + 2 * latency for dp 2).
@@ -67,7 +67,7 @@ def bench_worker(a: dict) -> dict:
 
     rank = dist.get_rank()
     pp_ranks, dp_group, pp_rank, dp_rank = _groups(2, 2, 300.0)
-    out: dict = {"times": {}, "finish": {}, "compute": {}, "ratios": {}, "logs": {}, "chunk_params": {}, "stage_params": {}}
+    out: dict = {"times": {}, "finish": {}, "compute": {}, "off_steps": {}, "ratios": {}, "logs": {}, "chunk_params": {}, "stage_params": {}}
     t_start = time.perf_counter()
     for name in SCHEDULES:
         cfg = prepare(RunConfig(schedule=name, pp=2, dp=2, microbatches=a["m"], microbatch_size=1,
@@ -78,9 +78,9 @@ def bench_worker(a: dict) -> dict:
         mods = build_chunk_modules(mcfg, _split(cfg, mcfg, sched.num_chunks), 0, chunks=mine)
         box = [tempfile.mkdtemp(prefix="pipeloom-dpbench-") if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        calib = (1, 1 + a["calib"])  # step 0 negotiates shapes; then logged steps without overlap
+        timed = (1, 1 + 2 * a["pairs"])  # step 0 negotiates shapes; every timed step is logged
         log = JobLog(box[0], rank=rank, local_rank=rank, world_size=4, pp=2, dp=2, pp_rank=pp_rank,
-                     dp_rank=dp_rank, schedule=to_dict(sched), costs=None, profile_steps=calib)
+                     dp_rank=dp_rank, schedule=to_dict(sched), costs=None, profile_steps=timed)
         red = {True: OverlappedAllReduce(dp_group, timeout_s=300.0),
                False: AllReduceAfterAccumulation(dp_group, timeout_s=300.0)}
         waits: dict = {True: [], False: []}
@@ -106,16 +106,14 @@ def bench_worker(a: dict) -> dict:
             computes[ov].append(ex.last_stats.compute_s)
             return t
 
-        for _ in range(calib[1]):
-            step(False)
-        log.close(calib[1] - 1)
-        ex.log = None
+        step(False)
         for w in (*waits.values(), *computes.values()):
             w.clear()
         seq = []
         for i in range(a["pairs"]):
             for ov in ((True, False) if i % 2 == 0 else (False, True)):
                 seq.append((ov, step(ov)))
+        log.close(timed[1] - 1)
         t = torch.tensor([s for _, s in seq], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         ordered = {True: [], False: []}
@@ -131,6 +129,7 @@ def bench_worker(a: dict) -> dict:
             out["times"][(name, ov)] = ordered[ov]
         out["ratios"][name] = [on / off for on, off in zip(ordered[True], ordered[False])]
         out["logs"][name] = box[0]
+        out["off_steps"][name] = [timed[0] + i for i, (ov, _) in enumerate(seq) if not ov]
         sizes = [0] * sched.num_chunks
         for k, m in zip(mine, mods):
             sizes[k] = sum(p.numel() for p in m.parameters())
@@ -165,11 +164,12 @@ def fit_link(sizes: list[int], times: list[float]):
 def local_prediction(res: dict, name: str, link) -> dict:
     from pipeloom.sim.dp import simulate_dp
     from pipeloom.sim.simulate import simulate
-    from pipeloom.trace.check import fit_chunk_costs
+    from pipeloom.trace.check import fit_chunk_costs, step_runs
     from pipeloom.trace.reader import read_logs
 
     run = read_logs(res["logs"][name])
-    costs = fit_chunk_costs(run)
+    off = set(res["off_steps"][name])  # the job times of the steps without overlap (compute undisturbed)
+    costs = fit_chunk_costs(run, [r for r in step_runs(run, []) if r.step in off])
     sim = simulate(run.schedule, costs)
     nbytes = [4.0 * p for p in res["chunk_params"][name]]
     on = simulate_dp(sim, nbytes, 2, link, overlap=True)
@@ -208,7 +208,6 @@ def llama7b_rows() -> list[tuple]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=10, help="timed on/off step pairs per schedule")
-    ap.add_argument("--calib", type=int, default=2, help="logged steps (no overlap) the simulator's costs come from")
     ap.add_argument("--link-reps", type=int, default=7, help="timed all-reduces per size for the link")
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--layers", type=int, default=8)
@@ -219,7 +218,7 @@ def main() -> None:
     from pipeloom.runtime.launch import spawn
 
     load0 = os.getloadavg()[0]
-    res = spawn(bench_worker, 4, (dict(pairs=args.pairs, calib=args.calib, link_reps=args.link_reps, dim=args.dim,
+    res = spawn(bench_worker, 4, (dict(pairs=args.pairs, link_reps=args.link_reps, dim=args.dim,
                                        layers=args.layers, seq=args.seq, m=args.m),), timeout_s=600)
     res["args"] = vars(args)
     load1 = os.getloadavg()[0]
