@@ -148,16 +148,19 @@ def bench_worker(a: dict) -> dict:
 
 
 def fit_link(sizes: list[int], times: list[float]):
-    """Least squares ``t = bytes / bw + c`` over the timed all-reduces (dp 2: a ring all-reduce moves
-    2 (n-1)/n = 1 x the bytes and takes 2 (n-1) = 2 latency steps, so latency = c / 2)."""
+    """Fit ``t = bytes / bw + c`` to the timed all-reduces robustly (Theil-Sen: the median of the slopes
+    between every two sizes, then the median intercept; one all-reduce slowed by another process on a
+    shared machine moves it little). dp 2: a ring all-reduce moves 2 (n-1)/n = 1 x the bytes and takes
+    2 (n-1) = 2 latency steps, so latency = c / 2."""
     from pipeloom.sim.dp import DPLink
 
     b = [4.0 * n for n in sizes]
-    mb, mt = statistics.fmean(b), statistics.fmean(times)
-    slope = sum((x - mb) * (t - mt) for x, t in zip(b, times)) / sum((x - mb) ** 2 for x in b)
-    c = max(0.0, mt - slope * mb)
-    if slope <= 0:  # noise swamped the size dependence: fall back to the largest transfer alone
-        slope, c = times[-1] / b[-1], 0.0
+    slopes = [(times[j] - times[i]) / (b[j] - b[i]) for i in range(len(b)) for j in range(i + 1, len(b))
+              if b[j] > 1.05 * b[i]]
+    slope = statistics.median(slopes) if slopes else 0.0
+    if slope <= 0:  # noise swamped the size dependence: the largest transfer alone
+        slope = times[-1] / b[-1]
+    c = max(0.0, statistics.median(t - slope * x for x, t in zip(b, times)))
     return DPLink(bandwidth=1.0 / slope, latency=c / 2, unit_s=1e-3)
 
 
