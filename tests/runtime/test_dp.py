@@ -24,6 +24,8 @@ TOL = 1e-5
 # shard, offset or missed update moves parameters by ~lr, so 5% of lr still catches every such bug;
 # against the UNSHARDED pipeline run (same gradients) the parameters must agree to TOL.
 REF_PARAM_TOL = 5e-5
+# bf16 against the fp32 reference: the tolerance the runtime's other bf16 test uses (test_runtime_dist)
+BF16_TOL = 5e-2
 SMALL = dict(microbatch_size=1, seq_len=8, verify=True, return_params=True)
 
 
@@ -70,11 +72,18 @@ def test_pp2_dp2_overlap_and_zero1_match_reference():
 
 @pytest.mark.slow
 def test_pp2_dp3_padded_shards_match_reference():
-    """dp=3 does not divide the chunks' sizes: the ZeRO-1 shards are padded."""
+    """dp=3 does not divide the chunks' sizes: the ZeRO-1 shards are padded (fp32, and bf16 master shards)."""
     cases = (_modes("zbv", 2, 3, [(True, 1)]) + _modes("1f1b", 2, 3, [(True, 0)])
              + _modes("interleaved", 2, 3, [(False, 1)]))
-    res = spawn(cases_worker, 6, (cases,), timeout_s=120)
-    _check(cases, res)
+    bf16 = [dict(c, dtype="bf16") for c in _modes("zbv", 2, 3, [(True, 0), (True, 1)])]
+    res = spawn(cases_worker, 6, (cases + bf16,), timeout_s=120)
+    _check(cases, res[:len(cases)])
+    # bf16: the padded master shards give the unsharded bf16 run's master weights
+    plain, zero = res[len(cases):]
+    assert zero["max_loss_diff"] < BF16_TOL and zero["max_grad_diff"] < BF16_TOL and zero["replica_param_diff"] <= TOL
+    d = max((torch.tensor(zero["params"][n]) - torch.tensor(plain["params"][n])).abs().max().item()
+            for n in plain["params"])
+    assert d <= TOL and abs(zero["loss"] - plain["loss"]) <= TOL, d
 
 
 def test_a_dp_peer_that_never_arrives_is_named_within_the_timeout():
@@ -88,10 +97,6 @@ def test_a_dp_peer_that_never_arrives_is_named_within_the_timeout():
     assert "\n" not in msg
     # rank 1 (pp stage 1 of replica 0) hangs before its reduction; its dp peer, rank 3, names it
     assert "rank 3: step 0: data-parallel" in msg and "timed out after 3s: rank 1 did not arrive" in msg, msg
-
-
-# bf16 against the fp32 reference: the tolerance the runtime's other bf16 test uses (test_runtime_dist)
-BF16_TOL = 5e-2
 
 
 def _static(c, r):
