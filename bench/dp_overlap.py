@@ -2,7 +2,7 @@
 gloo on CPU), next to the simulator's prediction (pipeloom.sim.dp) for the same configuration, and the
 simulator's prediction for Llama-2 7B pp 4 x dp 8 on a 100 Gb/s link.
 
-    python bench/dp_overlap.py [--pairs 10] [--dim 768] [--layers 8] [--seq 8] [-m 4] [--out TABLE.md]
+    python bench/dp_overlap.py [--pairs 10] [--schedules 1f1b,interleaved,zbv] [--dim 768] [--layers 8] [--seq 8] [-m 4] [--out TABLE.md]
 
 The local configuration is chosen so that the gradient reduction is a visible part of the step: wide
 layers (many parameters per chunk) and few tokens per microbatch. Per schedule, ONE executor is built
@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-SCHEDULES = tuple(os.environ.get("DPB_SCHEDULES", "1f1b,interleaved,zbv").split(","))
+SCHEDULES = ("1f1b", "interleaved", "zbv")
 
 
 def _timed_allreduces(dp_group, sizes: list[int], reps: int) -> list[float]:
@@ -69,7 +69,7 @@ def bench_worker(a: dict) -> dict:
     pp_ranks, dp_group, pp_rank, dp_rank = _groups(2, 2, 300.0)
     out: dict = {"times": {}, "finish": {}, "compute": {}, "off_steps": {}, "ratios": {}, "logs": {}, "chunk_params": {}, "stage_params": {}}
     t_start = time.perf_counter()
-    for name in SCHEDULES:
+    for name in a["schedules"]:
         cfg = prepare(RunConfig(schedule=name, pp=2, dp=2, microbatches=a["m"], microbatch_size=1,
                                 seq_len=a["seq"], dim=a["dim"], n_layers=a["layers"]))
         sched = cfg.schedule
@@ -216,12 +216,18 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--seq", type=int, default=8, help="tokens per microbatch (1 sequence)")
     ap.add_argument("-m", type=int, default=4, help="microbatches per step")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES),
+                    help="comma-separated, from: " + ", ".join(SCHEDULES) + " (default: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    bad = [x for x in args.schedules if x not in SCHEDULES]
+    if bad or not args.schedules:
+        ap.error(f"--schedules {','.join(bad) or '(none)'}: choose from {', '.join(SCHEDULES)}")
     from pipeloom.runtime.launch import spawn
 
     load0 = os.getloadavg()[0]
-    res = spawn(bench_worker, 4, (dict(pairs=args.pairs, link_reps=args.link_reps, dim=args.dim,
+    res = spawn(bench_worker, 4, (dict(schedules=args.schedules, pairs=args.pairs, link_reps=args.link_reps, dim=args.dim,
                                        layers=args.layers, seq=args.seq, m=args.m),), timeout_s=600)
     res["args"] = vars(args)
     load1 = os.getloadavg()[0]
@@ -231,7 +237,7 @@ def main() -> None:
              "reduction wait off / on (ms) | "
              "measured hidden share | predicted reduction (ms) | predicted step off / on (ms) | predicted on/off | "
              "predicted hidden share |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name in SCHEDULES:
+    for name in args.schedules:
         on, off = (statistics.median(res["times"][(name, v)]) for v in (True, False))
         pred = local_prediction(res, name, link)
         pair = statistics.median(res["ratios"][name])
