@@ -95,8 +95,8 @@ def add_parser(sub) -> None:
     g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                    help="one blocking all-reduce of all gradients after the last job")
     g.add_argument("--zero", type=int, choices=[0, 1], default=0,
-                   help="1: ZeRO-1: reduce-scatter the gradients, keep fp32 weights and AdamW states for this "
-                        "rank's 1/dp shard only, all-gather the parameters (default: 0)")
+                   help="1: ZeRO-1: reduce-scatter the gradients, keep the AdamW states (and with --dtype bf16 the "
+                        "fp32 master weights) for this rank's 1/dp shard only, all-gather the parameters (default: 0)")
     g.add_argument("--rank-order", choices=["dp-pp", "pp-dp"], default="dp-pp",
                    help="global rank -> (dp, pp): dp-pp (default: ranks 0..pp-1 are one pipeline) or pp-dp "
                         "(ranks 0..dp-1 are stage 0's replicas: with one node per stage, pp crosses nodes and "

@@ -113,8 +113,8 @@ class RunConfig:
     """dp > 1: start each chunk's gradient reduction asynchronously right after its last W/BW on the rank
     (overlapped with the pipeline drain) instead of one blocking all-reduce after the step"""
     zero: int = 0
-    """1: ZeRO-1 (reduce-scatter the gradients, fp32 weights and AdamW states sharded over dp, all-gather
-    the parameters); 0: every dp rank keeps the whole optimizer"""
+    """1: ZeRO-1 (reduce-scatter the gradients, AdamW states and, with bf16, the fp32 master weights sharded
+    over dp, all-gather the parameters); 0: every dp rank keeps the whole optimizer"""
     rank_order: str = "dp-pp"
     """how global ranks map onto (dp, pp): ``dp-pp`` (dp outer: ranks 0..pp-1 are one whole pipeline) or
     ``pp-dp`` (pp outer: ranks 0..dp-1 are the replicas of stage 0, so with one node per stage the pipeline
@@ -355,11 +355,11 @@ def worker(cfg: RunConfig) -> dict:
             if tied:
                 tied_diff = max(tied_diff, tied.max_weight_diff())
             if cfg.verify and step == 0:
-                verify.update(_verify_params(ex, ref))
+                verify.update(_verify_params(_named_fp32(ex, opt), ref))
             if step == 0:
                 static = _static_bytes(ex, opt)
                 if cfg.return_params:
-                    params = _gather_params(ex, dp_rank)
+                    params = _gather_params(_named_fp32(ex, opt), dp_rank)
     finally:
         if log is not None:
             log.close(cfg.steps - 1)
@@ -428,9 +428,10 @@ def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
     return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
 
 
-def _gather_params(ex: PipelineExecutor, dp_rank: int) -> dict | None:
-    """Testing: every rank's fp32 parameters to rank 0 (see ``RunConfig.return_params``)."""
-    mine = {n: p.detach().float().cpu().clone() for n, p in ex.named_parameters()}
+def _gather_params(named: list, dp_rank: int) -> dict | None:
+    """Testing: every rank's fp32 parameters (``named``: :func:`_named_fp32`) to rank 0 (see
+    ``RunConfig.return_params``)."""
+    mine = {n: p.detach().float().cpu().clone() for n, p in named}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, (dp_rank, mine))
     if dist.get_rank() != 0:
@@ -460,19 +461,40 @@ def _bound_world_waits(timeout_s: float) -> None:
 
 
 def _static_bytes(ex: PipelineExecutor, opt) -> dict:
-    """Measured bytes of this rank's static training state after an optimizer step: parameters
-    (their storage: the ZeRO-1 flat fp32 tensor, padding included, when the parameters live in it),
-    the gradient buffer, and the optimizer (per-element state tensors, plus fp32 master copies)."""
+    """Measured bytes of this rank's static training state after an optimizer step, as distinct
+    storages (a tensor that is a view of another is counted once, padding included): parameters
+    (the modules' parameters: bf16 or fp32, the ZeRO-1 flat tensor when they live in one), the
+    gradient buffer, and the optimizer (its per-element state tensors plus every fp32 master
+    weight: the executor's full copies, or ZeRO-1's master shards; storages already counted as
+    parameters, e.g. fp32 ZeRO-1 shards that are views of the parameters, are not counted again)."""
     from .grads import Zero1Optimizer
-    nb = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    seen: set = set()
+
+    def nb(ts) -> int:
+        total = 0
+        for t in ts:
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+        return total
+
     state = [t for st in getattr(opt, "optimizer", opt).state.values() for t in st.values()
              if torch.is_tensor(t) and t.dim() > 0]
-    if isinstance(opt, Zero1Optimizer):
-        params = nb(ex._allp) if ex.master else nb([opt.flat])
-        master = nb([opt.flat]) if ex.master else 0
-    else:
-        params, master = nb(ex._allp), nb(ex.master.values())
-    return {"params_bytes": params, "grads_bytes": nb([ex.grads.flat]), "optimizer_bytes": nb(state) + master}
+    params = nb(p.detach() for p in ex._allp)
+    grads = nb([ex.grads.flat])
+    masters = list(ex.master.values()) + ([opt.flat] if isinstance(opt, Zero1Optimizer) else [])
+    return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": nb(state) + nb(m.detach() for m in masters)}
+
+
+def _named_fp32(ex: PipelineExecutor, opt) -> list:
+    """(name, fp32 value) of every parameter of this rank: the parameters, the executor's master
+    copies, or (bf16 + ZeRO-1) the master shards all-gathered for the check (a dp collective)."""
+    from .grads import Zero1Optimizer
+    if not (isinstance(opt, Zero1Optimizer) and opt.sharded_master):
+        return ex.named_parameters()
+    full = opt.full_master()
+    return [(n, full[p]) for k in sorted(ex.modules) for n, p in ex.modules[k].named_parameters() if p.requires_grad]
 
 
 def _hang_before_reduction(ex: PipelineExecutor) -> None:
@@ -536,13 +558,14 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: f
             "params_missing_grad": int(t[2].item())}, (ref, canon)
 
 
-def _verify_params(ex: PipelineExecutor, ref_and_names) -> dict:
+def _verify_params(named: list, ref_and_names) -> dict:
     """After the first optimizer step: max |parameter - reference parameter after one AdamW step|
-    (the fp32 values: parameters, or master copies with bf16), MAX over ranks."""
+    (``named``: the fp32 values from :func:`_named_fp32`: parameters, or master weights with bf16),
+    MAX over ranks."""
     ref, canon = ref_and_names
     want = dict(ref.named_parameters())
     d = 0.0
-    for name, p in ex.named_parameters():
+    for name, p in named:
         name = canon(name)
         if name in want:
             d = max(d, (p.detach().float().cpu() - want[name].detach()).abs().max().item())

@@ -22,8 +22,8 @@ contiguous slice. :class:`OverlappedAllReduce` (``"overlap"``) starts an asynchr
 chunk's slice as soon as the chunk's last W/BW of the step has run on this rank, so the reduction
 runs while the rank drains the pipeline; ``finish`` only waits. :class:`ZeroReduceScatter`
 (``"zero1"``) reduce-scatters each slice instead (each dp rank keeps the mean of its 1/dp shard) and
-:class:`Zero1Optimizer` keeps fp32 weights and optimizer states for those shards only, then
-all-gathers the parameters. Every wait honours a timeout and names the dp peers that never reached
+:class:`Zero1Optimizer` keeps the optimizer states (and, with bf16 parameters, the fp32 master
+weights) for those shards only, then all-gathers the parameters. Every wait honours a timeout and names the dp peers that never reached
 the collective (:class:`Arrivals`).
 """
 from __future__ import annotations
@@ -410,20 +410,34 @@ class ZeroReduceScatter(_PerChunk):
 
 
 class Zero1Optimizer:
-    """ZeRO-1 optimizer: fp32 master weights and optimizer states for this rank's shards only.
+    """ZeRO-1 optimizer (a distributed optimizer): fp32 weights and optimizer states for this rank's
+    shards only.
 
-    The parameters' fp32 values (the parameters themselves, or their fp32 master copies with bf16
-    training) are moved into one flat fp32 tensor laid out like the gradient buffer (chunk segments
-    padded to a multiple of the dp size), so every shard is a view of it: the inner optimizer
-    (``optimizer_cls``, e.g. :class:`torch.optim.AdamW`) steps one flat shard parameter per segment
-    with the reduced gradient shard, and the segments are then all-gathered in place (every rank ends
-    with the same full parameters). Call :meth:`step` after the executor's step, then
-    :meth:`zero_grad`; with bf16 parameters, ``PipelineExecutor.sync_params`` afterwards as usual.
+    The gradient buffer's layout (chunk segments padded to a multiple of the dp size) is the layout
+    of the parameters too, and ``reducer.shard(seg)`` is this rank's ``[lo, hi)`` of every segment.
+
+    * **fp32 parameters** (``master`` empty): the parameters are moved into one flat fp32 tensor
+      (``flat``) laid out like the buffer; each shard is a view of it. Kept per rank: the full fp32
+      parameters (4 B/param, needed for the forward), the inner optimizer's states for the shards.
+    * **bf16 parameters** (``master`` = the executor's bf16 parameter -> fp32 master copy): the bf16
+      parameters are moved into one flat bf16 tensor (``pflat``) laid out like the buffer; the fp32
+      master weights of **this rank's shards only** go into ``flat`` (the sum of the shard lengths),
+      and ``master`` is emptied, so no rank keeps a full fp32 copy (the executor's ``sync_params``
+      then has nothing to do: :meth:`step` writes the bf16 parameters itself). Kept per rank: bf16
+      parameters 2 B/param, fp32 master shard 4/N B/param, the inner optimizer's states for the shard
+      (AdamW: 8/N B/param), beside the executor's fp32 gradient buffer (4 B/param).
+
+    :meth:`step`: the inner optimizer (``optimizer_cls``, e.g. :class:`torch.optim.AdamW`) steps one
+    flat fp32 shard parameter per segment with the reduced gradient shard; with bf16 the shard is
+    rounded into the bf16 parameters' shard; then every segment's parameters are all-gathered in
+    place (every rank ends with the same full parameters). Call it after the executor's step, then
+    :meth:`zero_grad`.
 
     Args:
         reducer: the run's :class:`ZeroReduceScatter` (its buffer and shards).
         buffer: the executor's :class:`GradBuffer` (``executor.grads``).
         master: bf16 parameter -> fp32 master copy (``executor.master``; empty with fp32 parameters).
+            Emptied: the optimizer owns the (sharded) master weights from then on.
         timeout_s: longest wait for the parameter all-gather.
     """
 
@@ -436,23 +450,51 @@ class Zero1Optimizer:
         buffer.keep = True
         self.timeout_s = timeout_s
         self.segments = list(buffer.segments)
+        self.sharded_master = bool(master)
         size = self.segments[-1].end if self.segments else 0
-        sources = [master.get(p, p) for p in buffer.params]
-        dev = sources[0].device if sources else buffer.device
-        self.flat = torch.zeros(size, dtype=torch.float32, device=dev)
+        dev = buffer.params[0].device if buffer.params else buffer.device
+        bounds = [reducer.shard(seg) for seg in self.segments]
+        if self.sharded_master:
+            dtypes = {p.dtype for p in buffer.params}
+            if len(dtypes) != 1:
+                raise ValueError(f"ZeRO-1 with master weights needs one parameter dtype, got {sorted(map(str, dtypes))}")
+            # the full bf16 parameters, laid out like the buffer (the all-gather's output)
+            self.pflat = self._move_into(torch.zeros(size, dtype=dtypes.pop(), device=dev), buffer.params)
+            # fp32 master weights of this rank's shards only, copied piece by piece from the full copies
+            self.flat = torch.zeros(sum(hi - lo for lo, hi in bounds), dtype=torch.float32, device=dev)
+            self._local = []  # per segment: [a, b) of this rank's shard in ``flat``
+            a = 0
+            with torch.no_grad():
+                for seg, (lo, hi) in zip(self.segments, bounds):
+                    off = seg.start
+                    for p in seg.params:
+                        s, e = max(off, lo), min(off + p.numel(), hi)
+                        if s < e:
+                            self.flat[a + s - lo:a + e - lo].copy_(master[p].detach().reshape(-1)[s - off:e - off])
+                        off += p.numel()
+                    self._local.append((a, a + hi - lo))
+                    a += hi - lo
+            master.clear()  # the full fp32 copies go: this rank's master weights are its shards
+        else:
+            self.pflat = None
+            self.flat = self._move_into(torch.zeros(size, dtype=torch.float32, device=dev), buffer.params)
+            self._local = bounds
+        self.shards = [nn.Parameter(self.flat[a:b]) for a, b in self._local]
+        cls = optimizer_cls or torch.optim.AdamW
+        self.optimizer = cls(self.shards, **kwargs)
+
+    def _move_into(self, flat: torch.Tensor, params) -> torch.Tensor:
+        """Make every parameter's data a view of ``flat`` at its place in the buffer layout."""
         with torch.no_grad():
             for seg in self.segments:
                 off = seg.start
                 for p in seg.params:
-                    src = master.get(p, p)
-                    n = src.numel()
-                    view = self.flat[off:off + n].view(src.shape)
-                    view.copy_(src.detach())
-                    src.data = view  # the fp32 values now live in the flat tensor
+                    n = p.numel()
+                    view = flat[off:off + n].view(p.shape)
+                    view.copy_(p.detach())
+                    p.data = view
                     off += n
-        self.shards = [nn.Parameter(self.flat[slice(*reducer.shard(seg))]) for seg in self.segments]
-        cls = optimizer_cls or torch.optim.AdamW
-        self.optimizer = cls(self.shards, **kwargs)
+        return flat
 
     @property
     def param_groups(self):
@@ -469,17 +511,50 @@ class Zero1Optimizer:
         for sh, g in zip(self.shards, self.reducer.shard_grads()):
             sh.grad = g
         self.optimizer.step()
+        full = self.flat
+        if self.sharded_master:  # round the updated fp32 shard into the bf16 parameters' shard
+            full = self.pflat
+            for seg, sh in zip(self.segments, self.shards):
+                lo, hi = self.reducer.shard(seg)
+                self.pflat[lo:hi].copy_(sh)
         if self.reducer.size == 1:
             return
         gather = _collective("all_gather")
         works = []
-        for seg, sh in zip(self.segments, self.shards):
+        for seg in self.segments:
+            lo, hi = self.reducer.shard(seg)
             self.reducer.arrivals.arrive()
-            works.append((seg, gather(self.flat[seg.start:seg.end], sh.detach(), group=self.reducer.group,
+            works.append((seg, gather(full[seg.start:seg.end], full[lo:hi], group=self.reducer.group,
                                       async_op=True)))
         for seg, w in works:
             wait_named(w, self.timeout_s, f"step {self.reducer.steps - 1}: data-parallel all-gather of the "
                                           f"parameters of chunk {seg.chunk}", self.reducer.arrivals)
+
+    @torch.no_grad()
+    def full_master(self) -> dict[nn.Parameter, torch.Tensor]:
+        """Parameter -> its fp32 value (for checks and checkpoints). fp32 parameters: the parameters
+        themselves. bf16: the master shards all-gathered over the dp group into a NEW full fp32 tensor
+        (a collective: every dp rank must call it; transient, not kept)."""
+        if not self.sharded_master:
+            return {p: p for p in self.buffer.params}
+        size = self.segments[-1].end if self.segments else 0
+        full = torch.zeros(size, dtype=torch.float32, device=self.flat.device)
+        for seg, sh in zip(self.segments, self.shards):
+            lo, hi = self.reducer.shard(seg)
+            full[lo:hi].copy_(sh)
+            if self.reducer.size > 1:
+                self.reducer.arrivals.arrive()
+                wait_named(_collective("all_gather")(full[seg.start:seg.end], full[lo:hi], group=self.reducer.group,
+                                                     async_op=True),
+                           self.timeout_s, f"all-gather of the fp32 master weights of chunk {seg.chunk}",
+                           self.reducer.arrivals)
+        out = {}
+        for seg in self.segments:
+            off = seg.start
+            for p in seg.params:
+                out[p] = full[off:off + p.numel()].view(p.shape)
+                off += p.numel()
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for sh in self.shards:
