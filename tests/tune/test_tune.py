@@ -15,7 +15,8 @@ from pipeloom.tune import Calibration, CalibrationError, Problem, TuneError, gpu
 from pipeloom.tune import search
 from pipeloom.tune.costs import all_reduce, reduce_scatter
 from pipeloom.tune.gpus import GPU, Link, MiB
-from pipeloom.tune.search import Config, _Space, builder_vpps, evaluate, lower_bound, memory_lower_bound
+from pipeloom.tune.search import (Config, _Space, builder_vpps, evaluate, lower_bound, memory_bound,
+                                  memory_lower_bound)
 
 #: a GPU where llama-tiny's configurations differ: slow links so that comm and bubbles matter, small memory
 TINY_GPU = GPU(name="tiny", peak_flops=2e9, memory=24 * MiB, hbm_bandwidth=1e9,
@@ -84,11 +85,19 @@ def test_pick_equals_brute_force_and_bounds_hold(kw):
     assert res.best.step_time_s == pytest.approx(best, rel=1e-9)
     assert res.searched == len(allc) or res.searched >= len(fit)
     # the bounds the search prunes with never exceed what the simulation gives
+    tighter = 0
     for c, _, space in allc:
         if c.step_time_s is None:
             continue
         assert lower_bound(space, c) <= c.step_time_s * (1 + 1e-9)
         assert memory_lower_bound(space, c) <= c.peak_bytes * (1 + 1e-9)
+        # the memory-aware bound holds for every plan that fits, and for every plan of the bounded builders
+        if c.fits or c.schedule in search.BOUNDED:
+            mb = memory_bound(space, c)
+            assert mb <= c.step_time_s * (1 + 1e-9), (c.key(), mb, c.step_time_s)
+            tighter += mb > lower_bound(space, c) * (1 + 1e-6)
+    assert tighter > 0, "the memory-aware bound should be tighter somewhere on this space"
+    assert not res.limit_violations and not allc[0][2].limit_violations
     # and the search simulated fewer than brute force
     assert res.simulations < len(allc)
 

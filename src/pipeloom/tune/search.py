@@ -18,6 +18,7 @@ Simulations are cached by (schedule, pp, vpp, m, normalised per-chunk costs, mem
 from __future__ import annotations
 
 import copy
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,9 +36,10 @@ from ..partition.layout import uniform
 from ..partition.megatron import counts_to_layout
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
-from ..sim.simulate import simulate
+from ..sim.simulate import memory_profile, simulate
 from .costs import (ACT_BYTES, GRAD_BYTES, PARAM_BYTES, Calibration, all_gather, all_reduce, head_times,
                     layer_times, p2p, reduce_scatter, step_model_flops)
+from .bounds import step_bound
 from .gpus import GPU
 
 RECOMPUTES = ("none", "selective", "full")
@@ -167,18 +169,24 @@ class TuneResult:
     cache_hits: int
     seconds: float
     explain: dict = field(default_factory=dict)
+    limit_violations: list = field(default_factory=list)
+    """plans of :data:`BOUNDED` builders that went over the limit :func:`memory_bound` assumed (none expected:
+    any would make that bound unsafe and is reported in ``warnings``)"""
 
     @property
     def best(self) -> Config | None:
         return self.configs[0] if self.configs and self.configs[0].fits else None
 
     def to_dict(self) -> dict:
-        return {"configs": [c.to_dict() for c in self.configs if c.fits], "searched": self.searched,
+        out = {"configs": [c.to_dict() for c in self.configs if c.fits], "searched": self.searched,
                 "pruned": dict(sorted(self.pruned.items(), key=lambda kv: -kv[1])),
                 "simulated": self.simulations, "cache_hits": self.cache_hits, "seconds": round(self.seconds, 3),
                 "model": self.problem.model.name, "gpus": self.problem.gpus, "gpu": self.problem.gpu.to_dict(),
                 "global_batch": self.problem.global_batch, "seq": self.problem.seq,
                 "calibration": self.problem.calibration.to_dict()}
+        if self.limit_violations:
+            out["warnings"] = list(self.limit_violations)
+        return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -207,6 +215,7 @@ class _Space:
         self.owned: dict = {}
         self.sim_count = 0
         self.hits = 0
+        self.limit_violations: list[str] = []
 
     # -------------------------------------------------------------- costs
     def times(self, tp: int, b: int, r: str):
@@ -347,6 +356,67 @@ def lower_bound(space: _Space, c: Config) -> float:
     return best + opt
 
 
+#: builders whose plans are expensive enough to be worth a memory-aware bound before building them
+BOUNDED = ("zbvpp", "zbv", "vhalf", "vmin")
+
+
+def builder_limit(space: _Space, c: Config, a_r: tuple[float, ...]) -> float | None:
+    """The memory limit (units of the rounded model the plan is built with) that the builder of ``c``
+    plans under, or an upper bound of it; None when it plans without one. The registry's contract: a
+    given limit is honoured (V-Half / V-Min may go below it); without one, ``default_limit(pp)`` raised
+    at most to the smallest feasible limit ``max_d sum_{c on d} a``."""
+    info = registry.get(c.schedule)
+    if not info.memory_aware:
+        return None
+    if c.mem_limit_mode == "fit":
+        units = _fit_units(space, c)
+        return None if units is None else math.floor(units * 100) / 100
+    if info.default_limit is None:
+        return None
+    owned, _ = _owned(space, c.pp, c.vpp, c.placement)
+    floor = max(sum(a_r[k] for k in mine) for mine in owned)
+    return max(float(info.default_limit(c.pp)), floor)
+
+
+def _fit_units(space: _Space, c: Config) -> float | None:
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    U, _, _ = mem_model_for(chunks, c.pp)
+    p = space.p
+    return _available_units(p.model, train, chunks, c.pp, c.vpp, c.placement, p.gpu.memory, p.reserve, U)
+
+
+def _rounded_mem(a, bfree) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The memory model plans are built with: ``a`` to 3 decimals, ``b`` to 3 decimals within [0, a]."""
+    a_r = tuple(round(x, 3) for x in a)
+    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
+    return a_r, b_r
+
+
+def memory_bound(space: _Space, c: Config) -> float:
+    """A step-time lower bound of ``c`` (:func:`pipeloom.tune.bounds.step_bound`) with its memory terms:
+    the larger of the bound under each device's room on the GPU (in the exact memory model: holds for every
+    schedule of ``c`` that fits) and, for the builders of :data:`BOUNDED`, the bound under the limit the
+    builder plans with (in the rounded model it plans with: holds for its plan)."""
+    F, B, W, comm = chunk_costs(space, c)
+    owned, cross = _owned(space, c.pp, c.vpp, c.placement)
+    owned = [sorted(o) for o in owned]
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    U, a, bfree = mem_model_for(chunks, c.pp)
+    avail = space.p.gpu.memory - space.p.reserve
+    room = [(avail - st - tr) / U for _, st, tr, _ in statics]
+    buckets = [dp_time(space, c, ch.params) for ch in chunks]
+    opt = max(optimizer_time(space, c, s[3]) for s in statics)
+    m = c.microbatches
+    best = step_bound(F, B, W, comm, cross, owned, m, a, bfree, room, buckets, opt)
+    if c.schedule in BOUNDED:
+        a_r, b_r = _rounded_mem(a, bfree)
+        lim = builder_limit(space, c, a_r)
+        if lim is not None:
+            best = max(best, step_bound(F, B, W, comm, cross, owned, m, a_r, b_r, [lim] * c.pp, buckets, opt))
+    return best
+
+
 # ------------------------------------------------------------------------------------------ enumeration
 def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tuple[list[Config], int]:
     """Every configuration that can exist, with its bounds; the rest counted in ``pruned``."""
@@ -469,8 +539,7 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     unit = max(F) or 1.0
     train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
     U, a, bfree = mem_model_for(chunks, c.pp)
-    a_r = tuple(round(x, 3) for x in a)
-    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
+    a_r, b_r = _rounded_mem(a, bfree)
     info = registry.get(c.schedule)
     limit = None
     if c.mem_limit_mode == "fit":
@@ -498,6 +567,13 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
         except (ScheduleError, ValueError) as e:
             plan = (None, str(e).splitlines()[0])
         space.plans[key] = plan
+        if plan[0] is not None and c.schedule in BOUNDED:
+            # memory_bound trusts the builder to stay within builder_limit: check it on every plan
+            lim = builder_limit(space, c, a_r)
+            top = max(memory_profile(plan[0], MemModel(a=a_r, b=b_r))[0])
+            if lim is not None and top > lim + 1e-6:
+                space.limit_violations.append(f"{c.schedule} pp={c.pp} vpp={c.vpp} m={c.microbatches}: plan peaks "
+                                              f"at {top:.4g} units over the limit {lim:.4g}")
         space.sim_count += 1
     else:
         space.hits += 1
@@ -559,14 +635,33 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
     dead = [c for c in cands if c.fits is False]
     if not live:
         raise _fits_nowhere(prob, dead)
-    live.sort(key=lambda c: (c.lower_bound_s, c.key()))
+    # simulate in increasing order of the bound: first the cheap one of enumerate_space; a configuration
+    # whose turn comes gets the memory-aware bound (memory_bound) and goes back in line if that is higher.
+    # Stop when the next bound reaches the top-th best step time: nothing left can enter the ranking.
+    # The heap is ordered by (bound, key, index): the same order on every run.
+    heap = [(c.lower_bound_s, 0, c.key(), i) for i, c in enumerate(live)]
+    heapq.heapify(heap)
     done: list[Config] = []
     best_times: list[float] = []
     n = len(live)
-    for i, c in enumerate(live):
-        if not exhaustive and len(best_times) >= prob.top and c.lower_bound_s >= best_times[prob.top - 1]:
-            pruned["bound: step-time lower bound above the top results"] = n - i
+    settled = 0
+    while heap:
+        lb, tight, _, i = heap[0]
+        if not exhaustive and len(best_times) >= prob.top and lb >= best_times[prob.top - 1]:
+            loose = sum(1 for e in heap if not e[1])
+            if loose:
+                pruned["bound: step-time lower bound above the top results"] = loose
+            if len(heap) - loose:
+                pruned["bound: memory-aware step-time bound above the top results"] = len(heap) - loose
             break
+        heapq.heappop(heap)
+        c = live[i]
+        if not tight and not exhaustive:
+            mb = memory_bound(space, c)
+            if mb > lb:
+                c.lower_bound_s = mb
+                heapq.heappush(heap, (mb, 1, c.key(), i))
+                continue
         evaluate(space, c)
         if c.fits:
             best_times.append(c.step_time_s)
@@ -576,8 +671,9 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
             reason = c.error if c.error.startswith("memory") else c.error.split(":")[0] + ": builder refused"
             pruned[reason] = pruned.get(reason, 0) + 1
         done.append(c)
-        if progress and (i % 8 == 0):
-            progress(i + 1, n)
+        settled += 1
+        if progress and (settled % 8 == 0):
+            progress(settled, n)
     if progress:
         progress(n, n)
     ok = sorted((c for c in done if c.fits), key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
@@ -592,7 +688,7 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
         raise _fits_nowhere(prob, dead + [c for c in done if not c.fits])
     rest = [c for c in done if not c.fits]
     return TuneResult(prob, ok + rest, searched, pruned, space.sim_count, space.hits, time.perf_counter() - t0,
-                      explain=_explain(space, ok[0]))
+                      explain=_explain(space, ok[0]), limit_violations=space.limit_violations)
 
 
 def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
