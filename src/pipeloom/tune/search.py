@@ -216,6 +216,8 @@ class _Space:
         self.sim_count = 0
         self.hits = 0
         self.limit_violations: list[str] = []
+        self.summaries: dict = {}
+        self.shapes: dict = {}
 
     # -------------------------------------------------------------- costs
     def times(self, tp: int, b: int, r: str):
@@ -263,8 +265,9 @@ def _static(space: _Space, train, chunks, pp: int, vpp: int, placement: Placemen
 
 def _static_new(space: _Space, train, chunks, pp: int, vpp: int, placement: Placement):
     out = []
+    owned, _ = _owned(space, pp, vpp, placement)
     for d in range(pp):
-        mine = [chunks[c] for c in chunks_of(d, pp, vpp, placement)]
+        mine = [chunks[c] for c in owned[d]]
         params = _device_params(space.p.model, train, mine)
         st = sum(static_bytes(params, train))
         tr = transient_bytes(space.p.model, train, mine, split=True)
@@ -324,13 +327,40 @@ def _owned(space: _Space, pp: int, vpp: int, placement: Placement):
     return hit
 
 
+def _summary(space: _Space, c: Config):
+    """(statics of ``c``, the largest parameter count of a device, the memory lower bound in bytes), cached
+    with the statics."""
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    hit = space.summaries.get(id(statics))
+    if hit is None:
+        need = max(st + tr + sum(ch.activation_bytes for ch in mine) for mine, st, tr, _ in statics)
+        hit = space.summaries[id(statics)] = (statics, max(s[3] for s in statics), need)
+    return hit
+
+
 def memory_lower_bound(space: _Space, c: Config) -> float:
     """Bytes every schedule of ``c`` needs on its fullest device: parameters, gradients, optimizer states,
     the transient working set, and microbatch 0's activations on each of the device's chunks (all held
     when that microbatch's backward starts at the last chunk)."""
-    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
-    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
-    return max(st + tr + sum(ch.activation_bytes for ch in mine) for mine, st, tr, _ in statics)
+    return _summary(space, c)[2]
+
+
+def _shape(space: _Space, c: Config):
+    """Per (costs, partition, placement): prefix sums of F and of the device crossings, each device's
+    first chunk and work per microbatch sum(F+B+W), sum(B), F of chunk 0 (what :func:`lower_bound` reads)."""
+    k = (c.tp, c.microbatch_size, c.recompute, c.seg_layer_num, c.pp, c.vpp, c.placement)
+    hit = space.shapes.get(k)
+    if hit is None:
+        F, B, W, _ = chunk_costs(space, c)
+        owned, cross = _owned(space, c.pp, c.vpp, c.placement)
+        fp, cc = [0.0], [0]
+        for x, y in zip(F, cross):
+            fp.append(fp[-1] + x)
+            cc.append(cc[-1] + (1 if y else 0))
+        dev = [(mine[0], sum(F[j] + B[j] + W[j] for j in mine)) for mine in owned]
+        hit = space.shapes[k] = (fp, cc, dev, sum(B), F[0])
+    return hit
 
 
 def lower_bound(space: _Space, c: Config) -> float:
@@ -339,21 +369,13 @@ def lower_bound(space: _Space, c: Config) -> float:
     * the last microbatch: chunk 0 runs m-1 other forwards first, then that microbatch's forward and
       backward traverse every chunk (with the cross-device latencies);
     plus the optimizer step."""
-    F, B, W, comm = chunk_costs(space, c)
-    nc = c.pp * c.vpp
-    owned, cross = _owned(space, c.pp, c.vpp, c.placement)
-    prefix = [0.0]
-    for k in range(nc):
-        prefix.append(prefix[-1] + F[k] + (comm if cross[k] else 0.0))
-    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
-    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    fp, cc, dev, sum_b, f0 = _shape(space, c)
+    comm = comm_p2p(space, c)
     m = c.microbatches
-    best = (m - 1) * F[0] + prefix[nc] + sum(B) + comm * sum(cross)
-    for mine in owned:
-        busy = m * sum(F[k] + B[k] + W[k] for k in mine)
-        best = max(best, prefix[mine[0]] + busy)
-    opt = max(optimizer_time(space, c, s[3]) for s in statics)
-    return best + opt
+    best = (m - 1) * f0 + fp[-1] + sum_b + 2 * comm * cc[-1]
+    for first, work in dev:
+        best = max(best, fp[first] + comm * cc[first] + m * work)
+    return best + optimizer_time(space, c, _summary(space, c)[1])
 
 
 #: builders whose plans are expensive enough to be worth a memory-aware bound before building them
