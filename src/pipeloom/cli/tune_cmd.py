@@ -95,6 +95,8 @@ def _csv(text: str, flag: str, allowed=None, conv=str) -> tuple:
 
 
 def problem_from_args(args):
+    import dataclasses
+
     from ..memory.analytic import parse_bytes
     from ..schedule import registry
     from ..tune import Calibration, Problem, gpu_preset, with_overrides
@@ -108,16 +110,18 @@ def problem_from_args(args):
                          intra_latency=args.intra_latency, inter_bandwidth=args.inter_bw,
                          inter_latency=args.inter_latency)
     cal = Calibration.load(args.calibration) if args.calibration else Calibration()
+    # a measured calibration (pipeloom run --calibrate): an efficiency of this GPU's peak, or another
+    # device's FLOP/s in place of the peak (Calibration.resolve says which; --explain prints it)
+    cal, gpu = cal.resolve(gpu)
     if args.efficiency is not None:
         if args.efficiency <= 0:
             raise ValueError("--efficiency must be > 0 (a fraction of peak FLOP/s, e.g. 0.5)")
-        cal = Calibration(efficiency=args.efficiency, intra=cal.intra, inter=cal.inter,
-                          hbm_bandwidth=cal.hbm_bandwidth, source=cal.source + " + --efficiency")
+        cal = dataclasses.replace(cal, efficiency=args.efficiency, source=cal.source + " + --efficiency")
     gpu = cal.apply(gpu)
     # the command-line link figures win over the calibration file's
     gpu = with_overrides(gpu, intra_bandwidth=args.intra_bw, intra_latency=args.intra_latency,
                          inter_bandwidth=args.inter_bw, inter_latency=args.inter_latency)
-    cal = Calibration(efficiency=cal.efficiency, source=cal.source)
+    cal = dataclasses.replace(cal, intra=None, inter=None, hbm_bandwidth=None)  # now in the GPU's figures
     schedules = None
     if args.schedules:
         schedules = _csv(args.schedules, "--schedules", registry.names())
