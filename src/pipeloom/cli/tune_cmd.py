@@ -69,6 +69,8 @@ def add_parser(sub) -> None:
     s.add_argument("--reserve", default="2GiB", metavar="SIZE",
                    help="memory kept aside per GPU (CUDA context, allocator) (default: %(default)s)")
     s.add_argument("--top", type=positive_int, default=5, help="configurations to rank (default: %(default)s)")
+    s.add_argument("--workers", type=positive_int, default=None,
+                   help="processes that build schedules (default: one per core, at most 2; the result is the same)")
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write the best plan: schedule JSON, Gantt PNG, launch commands, torchtitan and "
@@ -158,14 +160,14 @@ def run(args) -> int:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise ValueError(f"--out {args.out!r} is a file; give a directory")
     if args.json:
-        res = tune(prob)
+        res = tune(prob, workers=args.workers)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), transient=True) as bar:
             task = bar.add_task("tune", total=None)
-            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n))
+            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
     written = []
     if args.out is not None:
         from ..tune.launch import write_plan

@@ -18,6 +18,7 @@ Simulations are cached by (schedule, pp, vpp, m, normalised per-chunk costs, mem
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 import math
 import time
@@ -217,6 +218,7 @@ class _Space:
         self.hits = 0
         self.limit_violations: list[str] = []
         self.summaries: dict = {}
+        self.fresh: set = set()
         self.shapes: dict = {}
 
     # -------------------------------------------------------------- costs
@@ -551,11 +553,9 @@ def _q(x: float) -> float:
     return float(f"{x:.{PLAN_DIGITS}g}")
 
 
-def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
-    """Simulate ``c``: step time, MFU, peak memory per device (fills the fields, returns ``c``).
-
-    The schedule is built with :data:`SWEEP_OPTIONS` (where the builder reads them), or with the
-    builder's defaults when ``refine``."""
+def _request(space: _Space, c: Config, refine: bool):
+    """What :func:`evaluate` needs before simulating ``c``: the plan key and spec with the costs and memory
+    model around them; None when ``c`` cannot be planned (its error is set)."""
     p = space.p
     F, B, W, comm = chunk_costs(space, c)
     unit = max(F) or 1.0
@@ -568,7 +568,7 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
         units = _available_units(p.model, train, chunks, c.pp, c.vpp, c.placement, p.gpu.memory, p.reserve, U)
         if units < max(a_r):
             c.fits, c.error = False, "memory: no room for one chunk's activations"
-            return c
+            return None
         limit = math.floor(units * 100) / 100
     opts = {} if refine else {k: v for k, v in SWEEP_OPTIONS.items() if k in info.option_names}
     # the plan (the job order) is shared by every configuration whose per-chunk cost ratios agree to
@@ -580,23 +580,50 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
                    W=tuple(q(x / unit) for x in W), comm=q(comm / unit))
     key = (c.schedule, c.pp, c.vpp, c.microbatches, qcosts.F, qcosts.B, qcosts.W, qcosts.comm,
            a_r, b_r, limit, tuple(sorted(opts.items())))
+    spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches, costs=qcosts,
+                    mem=MemModel(a=a_r, b=b_r), mem_limit=limit, options=opts)
+    return key, spec, (F, B, W, comm, unit, train, chunks, U, a, bfree, a_r, b_r, limit)
+
+
+def build_plan(name: str, spec: PlanSpec) -> tuple:
+    """(schedule, None) or (None, the builder's one-line error): one plan of the sweep (also run in the
+    worker processes of :func:`tune`)."""
+    try:
+        sched = registry.build(name, spec)
+    except (ScheduleError, ValueError) as e:
+        return None, str(e).splitlines()[0]
+    # the builder's witness (a validation shortcut, memoryviews) is not needed to simulate, nor picklable
+    return (dataclasses.replace(sched, witness=None) if sched.witness is not None else sched), None
+
+
+def _store(space: _Space, c: Config, key, plan, a_r, b_r) -> None:
+    space.plans[key] = plan
+    space.sim_count += 1
+    if plan[0] is not None and c.schedule in BOUNDED:
+        # memory_bound trusts the builder to stay within builder_limit: check it on every plan
+        lim = builder_limit(space, c, a_r)
+        top = max(memory_profile(plan[0], MemModel(a=a_r, b=b_r))[0])
+        if lim is not None and top > lim + 1e-6:
+            space.limit_violations.append(f"{c.schedule} pp={c.pp} vpp={c.vpp} m={c.microbatches}: plan peaks "
+                                          f"at {top:.4g} units over the limit {lim:.4g}")
+
+
+def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
+    """Simulate ``c``: step time, MFU, peak memory per device (fills the fields, returns ``c``).
+
+    The schedule is built with :data:`SWEEP_OPTIONS` (where the builder reads them), or with the
+    builder's defaults when ``refine``."""
+    p = space.p
+    req = _request(space, c, refine)
+    if req is None:
+        return c
+    key, spec, (F, B, W, comm, unit, train, chunks, U, a, bfree, a_r, b_r, limit) = req
     plan = space.plans.get(key)
     if plan is None:
-        spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches, costs=qcosts,
-                        mem=MemModel(a=a_r, b=b_r), mem_limit=limit, options=opts)
-        try:
-            plan = (registry.build(c.schedule, spec), None)
-        except (ScheduleError, ValueError) as e:
-            plan = (None, str(e).splitlines()[0])
-        space.plans[key] = plan
-        if plan[0] is not None and c.schedule in BOUNDED:
-            # memory_bound trusts the builder to stay within builder_limit: check it on every plan
-            lim = builder_limit(space, c, a_r)
-            top = max(memory_profile(plan[0], MemModel(a=a_r, b=b_r))[0])
-            if lim is not None and top > lim + 1e-6:
-                space.limit_violations.append(f"{c.schedule} pp={c.pp} vpp={c.vpp} m={c.microbatches}: plan peaks "
-                                              f"at {top:.4g} units over the limit {lim:.4g}")
-        space.sim_count += 1
+        _store(space, c, key, build_plan(c.schedule, spec), a_r, b_r)
+        plan = space.plans[key]
+    elif key in space.fresh:  # built ahead for this configuration by the batch of tune()
+        space.fresh.discard(key)
     else:
         space.hits += 1
     if plan[0] is None:
@@ -647,8 +674,45 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     return c
 
 
-def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, exhaustive: bool = False) -> TuneResult:
-    """Search the space of ``prob``; ``exhaustive`` simulates every configuration (no time-bound pruning)."""
+#: configurations taken from the queue at a time (their new plans are built together)
+BATCH = 4
+
+
+def _pool(workers: int | None):
+    """A process pool for the plans (None: build here). ``workers`` None: one per core, at most 2."""
+    import os
+
+    if workers is None:
+        workers = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers <= 1:
+        return None
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn").Pool(workers)
+
+
+def _build_ahead(space: _Space, batch: list[Config], pool) -> None:
+    """Build the plans the configurations of ``batch`` will need and that are not built yet (each once),
+    in ``pool`` when there is one and more than one plan to build."""
+    todo: dict = {}
+    for c in batch:
+        req = _request(space, c, False)
+        if req is not None and req[0] not in space.plans and req[0] not in todo:
+            todo[req[0]] = (c, req)
+    if len(todo) < 2 or pool is None:
+        return  # evaluate() builds them one by one
+    items = list(todo.values())
+    plans = pool.starmap(build_plan, [(c.schedule, req[1]) for c, req in items])
+    for (c, (key, _, ctx)), plan in zip(items, plans):
+        _store(space, c, key, plan, ctx[10], ctx[11])
+        space.fresh.add(key)
+
+
+def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, exhaustive: bool = False,
+         workers: int | None = None) -> TuneResult:
+    """Search the space of ``prob``; ``exhaustive`` simulates every configuration (no time-bound pruning);
+    ``workers``: processes that build plans (None: one per core, at most 2; the result is the same)."""
     t0 = time.perf_counter()
     space = _Space(prob)
     pruned: dict[str, int] = {}
@@ -660,42 +724,57 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
     # simulate in increasing order of the bound: first the cheap one of enumerate_space; a configuration
     # whose turn comes gets the memory-aware bound (memory_bound) and goes back in line if that is higher.
     # Stop when the next bound reaches the top-th best step time: nothing left can enter the ranking.
-    # The heap is ordered by (bound, key, index): the same order on every run.
+    # The heap is ordered by (bound, key, index): the same order on every run. Configurations are taken
+    # BATCH at a time and their new plans built together (in `workers` processes when > 1), then
+    # simulated in that order: the result depends on BATCH, not on the number of workers.
     heap = [(c.lower_bound_s, 0, c.key(), i) for i, c in enumerate(live)]
     heapq.heapify(heap)
     done: list[Config] = []
     best_times: list[float] = []
     n = len(live)
     settled = 0
-    while heap:
-        lb, tight, _, i = heap[0]
-        if not exhaustive and len(best_times) >= prob.top and lb >= best_times[prob.top - 1]:
-            loose = sum(1 for e in heap if not e[1])
-            if loose:
-                pruned["bound: step-time lower bound above the top results"] = loose
-            if len(heap) - loose:
-                pruned["bound: memory-aware step-time bound above the top results"] = len(heap) - loose
-            break
-        heapq.heappop(heap)
-        c = live[i]
-        if not tight and not exhaustive:
-            mb = memory_bound(space, c)
-            if mb > lb:
-                c.lower_bound_s = mb
-                heapq.heappush(heap, (mb, 1, c.key(), i))
-                continue
-        evaluate(space, c)
-        if c.fits:
-            best_times.append(c.step_time_s)
-            best_times.sort()
-            del best_times[prob.top:]
-        elif c.error:
-            reason = c.error if c.error.startswith("memory") else c.error.split(":")[0] + ": builder refused"
-            pruned[reason] = pruned.get(reason, 0) + 1
-        done.append(c)
-        settled += 1
-        if progress and (settled % 8 == 0):
-            progress(settled, n)
+
+    def cut(lb: float) -> bool:
+        return not exhaustive and len(best_times) >= prob.top and lb >= best_times[prob.top - 1]
+
+    pool = _pool(workers)
+    try:
+        while heap:
+            batch: list[Config] = []
+            while heap and len(batch) < BATCH and not cut(heap[0][0]):
+                lb, tight, _, i = heapq.heappop(heap)
+                c = live[i]
+                if not tight and not exhaustive:
+                    mb = memory_bound(space, c)
+                    if mb > lb:
+                        c.lower_bound_s = mb
+                        heapq.heappush(heap, (mb, 1, c.key(), i))
+                        continue
+                batch.append(c)
+            if not batch:
+                break
+            _build_ahead(space, batch, pool)
+            for c in batch:
+                evaluate(space, c)
+                if c.fits:
+                    best_times.append(c.step_time_s)
+                    best_times.sort()
+                    del best_times[prob.top:]
+                elif c.error:
+                    reason = c.error if c.error.startswith("memory") else c.error.split(":")[0] + ": builder refused"
+                    pruned[reason] = pruned.get(reason, 0) + 1
+                done.append(c)
+                settled += 1
+                if progress and (settled % 8 == 0):
+                    progress(settled, n)
+    finally:
+        if pool is not None:
+            pool.terminate()
+    loose = sum(1 for e in heap if not e[1])
+    if loose:
+        pruned["bound: step-time lower bound above the top results"] = loose
+    if len(heap) - loose:
+        pruned["bound: memory-aware step-time bound above the top results"] = len(heap) - loose
     if progress:
         progress(n, n)
     ok = sorted((c for c in done if c.fits), key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
