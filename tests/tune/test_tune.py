@@ -203,3 +203,12 @@ def test_cli_bad_input_one_line(args, words):
     r = _cli(*base, *args)
     assert r.returncode == 2 and r.stderr.startswith("pipeloom: error:") and words in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_worker_processes_do_not_change_the_result():
+    # plans built in a pool of 2 processes or here, one by one: the same configurations simulated, the same
+    # ranking and counts (the batch, not the worker count, decides what is simulated)
+    prob = _problem(global_batch=8)
+    one, two = tune(prob, workers=1).to_dict(), tune(prob, workers=2).to_dict()
+    one.pop("seconds"), two.pop("seconds")
+    assert one == two and one["simulated"] > 2
