@@ -90,13 +90,17 @@ def min_free_work(B: Sequence[float], W: Sequence[float], a: Sequence[float], b:
     incs = []  # (seconds per unit freed, units freed per microbatch)
     for c in chunks:
         fa, fb, cb, cw = a[c], b[c], B[c], B[c] + W[c]
-        if fa <= 0:
-            continue
-        if 0 < fb < fa and cb / fb <= cw / fa:
-            incs.append((cb / fb, fb))
-            incs.append(((cw - cb) / (fa - fb), fa - fb))
-        else:
-            incs.append((cw / fa, fa))
+        if 0 < fb < fa:
+            if cb / fb <= cw / fa:
+                incs.append((cb / fb, fb))
+                incs.append(((cw - cb) / (fa - fb), fa - fb))
+            else:
+                incs.append((cw / fa, fa))
+        elif fa > 0 or fb > 0:
+            # b <= 0 (B allocates: B alone never helps) or b >= a: up to the larger release at the
+            # cheaper rate of the two options, a relaxation of them
+            rates = [x / y for x, y in ((cb, fb), (cw, fa)) if y > 0]
+            incs.append((min(rates), max(fa, fb)))
     cost, left = 0.0, need
     for rate, fr in sorted(incs):
         take = min(left, m * fr)
