@@ -171,6 +171,9 @@ def run(args) -> int:
         import tempfile
 
         if cfg.log_dir is None:
+            if under_torchrun():  # every rank would log into a temporary folder of its own
+                raise CLIError("--calibrate under torchrun needs --log-dir DIR (one folder the ranks share, read by "
+                               "rank 0 after the run)")
             calib_tmp = tempfile.TemporaryDirectory(prefix="pipeloom-calibrate-")
         window = cfg.profile_steps or (f"1:{cfg.steps}" if cfg.steps > 1 else "0:1")
         cfg = dataclasses.replace(cfg, measure_links=True, log_dir=cfg.log_dir or calib_tmp.name,
