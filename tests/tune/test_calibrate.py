@@ -67,3 +67,8 @@ def test_measured_on_the_gpu_gives_an_efficiency():
                                  ).resolve(gpu_preset("a100-80g"))[0].efficiency == pytest.approx(1e14 / 312e12)
     with pytest.raises(CalibrationError, match="achieved_flops"):
         Calibration.from_dict({"achieved_flops": -1})
+
+
+def test_calibrate_bad_path_is_one_line_before_the_run(tmp_path):
+    r = _pipeloom("run", "--pp", "2", "--calibrate", str(tmp_path / "no" / "cal.json"))
+    assert r.returncode != 0 and r.stderr.startswith("pipeloom: error: --calibrate") and r.stderr.count("\n") == 1

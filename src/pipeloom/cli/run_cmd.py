@@ -327,6 +327,11 @@ def _check_args(args) -> None:
         if given:
             raise CLIError(f"--plan {args.plan} fixes the schedule, pp, vpp and microbatches; drop "
                            f"{', '.join(given)} (or drop --plan and build the schedule from the options)")
+    if args.calibrate is not None:
+        folder = os.path.dirname(os.path.abspath(args.calibrate))
+        if os.path.isdir(args.calibrate) or not os.path.isdir(folder):
+            raise CLIError(f"--calibrate {args.calibrate}: give a file path in an existing folder (the calibration "
+                           f"JSON is written there after the run)")
     if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CLIError(f"--log-dir {args.log_dir}: is a file; give a directory (created when missing)")
     # --profile-steps windows that log nothing are RunConfig's check (the API gets it too)
