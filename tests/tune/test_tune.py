@@ -15,7 +15,8 @@ from pipeloom.tune import Calibration, CalibrationError, Problem, TuneError, gpu
 from pipeloom.tune import search
 from pipeloom.tune.costs import all_reduce, reduce_scatter
 from pipeloom.tune.gpus import GPU, Link, MiB
-from pipeloom.tune.search import Config, _Space, builder_vpps, evaluate, lower_bound, memory_lower_bound
+from pipeloom.tune.search import (Config, _Space, builder_vpps, evaluate, lower_bound, memory_bound,
+                                  memory_lower_bound)
 
 #: a GPU where llama-tiny's configurations differ: slow links so that comm and bubbles matter, small memory
 TINY_GPU = GPU(name="tiny", peak_flops=2e9, memory=24 * MiB, hbm_bandwidth=1e9,
@@ -84,11 +85,19 @@ def test_pick_equals_brute_force_and_bounds_hold(kw):
     assert res.best.step_time_s == pytest.approx(best, rel=1e-9)
     assert res.searched == len(allc) or res.searched >= len(fit)
     # the bounds the search prunes with never exceed what the simulation gives
+    tighter = 0
     for c, _, space in allc:
         if c.step_time_s is None:
             continue
         assert lower_bound(space, c) <= c.step_time_s * (1 + 1e-9)
         assert memory_lower_bound(space, c) <= c.peak_bytes * (1 + 1e-9)
+        # the memory-aware bound holds for every plan that fits, and for every plan of the bounded builders
+        if c.fits or c.schedule in search.BOUNDED:
+            mb = memory_bound(space, c)
+            assert mb <= c.step_time_s * (1 + 1e-9), (c.key(), mb, c.step_time_s)
+            tighter += mb > lower_bound(space, c) * (1 + 1e-6)
+    assert tighter > 0, "the memory-aware bound should be tighter somewhere on this space"
+    assert not res.limit_violations and not allc[0][2].limit_violations
     # and the search simulated fewer than brute force
     assert res.simulations < len(allc)
 
@@ -194,3 +203,37 @@ def test_cli_bad_input_one_line(args, words):
     r = _cli(*base, *args)
     assert r.returncode == 2 and r.stderr.startswith("pipeloom: error:") and words in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_worker_processes_do_not_change_the_result():
+    # plans built in a pool of 2 processes or here, one by one: the same configurations simulated, the same
+    # ranking and counts (the batch, not the worker count, decides what is simulated)
+    prob = _problem(global_batch=8)
+    one, two = tune(prob, workers=1).to_dict(), tune(prob, workers=2).to_dict()
+    one.pop("seconds"), two.pop("seconds")
+    assert one == two and one["simulated"] > 2
+
+
+def test_memory_bound_meets_the_hand_worked_zbv_example():
+    # schedule/search/bounds.py works this case by hand: zbv pp 4, m 8, F=B=W=comm=1, limit 4 units, a=1/2,
+    # b=1/4: the last forward on the last device cannot start before 43, then 22 to the end: T >= 65, which
+    # the ZB-V builder reaches. The tuner's closed form (one room per device, LP relaxations) must agree.
+    from pipeloom.core.costs import Costs, MemModel
+    from pipeloom.core.ir import Placement, chunks_of, device_of
+    from pipeloom.schedule.registry import PlanSpec
+    from pipeloom.sim.simulate import simulate
+    from pipeloom.tune.bounds import step_bound
+
+    pp, vpp, m = 4, 2, 8
+    nc = pp * vpp
+    owned = [chunks_of(d, pp, vpp, Placement.V) for d in range(pp)]
+    dev = [device_of(c, pp, Placement.V) for c in range(nc)]
+    cross = [k > 0 and dev[k] != dev[k - 1] for k in range(nc)]
+    ones = [1.0] * nc
+    bound = step_bound(ones, ones, ones, 1.0, cross, owned, m, [0.5] * nc, [0.25] * nc, [4.0] * pp, [0.0] * nc, 0.0)
+    plan = registry.build("zbv", PlanSpec(pp=pp, vpp=vpp, microbatches=m, costs=Costs(F=1, B=1, W=1, comm=1),
+                                          mem=MemModel(a=0.5, b=0.25), mem_limit=4.0))
+    assert bound == pytest.approx(65.0)
+    assert simulate(plan, Costs(F=1, B=1, W=1, comm=1)).makespan == pytest.approx(bound)
+    # without the memory terms only the chains and the busy time are left: a weaker bound
+    assert step_bound(ones, ones, ones, 1.0, cross, owned, m, [0.5] * nc, [0.25] * nc, None, [0.0] * nc, 0.0) < 65

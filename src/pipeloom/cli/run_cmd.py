@@ -142,6 +142,10 @@ def add_parser(sub) -> None:
                         "memory for them (by default refused, saying what they need)")
     g.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
                    help="fail when a rank waits longer than this on a peer (default: 120)")
+    g.add_argument("--calibrate", metavar="FILE", default=None,
+                   help="after the run, write a calibration JSON for 'pipeloom tune --calibration FILE': achieved "
+                        "FLOP/s per F/B/W from the timed jobs (steps after the first), P2P seconds per byte, the "
+                        "dp all-reduce's bus bandwidth (dp > 1) and the device (docs/tune.md)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: schedule, pp, vpp, microbatches, steps, loss, step_time_s, "
                         "deferred_wgrad_share (per chunk with W jobs: share of its weight-gradient FLOPs deferred "
@@ -161,6 +165,19 @@ def run(args) -> int:
         raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
     _check_args(args)
     cfg = run_config(args)
+    calib_tmp = None
+    if args.calibrate:
+        import dataclasses
+        import tempfile
+
+        if cfg.log_dir is None:
+            if under_torchrun():  # every rank would log into a temporary folder of its own
+                raise CLIError("--calibrate under torchrun needs --log-dir DIR (one folder the ranks share, read by "
+                               "rank 0 after the run)")
+            calib_tmp = tempfile.TemporaryDirectory(prefix="pipeloom-calibrate-")
+        window = cfg.profile_steps or (f"1:{cfg.steps}" if cfg.steps > 1 else "0:1")
+        cfg = dataclasses.replace(cfg, measure_links=True, log_dir=cfg.log_dir or calib_tmp.name,
+                                  profile_steps=window)
     args.title = cfg.model.name if cfg.model is not None else args.example
     if not args.allow_oversubscribe and not under_torchrun():
         check_local_ranks((cfg.plan.pp if args.plan else cfg.pp) * cfg.dp)
@@ -177,6 +194,10 @@ def run(args) -> int:
         raise CLIError(str(e)) from None
     if res is None:  # a non-zero rank under torchrun
         return 0
+    if args.calibrate:
+        _write_calibration(args, cfg, res)
+        if calib_tmp is not None:
+            calib_tmp.cleanup()
     tol = TOLERANCE[cfg.dtype]
     ok = not args.verify or (res["max_loss_diff"] <= tol and res["max_grad_diff"] <= tol
                              and res["max_param_diff"] <= max(tol, PARAM_TOLERANCE * args.lr)
@@ -187,11 +208,44 @@ def run(args) -> int:
                    | ({"max_loss_diff": res["max_loss_diff"], "max_grad_diff": res["max_grad_diff"],
                        "max_param_diff": res["max_param_diff"], "verified": ok} if args.verify else {})
                    | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
+                   | ({"calibration_file": args.calibrate} if args.calibrate else {})
                    | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
                       if k in res})
     else:
         _print_table(res, args, tol, ok, measured=cfg.measure_costs)
     return 0 if ok else 1
+
+
+def _write_calibration(args, cfg, res: dict) -> None:
+    """The calibration file of ``--calibrate`` (:func:`pipeloom.tune.measured.calibration_from_run`)."""
+    import json
+
+    from ..runtime.driver import model_config
+    from ..trace.reader import read_logs
+    from ..tune.measured import calibration_from_run
+    from . import CLIError
+
+    nc = len(res["layers_per_chunk"])
+    if cfg.model is None:
+        model = model_config(cfg, nc)
+    else:
+        from ..models.hf_config import resolve_model
+        model = resolve_model(args.model)
+    what = (f"{model.name} {res['schedule']} pp={res['pp']} vpp={res['vpp']} dp={res['dp']} "
+            f"m={res['microbatches']} mbs={cfg.microbatch_size} seq={cfg.seq_len} {cfg.dtype}")
+    try:
+        data = calibration_from_run(read_logs(cfg.log_dir), model, microbatch_size=cfg.microbatch_size,
+                                    seq_len=cfg.seq_len, dtype=cfg.dtype, layers_per_chunk=res["layers_per_chunk"],
+                                    device=res["device"], dp_allreduce=res.get("dp_allreduce"), what=what)
+    except ValueError as e:
+        raise CLIError(f"--calibrate {args.calibrate}: {e}") from None
+    try:
+        with open(args.calibrate, "w") as fh:
+            json.dump(data, fh, indent=1)
+            fh.write("\n")
+    except OSError as e:
+        raise CLIError(f"--calibrate {args.calibrate}: cannot write it ({e.strerror})") from None
+    res["calibration_file"] = args.calibrate
 
 
 def _is_measured(args) -> bool:
@@ -273,6 +327,11 @@ def _check_args(args) -> None:
         if given:
             raise CLIError(f"--plan {args.plan} fixes the schedule, pp, vpp and microbatches; drop "
                            f"{', '.join(given)} (or drop --plan and build the schedule from the options)")
+    if args.calibrate is not None:
+        folder = os.path.dirname(os.path.abspath(args.calibrate))
+        if os.path.isdir(args.calibrate) or not os.path.isdir(folder):
+            raise CLIError(f"--calibrate {args.calibrate}: give a file path in an existing folder (the calibration "
+                           f"JSON is written there after the run)")
     if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CLIError(f"--log-dir {args.log_dir}: is a file; give a directory (created when missing)")
     # --profile-steps windows that log nothing are RunConfig's check (the API gets it too)
@@ -311,6 +370,8 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
             f"c{k}:{'-' if v is None else f'{100 * v:.0f}%'}" for k, v in res["deferred_wgrad_share"].items()))
     if args.log_dir:
         t.add_row("job logs", f"{args.log_dir}/workerlog.<rank>")
+    if getattr(args, "calibrate", None):
+        t.add_row("calibration (for pipeloom tune)", args.calibrate)
     Console().print(t)
 
 

@@ -69,6 +69,8 @@ def add_parser(sub) -> None:
     s.add_argument("--reserve", default="2GiB", metavar="SIZE",
                    help="memory kept aside per GPU (CUDA context, allocator) (default: %(default)s)")
     s.add_argument("--top", type=positive_int, default=5, help="configurations to rank (default: %(default)s)")
+    s.add_argument("--workers", type=positive_int, default=None,
+                   help="processes that build schedules (default: one per core, at most 2; the result is the same)")
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write the best plan: schedule JSON, Gantt PNG, launch commands, torchtitan and "
@@ -95,6 +97,8 @@ def _csv(text: str, flag: str, allowed=None, conv=str) -> tuple:
 
 
 def problem_from_args(args):
+    import dataclasses
+
     from ..memory.analytic import parse_bytes
     from ..schedule import registry
     from ..tune import Calibration, Problem, gpu_preset, with_overrides
@@ -108,16 +112,18 @@ def problem_from_args(args):
                          intra_latency=args.intra_latency, inter_bandwidth=args.inter_bw,
                          inter_latency=args.inter_latency)
     cal = Calibration.load(args.calibration) if args.calibration else Calibration()
+    # a measured calibration (pipeloom run --calibrate): an efficiency of this GPU's peak, or another
+    # device's FLOP/s in place of the peak (Calibration.resolve says which; --explain prints it)
+    cal, gpu = cal.resolve(gpu)
     if args.efficiency is not None:
         if args.efficiency <= 0:
             raise ValueError("--efficiency must be > 0 (a fraction of peak FLOP/s, e.g. 0.5)")
-        cal = Calibration(efficiency=args.efficiency, intra=cal.intra, inter=cal.inter,
-                          hbm_bandwidth=cal.hbm_bandwidth, source=cal.source + " + --efficiency")
+        cal = dataclasses.replace(cal, efficiency=args.efficiency, source=cal.source + " + --efficiency")
     gpu = cal.apply(gpu)
     # the command-line link figures win over the calibration file's
     gpu = with_overrides(gpu, intra_bandwidth=args.intra_bw, intra_latency=args.intra_latency,
                          inter_bandwidth=args.inter_bw, inter_latency=args.inter_latency)
-    cal = Calibration(efficiency=cal.efficiency, source=cal.source)
+    cal = dataclasses.replace(cal, intra=None, inter=None, hbm_bandwidth=None)  # now in the GPU's figures
     schedules = None
     if args.schedules:
         schedules = _csv(args.schedules, "--schedules", registry.names())
@@ -154,14 +160,14 @@ def run(args) -> int:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise ValueError(f"--out {args.out!r} is a file; give a directory")
     if args.json:
-        res = tune(prob)
+        res = tune(prob, workers=args.workers)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), transient=True) as bar:
             task = bar.add_task("tune", total=None)
-            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n))
+            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
     written = []
     if args.out is not None:
         from ..tune.launch import write_plan

@@ -124,6 +124,9 @@ class RunConfig:
     flat list of floats, from dp replica 0) and the largest difference between dp replicas (``replica_param_diff``)"""
     fault_hang_rank: int | None = None
     """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
+    measure_links: bool = False
+    """after the steps, time an all-reduce of this rank's gradient bytes over its dp group (dp > 1) and put
+    it, the device and the layers of every chunk in the result (``pipeloom run --calibrate``)"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
@@ -384,6 +387,9 @@ def worker(cfg: RunConfig) -> dict:
         out["tied_across_stages"] = len(tied.cross)
         out["tied_weight_diff"] = d.item()
     out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
+    if cfg.measure_links:
+        out.update(_measure_links(mods, dp_group, dp, device))
+        out["layers_per_chunk"] = [len(x) for x in split]
     if cfg.return_params:
         out.update(params or {})
     return out if rank == 0 else None
@@ -407,6 +413,28 @@ def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule
     dist.all_gather_object(every, mine)
     shares = {k: v for d in every for k, v in d.items()}
     return {str(k): shares[k] for k in sorted(shares)} or None
+
+
+def _measure_links(mods, dp_group, dp: int, device) -> dict:
+    """The device's name and, with dp > 1, the median of 3 timed all-reduces (after one warm-up) of this
+    rank's fp32 gradient bytes over its dp group (every rank runs it, one group per stage)."""
+    import platform
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine() or "cpu")
+    out = {"device": {"type": device.type, "name": name}}
+    if dp > 1:
+        numel = sum(p.numel() for m in mods for p in m.parameters())
+        buf = torch.ones(numel, dtype=torch.float32, device=device)
+        times = []
+        for i in range(4):
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, group=dp_group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                times.append(time.perf_counter() - t0)
+        out["dp_allreduce"] = {"bytes": numel * 4, "ranks": dp, "seconds": statistics.median(times)}
+    return out
 
 
 def make_dp_reducer(cfg: RunConfig, dp_group):

@@ -4,6 +4,8 @@
 * :mod:`.costs`  -- the cost model: per-layer F/B/W seconds from FLOPs, TP/PP/DP collectives, optimizer,
                     and the calibration file
 * :mod:`.search` -- enumeration, memory and time lower bounds, simulation in bound order, ranking
+* :mod:`.bounds` -- the memory-aware step-time bound of one configuration (warm-up, last forward, DP bucket)
+* :mod:`.measured` -- a calibration file from a measured run (``pipeloom run --calibrate``)
 * :mod:`.launch` -- the chosen plan as files: schedule, Gantt, pipeloom/torchrun, torchtitan, Megatron-Core
 
 The names below load on first use, so that building the command line (which lists the GPU presets) does not

@@ -106,7 +106,13 @@ class Calibration:
          "intra": {"bandwidth": 3.6e11, "latency": 5e-6},   # bytes/s per GPU, seconds per message
          "inter": {"bandwidth": 4.5e10, "latency": 1e-5},
          "hbm_bandwidth": 3.35e12,                # bytes/s (optimizer step)
-         "source": "free text: where the figures come from"}
+         "source": "free text: where the figures come from",
+         # written by `pipeloom run --calibrate` (pipeloom.tune.measured):
+         "achieved_flops": 2.1e10,                # FLOP/s the run's layers reached
+         "device": {"type": "cpu", "name": "x86_64"},   # where (cuda: torch's device name)
+         "measured": {...}}                       # the raw figures (per pass, P2P, DP all-reduce)
+
+    With ``achieved_flops``, :meth:`resolve` turns the measurement into the tuner's figures for one GPU.
     """
 
     efficiency: float = 0.5
@@ -114,6 +120,11 @@ class Calibration:
     inter: Link | None = None
     hbm_bandwidth: float | None = None
     source: str = "default"
+    achieved_flops: float | None = None
+    device: dict | None = None
+    measured: dict | None = None
+    note: str = ""
+    """how a measured calibration was used (set by :meth:`resolve`)"""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
@@ -130,7 +141,7 @@ class Calibration:
     def from_dict(cls, data: dict, source: str = "dict") -> "Calibration":
         if not isinstance(data, dict):
             raise CalibrationError(f"{source}: a calibration is a JSON object, got {type(data).__name__}")
-        allowed = {"efficiency", "intra", "inter", "hbm_bandwidth", "source"}
+        allowed = {"efficiency", "intra", "inter", "hbm_bandwidth", "source", "achieved_flops", "device", "measured"}
         bad = set(data) - allowed
         if bad:
             raise CalibrationError(f"{source}: unknown key(s) {', '.join(sorted(bad))}; allowed: "
@@ -152,7 +163,47 @@ class Calibration:
                     raise CalibrationError(f"{source}: {k} needs a bandwidth (bytes/s)")
         if "hbm_bandwidth" in data:
             kw["hbm_bandwidth"] = _num(data["hbm_bandwidth"], source, "hbm_bandwidth")
+        if "achieved_flops" in data:
+            kw["achieved_flops"] = _num(data["achieved_flops"], source, "achieved_flops")
+            if kw["achieved_flops"] <= 0:
+                raise CalibrationError(f"{source}: achieved_flops must be > 0 (FLOP/s)")
+        if "device" in data:
+            dev = data["device"]
+            if not isinstance(dev, dict) or not isinstance(dev.get("type"), str):
+                raise CalibrationError(f"{source}: device must be {{\"type\": \"cuda\" or \"cpu\", \"name\": ...}}")
+            kw["device"] = {"type": dev["type"], "name": str(dev.get("name", ""))}
+        if "measured" in data:
+            if not isinstance(data["measured"], dict):
+                raise CalibrationError(f"{source}: measured must be a JSON object")
+            kw["measured"] = data["measured"]
         return cls(**kw)
+
+    def ran_on(self, gpu: GPU) -> bool:
+        """True when the measured run's device is ``gpu`` (a CUDA device whose name holds the preset's
+        model, e.g. 'NVIDIA H100 80GB HBM3' for h100, 'NVIDIA A100-SXM4-80GB' for a100-80g)."""
+        if not self.device or self.device.get("type") != "cuda":
+            return False
+        model = gpu.name.lower().split("-")[0]
+        return bool(model) and model in self.device.get("name", "").lower().replace(" ", "")
+
+    def resolve(self, gpu: GPU) -> tuple["Calibration", GPU]:
+        """The calibration and GPU the tuner uses. Without ``achieved_flops``: both unchanged. Measured on
+        ``gpu`` itself: efficiency = achieved / the preset's peak. Measured elsewhere (e.g. this CPU): the
+        achieved FLOP/s replace the GPU's peak at efficiency 1 (what ``--gpu-flops X --efficiency 1``
+        does); ``note`` says which, and ``--explain`` prints it."""
+        if self.achieved_flops is None:
+            return self, gpu
+        dev = self.device or {"type": "?", "name": "?"}
+        if self.ran_on(gpu):
+            eff = min(1.0, self.achieved_flops / gpu.peak_flops)
+            note = (f"measured on {dev['name']}: efficiency = {self.achieved_flops:.4g} FLOP/s / the {gpu.name} "
+                    f"peak {gpu.peak_flops:.4g} = {eff:.4g}")
+            return replace(self, efficiency=eff, note=note), gpu
+        note = (f"measured on {dev['type']} ({dev['name']}), not on a {gpu.name}: its {self.achieved_flops:.4g} "
+                f"FLOP/s replace the {gpu.name} peak at efficiency 1 (as --gpu-flops {self.achieved_flops:.4g} "
+                f"--efficiency 1); memory and the links not in the file stay the {gpu.name}'s")
+        return (replace(self, efficiency=1.0, note=note),
+                replace(gpu, peak_flops=self.achieved_flops, name=f"{gpu.name} at {dev['type']} speed"))
 
     @classmethod
     def load(cls, path: str) -> "Calibration":
@@ -172,6 +223,11 @@ class Calibration:
                 out[k] = {"bandwidth": v.bandwidth, "latency": v.latency}
         if self.hbm_bandwidth is not None:
             out["hbm_bandwidth"] = self.hbm_bandwidth
+        for k in ("achieved_flops", "device", "measured"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        if self.note:
+            out["note"] = self.note
         return out
 
 

@@ -18,6 +18,8 @@ Simulations are cached by (schedule, pp, vpp, m, normalised per-chunk costs, mem
 from __future__ import annotations
 
 import copy
+import dataclasses
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,9 +37,10 @@ from ..partition.layout import uniform
 from ..partition.megatron import counts_to_layout
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
-from ..sim.simulate import simulate
+from ..sim.simulate import memory_profile, simulate
 from .costs import (ACT_BYTES, GRAD_BYTES, PARAM_BYTES, Calibration, all_gather, all_reduce, head_times,
                     layer_times, p2p, reduce_scatter, step_model_flops)
+from .bounds import step_bound
 from .gpus import GPU
 
 RECOMPUTES = ("none", "selective", "full")
@@ -167,18 +170,24 @@ class TuneResult:
     cache_hits: int
     seconds: float
     explain: dict = field(default_factory=dict)
+    limit_violations: list = field(default_factory=list)
+    """plans of :data:`BOUNDED` builders that went over the limit :func:`memory_bound` assumed (none expected:
+    any would make that bound unsafe and is reported in ``warnings``)"""
 
     @property
     def best(self) -> Config | None:
         return self.configs[0] if self.configs and self.configs[0].fits else None
 
     def to_dict(self) -> dict:
-        return {"configs": [c.to_dict() for c in self.configs if c.fits], "searched": self.searched,
+        out = {"configs": [c.to_dict() for c in self.configs if c.fits], "searched": self.searched,
                 "pruned": dict(sorted(self.pruned.items(), key=lambda kv: -kv[1])),
                 "simulated": self.simulations, "cache_hits": self.cache_hits, "seconds": round(self.seconds, 3),
                 "model": self.problem.model.name, "gpus": self.problem.gpus, "gpu": self.problem.gpu.to_dict(),
                 "global_batch": self.problem.global_batch, "seq": self.problem.seq,
                 "calibration": self.problem.calibration.to_dict()}
+        if self.limit_violations:
+            out["warnings"] = list(self.limit_violations)
+        return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -207,6 +216,10 @@ class _Space:
         self.owned: dict = {}
         self.sim_count = 0
         self.hits = 0
+        self.limit_violations: list[str] = []
+        self.summaries: dict = {}
+        self.fresh: set = set()
+        self.shapes: dict = {}
 
     # -------------------------------------------------------------- costs
     def times(self, tp: int, b: int, r: str):
@@ -254,8 +267,9 @@ def _static(space: _Space, train, chunks, pp: int, vpp: int, placement: Placemen
 
 def _static_new(space: _Space, train, chunks, pp: int, vpp: int, placement: Placement):
     out = []
+    owned, _ = _owned(space, pp, vpp, placement)
     for d in range(pp):
-        mine = [chunks[c] for c in chunks_of(d, pp, vpp, placement)]
+        mine = [chunks[c] for c in owned[d]]
         params = _device_params(space.p.model, train, mine)
         st = sum(static_bytes(params, train))
         tr = transient_bytes(space.p.model, train, mine, split=True)
@@ -315,13 +329,40 @@ def _owned(space: _Space, pp: int, vpp: int, placement: Placement):
     return hit
 
 
+def _summary(space: _Space, c: Config):
+    """(statics of ``c``, the largest parameter count of a device, the memory lower bound in bytes), cached
+    with the statics."""
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
+    hit = space.summaries.get(id(statics))
+    if hit is None:
+        need = max(st + tr + sum(ch.activation_bytes for ch in mine) for mine, st, tr, _ in statics)
+        hit = space.summaries[id(statics)] = (statics, max(s[3] for s in statics), need)
+    return hit
+
+
 def memory_lower_bound(space: _Space, c: Config) -> float:
     """Bytes every schedule of ``c`` needs on its fullest device: parameters, gradients, optimizer states,
     the transient working set, and microbatch 0's activations on each of the device's chunks (all held
     when that microbatch's backward starts at the last chunk)."""
-    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
-    statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
-    return max(st + tr + sum(ch.activation_bytes for ch in mine) for mine, st, tr, _ in statics)
+    return _summary(space, c)[2]
+
+
+def _shape(space: _Space, c: Config):
+    """Per (costs, partition, placement): prefix sums of F and of the device crossings, each device's
+    first chunk and work per microbatch sum(F+B+W), sum(B), F of chunk 0 (what :func:`lower_bound` reads)."""
+    k = (c.tp, c.microbatch_size, c.recompute, c.seg_layer_num, c.pp, c.vpp, c.placement)
+    hit = space.shapes.get(k)
+    if hit is None:
+        F, B, W, _ = chunk_costs(space, c)
+        owned, cross = _owned(space, c.pp, c.vpp, c.placement)
+        fp, cc = [0.0], [0]
+        for x, y in zip(F, cross):
+            fp.append(fp[-1] + x)
+            cc.append(cc[-1] + (1 if y else 0))
+        dev = [(mine[0], sum(F[j] + B[j] + W[j] for j in mine)) for mine in owned]
+        hit = space.shapes[k] = (fp, cc, dev, sum(B), F[0])
+    return hit
 
 
 def lower_bound(space: _Space, c: Config) -> float:
@@ -330,21 +371,74 @@ def lower_bound(space: _Space, c: Config) -> float:
     * the last microbatch: chunk 0 runs m-1 other forwards first, then that microbatch's forward and
       backward traverse every chunk (with the cross-device latencies);
     plus the optimizer step."""
+    fp, cc, dev, sum_b, f0 = _shape(space, c)
+    comm = comm_p2p(space, c)
+    m = c.microbatches
+    best = (m - 1) * f0 + fp[-1] + sum_b + 2 * comm * cc[-1]
+    for first, work in dev:
+        best = max(best, fp[first] + comm * cc[first] + m * work)
+    return best + optimizer_time(space, c, _summary(space, c)[1])
+
+
+#: builders whose plans are expensive enough to be worth a memory-aware bound before building them
+BOUNDED = ("zbvpp", "zbv", "vhalf", "vmin")
+
+
+def builder_limit(space: _Space, c: Config, a_r: tuple[float, ...]) -> float | None:
+    """The memory limit (units of the rounded model the plan is built with) that the builder of ``c``
+    plans under, or an upper bound of it; None when it plans without one. The registry's contract: a
+    given limit is honoured (V-Half / V-Min may go below it); without one, ``default_limit(pp)`` raised
+    at most to the smallest feasible limit ``max_d sum_{c on d} a``."""
+    info = registry.get(c.schedule)
+    if not info.memory_aware:
+        return None
+    if c.mem_limit_mode == "fit":
+        units = _fit_units(space, c)
+        return None if units is None else math.floor(units * 100) / 100
+    if info.default_limit is None:
+        return None
+    owned, _ = _owned(space, c.pp, c.vpp, c.placement)
+    floor = max(sum(a_r[k] for k in mine) for mine in owned)
+    return max(float(info.default_limit(c.pp)), floor)
+
+
+def _fit_units(space: _Space, c: Config) -> float | None:
+    train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+    U, _, _ = mem_model_for(chunks, c.pp)
+    p = space.p
+    return _available_units(p.model, train, chunks, c.pp, c.vpp, c.placement, p.gpu.memory, p.reserve, U)
+
+
+def _rounded_mem(a, bfree) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The memory model plans are built with: ``a`` to 3 decimals, ``b`` to 3 decimals within [0, a]."""
+    a_r = tuple(round(x, 3) for x in a)
+    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
+    return a_r, b_r
+
+
+def memory_bound(space: _Space, c: Config) -> float:
+    """A step-time lower bound of ``c`` (:func:`pipeloom.tune.bounds.step_bound`) with its memory terms:
+    the larger of the bound under each device's room on the GPU (in the exact memory model: holds for every
+    schedule of ``c`` that fits) and, for the builders of :data:`BOUNDED`, the bound under the limit the
+    builder plans with (in the rounded model it plans with: holds for its plan)."""
     F, B, W, comm = chunk_costs(space, c)
-    nc = c.pp * c.vpp
     owned, cross = _owned(space, c.pp, c.vpp, c.placement)
-    prefix = [0.0]
-    for k in range(nc):
-        prefix.append(prefix[-1] + F[k] + (comm if cross[k] else 0.0))
+    owned = [sorted(o) for o in owned]
     train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
     statics = _static(space, train, chunks, c.pp, c.vpp, c.placement)
-    m = c.microbatches
-    best = (m - 1) * F[0] + prefix[nc] + sum(B) + comm * sum(cross)
-    for mine in owned:
-        busy = m * sum(F[k] + B[k] + W[k] for k in mine)
-        best = max(best, prefix[mine[0]] + busy)
+    U, a, bfree = mem_model_for(chunks, c.pp)
+    avail = space.p.gpu.memory - space.p.reserve
+    room = [(avail - st - tr) / U for _, st, tr, _ in statics]
+    buckets = [dp_time(space, c, ch.params) for ch in chunks]
     opt = max(optimizer_time(space, c, s[3]) for s in statics)
-    return best + opt
+    m = c.microbatches
+    best = step_bound(F, B, W, comm, cross, owned, m, a, bfree, room, buckets, opt)
+    if c.schedule in BOUNDED:
+        a_r, b_r = _rounded_mem(a, bfree)
+        lim = builder_limit(space, c, a_r)
+        if lim is not None:
+            best = max(best, step_bound(F, B, W, comm, cross, owned, m, a_r, b_r, [lim] * c.pp, buckets, opt))
+    return best
 
 
 # ------------------------------------------------------------------------------------------ enumeration
@@ -459,25 +553,22 @@ def _q(x: float) -> float:
     return float(f"{x:.{PLAN_DIGITS}g}")
 
 
-def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
-    """Simulate ``c``: step time, MFU, peak memory per device (fills the fields, returns ``c``).
-
-    The schedule is built with :data:`SWEEP_OPTIONS` (where the builder reads them), or with the
-    builder's defaults when ``refine``."""
+def _request(space: _Space, c: Config, refine: bool):
+    """What :func:`evaluate` needs before simulating ``c``: the plan key and spec with the costs and memory
+    model around them; None when ``c`` cannot be planned (its error is set)."""
     p = space.p
     F, B, W, comm = chunk_costs(space, c)
     unit = max(F) or 1.0
     train, chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
     U, a, bfree = mem_model_for(chunks, c.pp)
-    a_r = tuple(round(x, 3) for x in a)
-    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
+    a_r, b_r = _rounded_mem(a, bfree)
     info = registry.get(c.schedule)
     limit = None
     if c.mem_limit_mode == "fit":
         units = _available_units(p.model, train, chunks, c.pp, c.vpp, c.placement, p.gpu.memory, p.reserve, U)
         if units < max(a_r):
             c.fits, c.error = False, "memory: no room for one chunk's activations"
-            return c
+            return None
         limit = math.floor(units * 100) / 100
     opts = {} if refine else {k: v for k, v in SWEEP_OPTIONS.items() if k in info.option_names}
     # the plan (the job order) is shared by every configuration whose per-chunk cost ratios agree to
@@ -489,16 +580,50 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
                    W=tuple(q(x / unit) for x in W), comm=q(comm / unit))
     key = (c.schedule, c.pp, c.vpp, c.microbatches, qcosts.F, qcosts.B, qcosts.W, qcosts.comm,
            a_r, b_r, limit, tuple(sorted(opts.items())))
+    spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches, costs=qcosts,
+                    mem=MemModel(a=a_r, b=b_r), mem_limit=limit, options=opts)
+    return key, spec, (F, B, W, comm, unit, train, chunks, U, a, bfree, a_r, b_r, limit)
+
+
+def build_plan(name: str, spec: PlanSpec) -> tuple:
+    """(schedule, None) or (None, the builder's one-line error): one plan of the sweep (also run in the
+    worker processes of :func:`tune`)."""
+    try:
+        sched = registry.build(name, spec)
+    except (ScheduleError, ValueError) as e:
+        return None, str(e).splitlines()[0]
+    # the builder's witness (a validation shortcut, memoryviews) is not needed to simulate, nor picklable
+    return (dataclasses.replace(sched, witness=None) if sched.witness is not None else sched), None
+
+
+def _store(space: _Space, c: Config, key, plan, a_r, b_r) -> None:
+    space.plans[key] = plan
+    space.sim_count += 1
+    if plan[0] is not None and c.schedule in BOUNDED:
+        # memory_bound trusts the builder to stay within builder_limit: check it on every plan
+        lim = builder_limit(space, c, a_r)
+        top = max(memory_profile(plan[0], MemModel(a=a_r, b=b_r))[0])
+        if lim is not None and top > lim + 1e-6:
+            space.limit_violations.append(f"{c.schedule} pp={c.pp} vpp={c.vpp} m={c.microbatches}: plan peaks "
+                                          f"at {top:.4g} units over the limit {lim:.4g}")
+
+
+def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
+    """Simulate ``c``: step time, MFU, peak memory per device (fills the fields, returns ``c``).
+
+    The schedule is built with :data:`SWEEP_OPTIONS` (where the builder reads them), or with the
+    builder's defaults when ``refine``."""
+    p = space.p
+    req = _request(space, c, refine)
+    if req is None:
+        return c
+    key, spec, (F, B, W, comm, unit, train, chunks, U, a, bfree, a_r, b_r, limit) = req
     plan = space.plans.get(key)
     if plan is None:
-        spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches, costs=qcosts,
-                        mem=MemModel(a=a_r, b=b_r), mem_limit=limit, options=opts)
-        try:
-            plan = (registry.build(c.schedule, spec), None)
-        except (ScheduleError, ValueError) as e:
-            plan = (None, str(e).splitlines()[0])
-        space.plans[key] = plan
-        space.sim_count += 1
+        _store(space, c, key, build_plan(c.schedule, spec), a_r, b_r)
+        plan = space.plans[key]
+    elif key in space.fresh:  # built ahead for this configuration by the batch of tune()
+        space.fresh.discard(key)
     else:
         space.hits += 1
     if plan[0] is None:
@@ -549,8 +674,45 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     return c
 
 
-def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, exhaustive: bool = False) -> TuneResult:
-    """Search the space of ``prob``; ``exhaustive`` simulates every configuration (no time-bound pruning)."""
+#: configurations taken from the queue at a time (their new plans are built together)
+BATCH = 4
+
+
+def _pool(workers: int | None):
+    """A process pool for the plans (None: build here). ``workers`` None: one per core, at most 2."""
+    import os
+
+    if workers is None:
+        workers = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if workers <= 1:
+        return None
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn").Pool(workers)
+
+
+def _build_ahead(space: _Space, batch: list[Config], pool) -> None:
+    """Build the plans the configurations of ``batch`` will need and that are not built yet (each once),
+    in ``pool`` when there is one and more than one plan to build."""
+    todo: dict = {}
+    for c in batch:
+        req = _request(space, c, False)
+        if req is not None and req[0] not in space.plans and req[0] not in todo:
+            todo[req[0]] = (c, req)
+    if len(todo) < 2 or pool is None:
+        return  # evaluate() builds them one by one
+    items = list(todo.values())
+    plans = pool.starmap(build_plan, [(c.schedule, req[1]) for c, req in items])
+    for (c, (key, _, ctx)), plan in zip(items, plans):
+        _store(space, c, key, plan, ctx[10], ctx[11])
+        space.fresh.add(key)
+
+
+def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, exhaustive: bool = False,
+         workers: int | None = None) -> TuneResult:
+    """Search the space of ``prob``; ``exhaustive`` simulates every configuration (no time-bound pruning);
+    ``workers``: processes that build plans (None: one per core, at most 2; the result is the same)."""
     t0 = time.perf_counter()
     space = _Space(prob)
     pruned: dict[str, int] = {}
@@ -559,25 +721,60 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
     dead = [c for c in cands if c.fits is False]
     if not live:
         raise _fits_nowhere(prob, dead)
-    live.sort(key=lambda c: (c.lower_bound_s, c.key()))
+    # simulate in increasing order of the bound: first the cheap one of enumerate_space; a configuration
+    # whose turn comes gets the memory-aware bound (memory_bound) and goes back in line if that is higher.
+    # Stop when the next bound reaches the top-th best step time: nothing left can enter the ranking.
+    # The heap is ordered by (bound, key, index): the same order on every run. Configurations are taken
+    # BATCH at a time and their new plans built together (in `workers` processes when > 1), then
+    # simulated in that order: the result depends on BATCH, not on the number of workers.
+    heap = [(c.lower_bound_s, 0, c.key(), i) for i, c in enumerate(live)]
+    heapq.heapify(heap)
     done: list[Config] = []
     best_times: list[float] = []
     n = len(live)
-    for i, c in enumerate(live):
-        if not exhaustive and len(best_times) >= prob.top and c.lower_bound_s >= best_times[prob.top - 1]:
-            pruned["bound: step-time lower bound above the top results"] = n - i
-            break
-        evaluate(space, c)
-        if c.fits:
-            best_times.append(c.step_time_s)
-            best_times.sort()
-            del best_times[prob.top:]
-        elif c.error:
-            reason = c.error if c.error.startswith("memory") else c.error.split(":")[0] + ": builder refused"
-            pruned[reason] = pruned.get(reason, 0) + 1
-        done.append(c)
-        if progress and (i % 8 == 0):
-            progress(i + 1, n)
+    settled = 0
+
+    def cut(lb: float) -> bool:
+        return not exhaustive and len(best_times) >= prob.top and lb >= best_times[prob.top - 1]
+
+    pool = _pool(workers)
+    try:
+        while heap:
+            batch: list[Config] = []
+            while heap and len(batch) < BATCH and not cut(heap[0][0]):
+                lb, tight, _, i = heapq.heappop(heap)
+                c = live[i]
+                if not tight and not exhaustive:
+                    mb = memory_bound(space, c)
+                    if mb > lb:
+                        c.lower_bound_s = mb
+                        heapq.heappush(heap, (mb, 1, c.key(), i))
+                        continue
+                batch.append(c)
+            if not batch:
+                break
+            _build_ahead(space, batch, pool)
+            for c in batch:
+                evaluate(space, c)
+                if c.fits:
+                    best_times.append(c.step_time_s)
+                    best_times.sort()
+                    del best_times[prob.top:]
+                elif c.error:
+                    reason = c.error if c.error.startswith("memory") else c.error.split(":")[0] + ": builder refused"
+                    pruned[reason] = pruned.get(reason, 0) + 1
+                done.append(c)
+                settled += 1
+                if progress and (settled % 8 == 0):
+                    progress(settled, n)
+    finally:
+        if pool is not None:
+            pool.terminate()
+    loose = sum(1 for e in heap if not e[1])
+    if loose:
+        pruned["bound: step-time lower bound above the top results"] = loose
+    if len(heap) - loose:
+        pruned["bound: memory-aware step-time bound above the top results"] = len(heap) - loose
     if progress:
         progress(n, n)
     ok = sorted((c for c in done if c.fits), key=lambda c: (c.step_time_s, c.peak_bytes, c.key()))
@@ -592,7 +789,7 @@ def tune(prob: Problem, *, progress: Callable[[int, int], None] | None = None, e
         raise _fits_nowhere(prob, dead + [c for c in done if not c.fits])
     rest = [c for c in done if not c.fits]
     return TuneResult(prob, ok + rest, searched, pruned, space.sim_count, space.hits, time.perf_counter() - t0,
-                      explain=_explain(space, ok[0]))
+                      explain=_explain(space, ok[0]), limit_violations=space.limit_violations)
 
 
 def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:

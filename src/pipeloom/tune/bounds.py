@@ -1,0 +1,146 @@
+"""Step-time lower bounds of one tuner configuration under its memory room (no torch).
+
+The search (:mod:`.search`) simulates configurations in increasing order of a lower bound and stops when
+the bound passes the ``top``-th best step time found, so the tighter the bound, the fewer schedules are
+built. :func:`step_bound` is that bound. It holds for every schedule of the configuration (split B/W or
+fused BW, any builder) **that fits the GPU** -- the others cannot enter the ranking anyway.
+
+Notation (seconds; chunk ``k`` of ``nc``, device ``d`` holding the chunks ``C_d``): per-chunk durations
+``F, B, W``; ``comm`` on every dependency edge between devices; ``m`` microbatches; ``a_k`` the
+activation memory F allocates (units), ``b_k`` what B frees (may be < 0: B allocates), W frees
+``a_k - b_k``; ``L_d`` the room for activations on d: (GPU - reserve - static_d - transient_d) / unit,
+the largest activation peak with which the configuration still fits. Microbatch 0's dependency chain
+gives ``hF_k`` (earliest start of an F on chunk k: the forward chain below it) and ``hB_k`` (earliest
+start of a B on k: the whole forward chain, then the backward chain down to k); ``tailF_k`` is the
+longest path from an F on k to the end (up the forwards, down the backwards, the last W). Every term
+below is proved for every valid schedule; the bound is their maximum plus the optimizer step:
+
+1. last microbatch: chunk 0 runs ``m - 1`` other forwards first, then that microbatch's forward and
+   backward chains and its W on chunk 0; then chunk 0's DP bucket;
+2. device busy time: ``hF(d) + m sum_{C_d}(F + B + W)``;
+3. warm-up (memory): on d, the jobs before the first B are forwards that hold their ``a`` (nothing is
+   freed before a B), so their ``a`` sum to at most ``L_d`` and their work ``Fpre`` is at most the
+   most forward work that fits in ``L_d`` (``m`` copies per chunk, the LP relaxation of that knapsack,
+   an upper bound) and at most ``hB(d) - hF(d)``; everything else on d runs after the first B, one job
+   at a time: ``T >= hB(d) + m sum(B + W) + m sum F - Fpre``;
+4. last forward (memory): after d's last forward P, ``m sum_{C_d} a - freed <= L_d``, so the B and W
+   before P free at least ``X = m sum a - L_d``; the least B/W work that frees X (per microbatch and
+   chunk: B frees b, B then W frees a; LP relaxation, a lower bound) runs before P and after the first
+   B, with the other forwards: ``start(P) >= hB(d) + Wfree + max(0, m sum F - F_P - Fpre)``; P is on
+   d's highest chunk (a microbatch's forwards climb the chunks) and ``T >= start(P) + tailF``;
+5. terms 2-3 end with one of d's W (or BW) jobs; the DP bucket of that chunk starts after it, so
+   the least DP bucket time of d's chunks is added (term 4 ends with a W of any chunk: the least
+   bucket of all).
+
+These are the terms of :mod:`pipeloom.schedule.search.bounds` (which proves them on the integer job
+graph for one limit) with one limit per device, in seconds, closed form in O(nc) per configuration.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+
+def chains(F: Sequence[float], B: Sequence[float], W: Sequence[float], comm: float, cross: Sequence[bool]):
+    """Microbatch 0's earliest starts ``hF``, ``hB`` per chunk and ``tailF`` (longest path from an F's
+    start to the end); ``cross[k]``: the edge between chunks k-1 and k runs between devices."""
+    nc = len(F)
+    hF = [0.0] * nc
+    for k in range(1, nc):
+        hF[k] = hF[k - 1] + F[k - 1] + (comm if cross[k] else 0.0)
+    hB = [0.0] * nc
+    hB[nc - 1] = hF[nc - 1] + F[nc - 1]
+    for k in range(nc - 2, -1, -1):
+        hB[k] = hB[k + 1] + B[k + 1] + (comm if cross[k + 1] else 0.0)
+    # tails: B on k, then (B on k-1 ... or its own W); F on k climbs to the top, then the B chain
+    tB = [0.0] * nc
+    for k in range(nc):
+        down = (tB[k - 1] + (comm if cross[k] else 0.0)) if k > 0 else 0.0
+        tB[k] = B[k] + max(W[k], down)
+    tF = [0.0] * nc
+    tF[nc - 1] = F[nc - 1] + tB[nc - 1]
+    for k in range(nc - 2, -1, -1):
+        tF[k] = F[k] + tF[k + 1] + (comm if cross[k + 1] else 0.0)
+    return hF, hB, tF
+
+
+def max_forward_work(F: Sequence[float], a: Sequence[float], chunks: Sequence[int], m: int, room: float) -> float:
+    """An upper bound of the forward work of at most ``m`` forwards per chunk whose ``a`` sum to at most
+    ``room`` (LP relaxation of the knapsack: most work per unit of memory first)."""
+    work, left = 0.0, room
+    free = [c for c in chunks if a[c] <= 0]
+    work += m * sum(F[c] for c in free)
+    for c in sorted((c for c in chunks if a[c] > 0), key=lambda c: -F[c] / a[c]):
+        if left <= 0:
+            break
+        take = min(float(m), left / a[c])
+        work += take * F[c]
+        left -= take * a[c]
+    return work
+
+
+def min_free_work(B: Sequence[float], W: Sequence[float], a: Sequence[float], b: Sequence[float],
+                  chunks: Sequence[int], m: int, need: float) -> float:
+    """A lower bound of the B/W work that frees at least ``need`` units (per microbatch and chunk:
+    nothing, B alone freeing ``b``, or B and W freeing ``a``): the LP relaxation, the cheapest
+    increments of the convex hull of (0, 0), (b, B), (a, B + W) first. ``inf`` if even every B and W
+    cannot free ``need``."""
+    if need <= 0:
+        return 0.0
+    incs = []  # (seconds per unit freed, units freed per microbatch)
+    for c in chunks:
+        fa, fb, cb, cw = a[c], b[c], B[c], B[c] + W[c]
+        if 0 < fb < fa:
+            if cb / fb <= cw / fa:
+                incs.append((cb / fb, fb))
+                incs.append(((cw - cb) / (fa - fb), fa - fb))
+            else:
+                incs.append((cw / fa, fa))
+        elif fa > 0 or fb > 0:
+            # b <= 0 (B allocates: B alone never helps) or b >= a: up to the larger release at the
+            # cheaper rate of the two options, a relaxation of them
+            rates = [x / y for x, y in ((cb, fb), (cw, fa)) if y > 0]
+            incs.append((min(rates), max(fa, fb)))
+    cost, left = 0.0, need
+    for rate, fr in sorted(incs):
+        take = min(left, m * fr)
+        cost += take * rate
+        left -= take
+        if left <= 1e-12 * need:
+            return cost
+    return math.inf
+
+
+def step_bound(F: Sequence[float], B: Sequence[float], W: Sequence[float], comm: float, cross: Sequence[bool],
+               owned: Sequence[Sequence[int]], m: int, a: Sequence[float], b: Sequence[float],
+               room: Sequence[float] | None, dp_bucket: Sequence[float], optimizer: float) -> float:
+    """Seconds no fitting schedule's step beats (module docstring). ``owned[d]``: d's chunks in
+    increasing order; ``room[d]``: activation units d may peak at (None: no memory terms);
+    ``dp_bucket[k]``: seconds of chunk k's DP reduction; ``optimizer``: the optimizer step."""
+    nc = len(F)
+    hF, hB, tF = chains(F, B, W, comm, cross)
+    best = (m - 1) * F[0] + hB[0] + B[0] + W[0] + dp_bucket[0]
+    min_bucket = min(dp_bucket)
+    for d, mine in enumerate(owned):
+        if not mine:
+            continue
+        ftot = m * sum(F[k] for k in mine)
+        bwtot = m * sum(B[k] + W[k] for k in mine)
+        h_f = min(hF[k] for k in mine)
+        dev = h_f + ftot + bwtot
+        if room is not None:
+            L = room[d]
+            h_b = min(hB[k] for k in mine)
+            fpre = min(max_forward_work(F, a, mine, m, max(L, 0.0)), max(0.0, h_b - h_f))
+            dev = max(dev, h_b + bwtot + ftot - fpre)
+            top = mine[-1]
+            need = m * sum(a[k] for k in mine) - L
+            if need > 0:
+                wfree = min_free_work(B, W, a, b, mine, m, need)
+                # this path ends with a W of any chunk, whose bucket follows
+                best = max(best, h_b + wfree + max(0.0, ftot - F[top] - fpre) + tF[top] + min_bucket)
+        best = max(best, dev + min(dp_bucket[k] for k in mine))
+    return best + optimizer
+
+
+__all__ = ["chains", "max_forward_work", "min_free_work", "step_bound"]
