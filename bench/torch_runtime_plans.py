@@ -136,7 +136,7 @@ OURS, OURS_CSV = "pipeloom zbv (runtime torch)", "pipeloom zbv, torch's lowering
 
 
 def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemModel, profile_steps: int,
-                trace_dir: str):
+                trace_dir: str, quantile: float):
     torch.set_num_threads(1)
     rank = dist.get_rank()
     x, y = data(m, hidden, heavy_last)
@@ -162,7 +162,7 @@ def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemMode
     # 2. plan zbv from those costs (rank 0), at torch ZBV's peak under the same memory model
     box = [None]
     if rank == 0:
-        measured = profile_costs(trace_dir)
+        measured = profile_costs(trace_dir, quantile=quantile)
         spec = make_spec(pp=PP, microbatches=m, vpp=VPP, costs=measured.costs, mem=mem)
         torch_zbv = torch_builtin("ZBVZeroBubble", PP, m, VPP)
         limit = max(evaluate(torch_zbv, spec)["peak_memory"])
@@ -206,6 +206,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--microbatches", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps of torch's ZBV to calibrate from")
+    ap.add_argument("--quantile", type=float, default=0.5, help="statistic of the profiled costs (0.5 = median)")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     print("| chunk costs | m | schedule | step (ms, median) | step / pipeloom's | simulated (ms, profiled costs) "
@@ -218,7 +219,8 @@ def main() -> None:
         for m in args.microbatches:
             with tempfile.TemporaryDirectory() as trace_dir:
                 step_ms, peak_mb, sim_ms, costs = spawn(
-                    _bench_rank, PP, (m, args.hidden, heavy_last, args.rounds, mem, args.profile_steps, trace_dir),
+                    _bench_rank, PP, (m, args.hidden, heavy_last, args.rounds, mem, args.profile_steps, trace_dir,
+                                      args.quantile),
                     timeout_s=900)
             ours = step_ms[OURS]
             for name in step_ms:

@@ -66,6 +66,11 @@ def test_costs_from_hand_written_traces(tmp_path):
     assert (p.ranks, p.steps) == (2, 1)
     assert costs_from_torch_profile(tmp_path) == c
     assert profile_costs({r: [t] for r, t in _traces().items()}).costs == c  # loaded traces work the same
+    # a lower quantile: of the four latencies 0.2, 0.3, 1.1, 2.1 the 25% point lies 3/4 of the way from 0.2 to 0.3
+    assert profile_costs(tmp_path, quantile=0.25).costs.comm == pytest.approx(0.275)
+    assert profile_costs(tmp_path, quantile=0.0).costs.comm == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="quantile must lie in"):
+        profile_costs(tmp_path, quantile=1.5)
 
 
 def test_a_profile_plans_like_its_costs_say():

@@ -114,10 +114,22 @@ def _rank_of(data: dict, path: str, order: int) -> int:
     return int(m.group(1)) if m else order
 
 
-def profile_costs(source) -> ProfileCosts:
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def profile_costs(source, *, quantile: float = 0.5) -> ProfileCosts:
     """Read the per-action costs of a profiled torch pipeline step; ``source`` is a directory or file of torch
     profiler traces (as :func:`pipeloom.trace.torch_profile.find_traces` finds them), or a dict
-    ``{rank: [trace dict, ...]}`` of loaded traces. See the module docstring for the method."""
+    ``{rank: [trace dict, ...]}`` of loaded traces. See the module docstring for the method. ``quantile``: the
+    statistic taken over each (chunk, kind)'s samples and over the transfer latencies (0.5 = the median; on a
+    shared machine a lower one, e.g. 0.25, leaves out more of the time other processes took)."""
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must lie in [0, 1], got {quantile}")
     if isinstance(source, dict):
         traces = [(r, f"rank {r} trace {i}", d) for r, ds in sorted(source.items()) for i, d in enumerate(ds)]
     else:
@@ -188,7 +200,7 @@ def profile_costs(source) -> ProfileCosts:
     for c in range(nc):
         for k in ("F", "B", "W"):
             if (c, k) in samples:
-                per[k].append(statistics.median(samples[(c, k)]))
+                per[k].append(_quantile(samples[(c, k)], quantile))
             elif k in ("B", "W") and (c, "BW") in samples:
                 raise LogError(f"stage {c} ran only full backwards (torch's B) in the traces, which cannot be "
                                f"split into I and W: profile a schedule that splits them (e.g. "
@@ -196,15 +208,15 @@ def profile_costs(source) -> ProfileCosts:
             else:
                 raise LogError(f"the traces hold no {'I' if k == 'B' else k} action of stage {c}")
     costs = Costs(F=tuple(per["F"]), B=tuple(per["B"]), W=tuple(per["W"]),
-                  comm=statistics.median(comm) if comm else 0.0)
+                  comm=_quantile(comm, quantile) if comm else 0.0)
     steps = max(1, len(per_trace) // max(1, len({r for r, _, _ in per_trace})))
     return ProfileCosts(costs=costs, samples={k: v for k, v in samples.items()}, lead=lead, comm_samples=comm,
                         ranks=len({r for r, _, _ in per_trace}), steps=steps)
 
 
-def costs_from_torch_profile(source) -> Costs:
+def costs_from_torch_profile(source, *, quantile: float = 0.5) -> Costs:
     """Per-chunk F, B (torch's I), W and comm in milliseconds, as torch's runtime ran them in a profiled step
     (``source``: a directory or file of torch profiler traces, see :func:`profile_costs`). Plan for torch with
     them, e.g. ``make_spec(..., costs=costs_from_torch_profile("profile_trace/iteration_10"),
     mem=runtime_mem_model("torch"))``."""
-    return profile_costs(source).costs
+    return profile_costs(source, quantile=quantile).costs
