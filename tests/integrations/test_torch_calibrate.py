@@ -55,11 +55,11 @@ def test_costs_from_hand_written_traces(tmp_path):
     p = profile_costs(_write(tmp_path, _traces()))
     assert p.lead == pytest.approx(0.1)  # every span that cannot wait starts its first operator 0.1 ms in
     c = p.costs
-    # each: from the action's work start (first operator - lead when it may wait) to the next compute span;
-    # the sends that follow an action are part of it; stage 0's I is a no-op (0.2 = its tail + the gap)
-    assert c.F == pytest.approx((1.3, 1.2, 1.3, 1.1))
-    assert c.B == pytest.approx((0.2, 1.3, 1.2, 1.2))
-    assert c.W == pytest.approx((2.0, 1.0, 1.1, 0.9))
+    # each: from the action's work start (first operator - lead when it may wait) to its span's end, plus the
+    # send spans that follow it (receive postings and gaps are not the action's); stage 0's I is a no-op (0.1)
+    assert c.F == pytest.approx((1.2, 1.1, 1.2, 1.1))
+    assert c.B == pytest.approx((0.1, 1.2, 1.1, 1.1))
+    assert c.W == pytest.approx((2.0, 1.0, 1.0, 0.8))
     # waits: 3F0 got stage 2's output 1.1 after its send ended, 1F0 0.2, 2I0 0.3, 0I0 2.1: median 0.7
     assert sorted(p.comm_samples) == pytest.approx([0.2, 0.3, 1.1, 2.1])
     assert c.comm == pytest.approx(0.7)

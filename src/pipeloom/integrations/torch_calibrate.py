@@ -15,11 +15,13 @@ plan meant for that runtime must be timed with. Isolated per-chunk timings miss 
 How (:func:`profile_costs`): an action that consumes another rank's output first waits for it inside its own
 span, before its first operator; so an action's *work* starts at its first child operator (``lead``, the
 median time from a span's start to its first operator among spans that never wait, is added back). An
-action's cost is the time from its work's start to the start of the next compute span on its rank (its sends,
-receive postings and gaps included); per (chunk, kind) the median over microbatches and steps. The
-transfer latency is, for every cross-rank edge where the consumer did wait, the time from the end of the
-producer's send span to the consumer's work start; ``comm`` is their median (0 when no consumer ever
-waited: then the latency never showed). Times are in milliseconds.
+action's cost is its work (to the span's end) plus the send spans that follow it (posting its output for the
+next rank); per (chunk, kind) a quantile (the median by default) over microbatches and steps. The receive
+postings and the gaps between spans are left out: where torch places receives depends on the lowering (see
+:func:`pipeloom.integrations.torch.lower_early_recvs`), not on the plan's actions. The transfer latency is,
+for every cross-rank edge where the consumer did wait, the time from the end of the producer's send span to
+the consumer's work start; ``comm`` is their quantile (0 when no consumer ever waited: then the latency never
+showed). Times are in milliseconds.
 """
 from __future__ import annotations
 
@@ -181,15 +183,13 @@ def profile_costs(source, *, quantile: float = 0.5) -> ProfileCosts:
             st, kind, mb = _COMPUTE.match(s.name).groups()
             st, mb = int(st), int(mb)
             waits = may_wait(st, kind)
-            begin = s.start if not waits else ((s.work if s.work is not None else s.end) - lead)
             arrived = s.work if s.work is not None else s.end  # a no-op (stage 0's I) ends when its wait does
+            begin = s.start if not waits else arrived - lead
             if waits and arrived - s.start > 2 * lead + 0.05:
                 waited.append(("F" if kind == "F" else "B", st, mb, arrived - lead))
-            if i + 1 < len(compute):
-                stop = compute[i + 1].start
-            else:  # the rank's last action: up to the end of what follows it (its sends)
-                stop = max(x.end for x in spans if x.start >= s.start)
-            cost = max(0.0, stop - begin)
+            stop = compute[i + 1].start if i + 1 < len(compute) else float("inf")
+            sends = sum(x.end - x.start for x in spans if s.end <= x.start < stop and _SEND.match(x.name))
+            cost = max(0.0, s.end - begin) + sends
             if kind == "B":  # a full backward: what pipeloom splits into B and W; kept whole under 'BW'
                 samples.setdefault((st, "BW"), []).append(cost)
             else:
