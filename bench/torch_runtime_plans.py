@@ -1,22 +1,29 @@
 """pipeloom's plans against torch's built-in schedules, all run by torch's own runtime (gloo, CPU, pp 2).
 
-    python bench/torch_runtime_plans.py [--rounds 7] [--hidden 384]
+    python bench/torch_runtime_plans.py [--rounds 9] [--hidden 384] [--profile-steps 3] [--quantile 0.5]
 
 Per case (m = 8 and 16; chunks of equal cost, or a last chunk made heavier by a vocabulary head with the
-loss), three schedules step the same model in the same two processes, alternating step by step:
+loss), these schedules step the same model (each on its own copy) in the same two processes:
 
-* torch's ``ScheduleZBVZeroBubble`` (V placement, B/W split),
-* torch's ``ScheduleInterleaved1F1B`` (looped placement),
-* pipeloom's ``zbv`` planned for torch (``runtime torch``: B frees nothing), from per-chunk F / I / W costs
-  measured on this machine before the run (each chunk's forward, input-gradient and weight-gradient backward,
-  median of repeats), each chunk's saved-activation bytes per microbatch as the memory model's ``a`` and the part
-  of them torch's I frees as ``b``, loaded
-  with :func:`pipeloom.integrations.torch.build_torch_schedule`. Its memory limit is the peak of torch's own
-  ZBVZeroBubble order under that model (torch's order, read with ``torch_builtin``, simulated by pipeloom).
+* torch's ``ScheduleZBVZeroBubble`` (V placement, B/W split) and ``ScheduleInterleaved1F1B`` (looped placement);
+* pipeloom's ``zbv`` planned for torch's runtime and loaded with
+  :func:`pipeloom.integrations.torch.build_torch_schedule` (every receive posted first);
+* the same plan with torch's own send/recv lowering (``recvs="torch"``): what loading its compute-only CSV
+  gives (torchtitan's route);
+* with ``--torch-early``, also torch's ZBV order with every receive posted first (not a built-in: it tells
+  whether a gain comes from the order or from the lowering).
 
-Step time: median over rounds of the slowest rank's wall time (barrier before and after). In-flight
-activations: the peak bytes autograd keeps saved on a rank during one step (saved-tensor hooks), the larger
-of the two ranks. The table gives each schedule's step time relative to pipeloom's.
+Calibration, in the same processes before timing: torch's ZBV steps ``--profile-steps`` times under
+``torch.profiler``; :func:`pipeloom.integrations.torch_calibrate.profile_costs` reads the per-action costs as
+torch's runtime ran them (stage 0's I a no-op, its W the full backward, sends included, waits excluded) and the
+transfer latency; ``zbv`` is planned from those, with the memory model measured per chunk (``a``: the bytes
+autograd saves for one microbatch's forward; ``b``: the part torch's own I frees) and its limit set to the peak
+of torch's ZBV order under that model (torch's order read with ``torch_builtin``, simulated by pipeloom).
+
+Step time: median over rounds of the slowest rank's wall time (barrier before and after), the schedules
+alternating step by step, the order rotated each round. In-flight activations: the peak bytes autograd keeps
+saved on a rank during one step (saved-tensor hooks), the larger of the two ranks. "simulated": each order's
+makespan in pipeloom's simulator under the profiled costs (the model's view of the same step).
 """
 from __future__ import annotations
 
@@ -125,6 +132,7 @@ def _builtin(name: str, m: int, hidden: int, heavy_last: bool):
 
 
 def _ours(plan_dict: dict, hidden: int, heavy_last: bool, recvs: str):
+    """A pipeloom schedule (dict form) loaded into torch's runtime with build_torch_schedule."""
     s = schedule_io.from_dict(plan_dict)
     chunks = make_chunks(hidden, heavy_last)
     mine = list(s.chunks_of(dist.get_rank()))
@@ -133,10 +141,11 @@ def _ours(plan_dict: dict, hidden: int, heavy_last: bool, recvs: str):
 
 
 OURS, OURS_CSV = "pipeloom zbv (runtime torch)", "pipeloom zbv, torch's lowering (compute-only CSV)"
+TORCH_EARLY = "torch ZBV's order, receives first (not a built-in)"
 
 
 def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemModel, profile_steps: int,
-                trace_dir: str, quantile: float):
+                trace_dir: str, quantile: float, with_torch_early: bool):
     torch.set_num_threads(1)
     rank = dist.get_rank()
     x, y = data(m, hidden, heavy_last)
@@ -168,13 +177,15 @@ def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemMode
         limit = max(evaluate(torch_zbv, spec)["peak_memory"])
         s = plan("zbv", make_spec(pp=PP, microbatches=m, vpp=VPP, costs=measured.costs, mem=mem, mem_limit=limit))
         sims = {"torch ZBVZeroBubble": torch_zbv, "torch Interleaved1F1B": torch_builtin("Interleaved1F1B", PP, m, VPP),
-                OURS: s, OURS_CSV: s}
+                OURS: s, OURS_CSV: s, TORCH_EARLY: torch_zbv}
         sim_ms = {n: simulate(v, measured.costs, mem).makespan for n, v in sims.items()}
-        box[0] = (schedule_io.to_dict(s), measured.costs, sim_ms)
+        box[0] = (schedule_io.to_dict(s), schedule_io.to_dict(torch_zbv), measured.costs, sim_ms)
     dist.broadcast_object_list(box, src=0)
-    plan_dict, costs, sim_ms = box[0]
+    plan_dict, torch_zbv_dict, costs, sim_ms = box[0]
     runs[OURS] = _ours(plan_dict, hidden, heavy_last, "early")
     runs[OURS_CSV] = _ours(plan_dict, hidden, heavy_last, "torch")
+    if with_torch_early:  # torch's own ZBV order with pipeloom's lowering: is it the order or the lowering?
+        runs[TORCH_EARLY] = _ours(torch_zbv_dict, hidden, heavy_last, "early")
     # 3. measure, alternating step by step
     names = list(runs)
     peaks: dict[str, float] = {}
@@ -207,6 +218,8 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps of torch's ZBV to calibrate from")
     ap.add_argument("--quantile", type=float, default=0.5, help="statistic of the profiled costs (0.5 = median)")
+    ap.add_argument("--torch-early", action="store_true",
+                    help="also time torch's ZBV order with every receive posted first (pipeloom's lowering)")
     args = ap.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     print("| chunk costs | m | schedule | step (ms, median) | step / pipeloom's | simulated (ms, profiled costs) "
@@ -220,7 +233,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as trace_dir:
                 step_ms, peak_mb, sim_ms, costs = spawn(
                     _bench_rank, PP, (m, args.hidden, heavy_last, args.rounds, mem, args.profile_steps, trace_dir,
-                                      args.quantile),
+                                      args.quantile, args.torch_early),
                     timeout_s=900)
             ours = step_ms[OURS]
             for name in step_ms:
