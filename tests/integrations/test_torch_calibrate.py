@@ -60,17 +60,20 @@ def test_costs_from_hand_written_traces(tmp_path):
     assert c.F == pytest.approx((1.2, 1.1, 1.2, 1.1))
     assert c.B == pytest.approx((0.1, 1.2, 1.1, 1.1))
     assert c.W == pytest.approx((2.0, 1.0, 1.0, 0.8))
-    # waits: 3F0 got stage 2's output 1.1 after its send ended, 1F0 0.2, 2I0 0.3, 0I0 2.1: median 0.7
-    assert sorted(p.comm_samples) == pytest.approx([0.2, 0.3, 1.1, 2.1])
-    assert c.comm == pytest.approx(0.7)
+    # waits: 3F0 got stage 2's output 1.3 after its send was posted, 1F0 0.4, 2I0 0.4, 0I0 2.3: lower quartile 0.4
+    assert sorted(p.comm_samples) == pytest.approx([0.4, 0.4, 1.3, 2.3])
+    assert c.comm == pytest.approx(0.4)
+    assert profile_costs(tmp_path, comm_quantile=0.5).costs.comm == pytest.approx(0.85)
     assert (p.ranks, p.steps) == (2, 1)
     assert costs_from_torch_profile(tmp_path) == c
     assert profile_costs({r: [t] for r, t in _traces().items()}).costs == c  # loaded traces work the same
-    # a lower quantile: of the four latencies 0.2, 0.3, 1.1, 2.1 the 25% point lies 3/4 of the way from 0.2 to 0.3
-    assert profile_costs(tmp_path, quantile=0.25).costs.comm == pytest.approx(0.275)
-    assert profile_costs(tmp_path, quantile=0.0).costs.comm == pytest.approx(0.2)
-    with pytest.raises(ValueError, match="quantile must lie in"):
-        profile_costs(tmp_path, quantile=1.5)
+    # other quantiles of the four latencies 0.4, 0.4, 1.3, 2.3: the 75% point lies 1/4 of the way from 1.3 to 2.3
+    assert profile_costs(tmp_path, comm_quantile=0.75).costs.comm == pytest.approx(1.55)
+    assert profile_costs(tmp_path, comm_quantile=1.0).costs.comm == pytest.approx(2.3)
+    with pytest.raises(ValueError, match="comm_quantile must lie in"):
+        profile_costs(tmp_path, comm_quantile=1.5)
+    with pytest.raises(ValueError, match="^quantile must lie in"):
+        profile_costs(tmp_path, quantile=-0.1)
 
 
 def test_a_profile_plans_like_its_costs_say():

@@ -19,9 +19,10 @@ action's cost is its work (to the span's end) plus the send spans that follow it
 next rank); per (chunk, kind) a quantile (the median by default) over microbatches and steps. The receive
 postings and the gaps between spans are left out: where torch places receives depends on the lowering (see
 :func:`pipeloom.integrations.torch.lower_early_recvs`), not on the plan's actions. The transfer latency is,
-for every cross-rank edge where the consumer did wait, the time from the end of the producer's send span to
-the consumer's work start; ``comm`` is their quantile (0 when no consumer ever waited: then the latency never
-showed). Times are in milliseconds.
+for every cross-rank edge where the consumer did wait, the time from the start of the producer's send span
+(the data is handed to gloo inside it; the call itself may return much later, when gloo's thread releases
+its lock) to the consumer's work start; ``comm`` is their lower quartile by default (0 when no consumer ever waited: then the
+latency never showed). Times are in milliseconds.
 """
 from __future__ import annotations
 
@@ -124,14 +125,17 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def profile_costs(source, *, quantile: float = 0.5) -> ProfileCosts:
+def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25) -> ProfileCosts:
     """Read the per-action costs of a profiled torch pipeline step; ``source`` is a directory or file of torch
     profiler traces (as :func:`pipeloom.trace.torch_profile.find_traces` finds them), or a dict
     ``{rank: [trace dict, ...]}`` of loaded traces. See the module docstring for the method. ``quantile``: the
     statistic taken over each (chunk, kind)'s samples and over the transfer latencies (0.5 = the median; on a
-    shared machine a lower one, e.g. 0.25, leaves out more of the time other processes took)."""
-    if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"quantile must lie in [0, 1], got {quantile}")
+    shared machine a lower one, e.g. 0.25, leaves out more of the time other processes took). ``comm_quantile``:
+    the one taken over the transfer latencies; low by default, because a latency observed where torch's lowering
+    posted the receive late also holds gloo's handshake, which posting receives first removes."""
+    for name, q in (("quantile", quantile), ("comm_quantile", comm_quantile)):
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {q}")
     if isinstance(source, dict):
         traces = [(r, f"rank {r} trace {i}", d) for r, ds in sorted(source.items()) for i, d in enumerate(ds)]
     else:
@@ -167,7 +171,7 @@ def profile_costs(source, *, quantile: float = 0.5) -> ProfileCosts:
              if s.work is not None and (c := _COMPUTE.match(s.name)) and not may_wait(int(c.group(1)), c.group(2))]
     lead = statistics.median(leads) if leads else 0.0
     samples: dict[tuple[int, str], list[float]] = {}
-    produced: dict[tuple[str, int, int], float] = {}  # (edge kind, consumer stage, mb) -> the send's end
+    produced: dict[tuple[str, int, int], float] = {}  # (edge kind, consumer stage, mb) -> the send posted
     waited: list[tuple[str, int, int, float]] = []  # (edge kind, stage, mb, work start) of consumers that waited
     for rank, path, spans in per_trace:
         compute = [s for s in spans if _COMPUTE.match(s.name)]
@@ -176,9 +180,9 @@ def profile_costs(source, *, quantile: float = 0.5) -> ProfileCosts:
             if m:
                 st, mb = int(m.group(1)), int(m.group(3))
                 if m.group(2) == "SEND_F":
-                    produced[("F", st + 1, mb)] = s.end
+                    produced[("F", st + 1, mb)] = s.start
                 else:
-                    produced[("B", st - 1, mb)] = s.end
+                    produced[("B", st - 1, mb)] = s.start
         for i, s in enumerate(compute):
             st, kind, mb = _COMPUTE.match(s.name).groups()
             st, mb = int(st), int(mb)
@@ -208,15 +212,15 @@ def profile_costs(source, *, quantile: float = 0.5) -> ProfileCosts:
             else:
                 raise LogError(f"the traces hold no {'I' if k == 'B' else k} action of stage {c}")
     costs = Costs(F=tuple(per["F"]), B=tuple(per["B"]), W=tuple(per["W"]),
-                  comm=_quantile(comm, quantile) if comm else 0.0)
+                  comm=_quantile(comm, comm_quantile) if comm else 0.0)
     steps = max(1, len(per_trace) // max(1, len({r for r, _, _ in per_trace})))
     return ProfileCosts(costs=costs, samples={k: v for k, v in samples.items()}, lead=lead, comm_samples=comm,
                         ranks=len({r for r, _, _ in per_trace}), steps=steps)
 
 
-def costs_from_torch_profile(source, *, quantile: float = 0.5) -> Costs:
+def costs_from_torch_profile(source, *, quantile: float = 0.5, comm_quantile: float = 0.25) -> Costs:
     """Per-chunk F, B (torch's I), W and comm in milliseconds, as torch's runtime ran them in a profiled step
     (``source``: a directory or file of torch profiler traces, see :func:`profile_costs`). Plan for torch with
     them, e.g. ``make_spec(..., costs=costs_from_torch_profile("profile_trace/iteration_10"),
     mem=runtime_mem_model("torch"))``."""
-    return profile_costs(source, quantile=quantile).costs
+    return profile_costs(source, quantile=quantile, comm_quantile=comm_quantile).costs
