@@ -107,3 +107,17 @@ def test_full_backwards_only_and_no_spans_are_one_line_errors(tmp_path):
         profile_costs(tmp_path)
     with pytest.raises(LogError, match="no torch profiler traces"):
         profile_costs(tmp_path / "nothing-here")
+
+
+def test_peak_with_retention_counts_what_each_backward_leaves_until_the_step_ends():
+    """1F1B, pp 2, m 4, one unit per chunk: device 0 runs F F BW F BW F BW BW, device 1 alternates F BW. A BW that
+    leaves k behind: device 0 peaks at its last F (2 + 2 k0), device 1 at its last F (1 + 3 k1)."""
+    from pipeloom.core.costs import MemModel
+    from pipeloom.integrations.torch_calibrate import peak_with_retention
+    from pipeloom.schedule.planning import make_spec, plan
+
+    s = plan("1f1b", make_spec(pp=2, microbatches=4))
+    assert peak_with_retention(s, MemModel(), [0.0, 0.0]) == pytest.approx([2.0, 1.0])
+    assert peak_with_retention(s, MemModel(), [0.25, 0.5]) == pytest.approx([2.5, 2.5])
+    with pytest.raises(ValueError, match="kept has 1 values but the schedule has 2 chunks"):
+        peak_with_retention(s, MemModel(), [0.1])
