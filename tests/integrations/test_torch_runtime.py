@@ -97,6 +97,7 @@ CASES = [
     ("shuffled-last-stage", lambda: _relabel(plan("zbv", make_spec(pp=2, microbatches=4, vpp=2)),
                                              {0: 3, 1: 0, 2: 2, 3: 1})),
     ("shuffled-gpipe", lambda: _relabel(plan("fthenb", make_spec(pp=2, microbatches=4)), {0: 3, 1: 0, 2: 2, 3: 1})),
+    ("dualpipev-composites", lambda: plan("dualpipev", make_spec(pp=2, microbatches=4, vpp=2))),
 ]
 
 
