@@ -76,6 +76,19 @@ def test_costs_from_hand_written_traces(tmp_path):
         profile_costs(tmp_path, quantile=-0.1)
 
 
+def test_a_late_first_operator_after_the_send_is_no_wait():
+    """1F0's span begins after stage 0's send was posted: its late first operator is not a wait for the transfer
+    (the process may have been descheduled), so it gives no latency sample; its cost is still counted from its
+    first operator."""
+    t = _traces()
+    for ev in t[1]["traceEvents"]:
+        if ev["name"] == "PP:1F0":
+            ev["ts"], ev["dur"] = 1.1e3, 1.4e3
+    p = profile_costs({r: [x] for r, x in t.items()})
+    assert sorted(p.comm_samples) == pytest.approx([0.4, 1.3, 2.3])
+    assert p.costs.F[1] == pytest.approx(1.1)
+
+
 def test_a_profile_plans_like_its_costs_say():
     """The costs plan: zbv planned from them is valid and no slower, in pipeloom's simulator, than the order
     that was profiled (torch's ZBV for this shape)."""

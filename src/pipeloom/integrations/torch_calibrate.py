@@ -19,7 +19,8 @@ action's cost is its work (to the span's end) plus the send spans that follow it
 next rank); per (chunk, kind) a quantile (the median by default) over microbatches and steps. The receive
 postings and the gaps between spans are left out: where torch places receives depends on the lowering (see
 :func:`pipeloom.integrations.torch.lower_early_recvs`), not on the plan's actions. The transfer latency is,
-for every cross-rank edge where the consumer did wait, the time from the start of the producer's send span
+for every cross-rank edge where the consumer surely waited (its producer's send was posted after the consumer's
+span began), the time from the start of the producer's send span
 (the data is handed to gloo inside it; the call itself may return much later, when gloo's thread releases
 its lock) to the consumer's work start; ``comm`` is their lower quartile by default (0 when no consumer ever waited: then the
 latency never showed). Times are in milliseconds.
@@ -172,7 +173,7 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
     lead = statistics.median(leads) if leads else 0.0
     samples: dict[tuple[int, str], list[float]] = {}
     produced: dict[tuple[str, int, int], float] = {}  # (edge kind, consumer stage, mb) -> the send posted
-    waited: list[tuple[str, int, int, float]] = []  # (edge kind, stage, mb, work start) of consumers that waited
+    waited: list = []  # (edge kind, stage, mb, span start, work start) of the actions that may wait
     for rank, path, spans in per_trace:
         compute = [s for s in spans if _COMPUTE.match(s.name)]
         for s in spans:
@@ -189,8 +190,8 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
             waits = may_wait(st, kind)
             arrived = s.work if s.work is not None else s.end  # a no-op (stage 0's I) ends when its wait does
             begin = s.start if not waits else arrived - lead
-            if waits and arrived - s.start > 2 * lead + 0.05:
-                waited.append(("F" if kind == "F" else "B", st, mb, arrived - lead))
+            if waits:
+                waited.append(("F" if kind == "F" else "B", st, mb, s.start, arrived - lead))
             stop = compute[i + 1].start if i + 1 < len(compute) else float("inf")
             sends = sum(x.end - x.start for x in spans if s.end <= x.start < stop and _SEND.match(x.name))
             cost = max(0.0, s.end - begin) + sends
@@ -198,8 +199,10 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
                 samples.setdefault((st, "BW"), []).append(cost)
             else:
                 samples.setdefault((st, {"F": "F", "I": "B", "W": "W"}[kind]), []).append(cost)
-    comm = [t - produced[(k, st, mb)] for k, st, mb, t in waited if (k, st, mb) in produced]
-    comm = [max(0.0, c) for c in comm]
+    # a consumer surely waited for the transfer when its producer's send was posted after the consumer began (a
+    # late first operator alone may be the process being descheduled, not a wait)
+    comm = [max(0.0, t - produced[(k, st, mb)]) for k, st, mb, began, t in waited
+            if (k, st, mb) in produced and produced[(k, st, mb)] > began]
     per = {"F": [], "B": [], "W": []}
     for c in range(nc):
         for k in ("F", "B", "W"):
