@@ -1,30 +1,38 @@
 """pipeloom's plans against torch's built-in schedules, all run by torch's own runtime (gloo, CPU, pp 2).
 
-    python bench/torch_runtime_plans.py [--rounds 7] [--hidden 384]
+    python bench/torch_runtime_plans.py [--rounds 9] [--hidden 384] [--profile-steps 3] [--quantile 0.5]
 
 Per case (m = 8 and 16; chunks of equal cost, or a last chunk made heavier by a vocabulary head with the
-loss), three schedules step the same model in the same two processes, alternating step by step:
+loss), these schedules step the same model (each on its own copy) in the same two processes:
 
-* torch's ``ScheduleZBVZeroBubble`` (V placement, B/W split),
-* torch's ``ScheduleInterleaved1F1B`` (looped placement),
-* pipeloom's ``zbv`` planned for torch (``runtime torch``: B frees nothing), from per-chunk F / I / W costs
-  measured on this machine before the run (each chunk's forward, input-gradient and weight-gradient backward,
-  median of repeats), each chunk's saved-activation bytes per microbatch as the memory model's ``a`` and the part
-  of them torch's I frees as ``b``, loaded
-  with :func:`pipeloom.integrations.torch.build_torch_schedule`. Its memory limit is the peak of torch's own
-  ZBVZeroBubble order under that model (torch's order, read with ``torch_builtin``, simulated by pipeloom).
+* torch's ``ScheduleZBVZeroBubble`` (V placement, B/W split) and ``ScheduleInterleaved1F1B`` (looped placement);
+* pipeloom's ``zbv`` planned for torch's runtime and loaded with
+  :func:`pipeloom.integrations.torch.build_torch_schedule` (every receive posted first);
+* the same plan with torch's own send/recv lowering (``recvs="torch"``): what loading its compute-only CSV
+  gives (torchtitan's route);
+* with ``--torch-early``, also torch's ZBV order with every receive posted first (not a built-in: it tells
+  whether a gain comes from the order or from the lowering).
 
-Step time: median over rounds of the slowest rank's wall time (barrier before and after). In-flight
-activations: the peak bytes autograd keeps saved on a rank during one step (saved-tensor hooks), the larger
-of the two ranks. The table gives each schedule's step time relative to pipeloom's.
+Calibration, in the same processes before timing: torch's ZBV steps ``--profile-steps`` times under
+``torch.profiler``; :func:`pipeloom.integrations.torch_calibrate.profile_costs` reads the per-action costs as
+torch's runtime ran them (stage 0's I a no-op, its W the full backward, sends included, waits excluded) and the
+transfer latency; ``zbv`` is planned from those, with the memory model measured per chunk (``a``: the bytes
+autograd saves for one microbatch's forward; ``b``: the part torch's own I frees) and its limit set to the peak
+of torch's ZBV order under that model (torch's order read with ``torch_builtin``, simulated by pipeloom).
+
+Step time: median over rounds of the slowest rank's wall time (barrier before and after), the schedules
+alternating step by step, the order rotated each round. In-flight activations: the peak bytes autograd keeps
+saved on a rank during one step (saved-tensor hooks), the larger of the two ranks. "simulated": each order's
+makespan in pipeloom's simulator under the profiled costs (the model's view of the same step).
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,14 +43,17 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining import schedules as ts  # noqa: E402
-from torch.distributed.pipelining._backward import stage_backward_input  # noqa: E402
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight  # noqa: E402
 
-from pipeloom.core.costs import Costs, MemModel  # noqa: E402
+from pipeloom.core.costs import MemModel  # noqa: E402
 from pipeloom.integrations.torch import build_torch_schedule, torch_builtin  # noqa: E402
+from pipeloom.core.errors import ScheduleError  # noqa: E402
+from pipeloom.integrations.torch_calibrate import peak_with_retention, profile_costs  # noqa: E402
 from pipeloom.memory.traced import SavedBytes  # noqa: E402
 from pipeloom.runtime.launch import spawn  # noqa: E402
 from pipeloom.schedule import io as schedule_io  # noqa: E402
 from pipeloom.schedule.planning import evaluate, make_spec, plan  # noqa: E402
+from pipeloom.sim.simulate import simulate  # noqa: E402
 
 PP, VPP, ROWS, LAYERS_PER_CHUNK, VOCAB = 2, 2, 32, 2, 6144
 
@@ -80,16 +91,17 @@ def data(m: int, hidden: int, heavy_last: bool):
     return x, y
 
 
-def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, list[float], list[float]]:
-    """Per-chunk F, I (input gradient) and W (weight gradient) in ms, one thread, median of ``repeats``; the bytes
-    (MiB) autograd saves for one microbatch's forward of each chunk (the memory model's ``a``), and the part of them
-    torch's own I (``stage_backward_input``) frees (``b``: the saved tensors of ops without weights, e.g. the loss's
-    softmax; 0 for the first chunk, whose I torch skips: its W runs the whole backward)."""
+def memory_model(hidden: int, heavy_last: bool) -> tuple[MemModel, list[float]]:
+    """The memory model of torch's runtime, measured: the bytes (MiB) autograd saves for one microbatch's forward
+    of each chunk (``a``), and the part of them torch's own I (``stage_backward_input``) frees (``b``: the saved
+    tensors of ops without weights, e.g. the loss's softmax; 0 for the first chunk, whose I torch skips: its W
+    runs the whole backward); and what stays saved after torch's W (``stage_backward_weight``), per chunk (the
+    memory model has no term for it; see ``peak_with_retention``)."""
     torch.set_num_threads(1)
     chunks = make_chunks(hidden, heavy_last)
     x, y = data(1, hidden, heavy_last)
     lf = loss_fn(heavy_last)
-    f, b, w, act, freed = [], [], [], [], []
+    act, freed, kept = [], [], []
     for c, mod in enumerate(chunks):
         last = c == len(chunks) - 1
         with SavedBytes() as saved:
@@ -98,119 +110,166 @@ def calibrate(hidden: int, heavy_last: bool, repeats: int = 15) -> tuple[Costs, 
             if last:
                 out = lf(out, y)
             act.append(saved.now / 2**20)
-        kept = stage_backward_input([out], None if last else [torch.ones_like(out)], [inp], mod.parameters())
-        del out
-        gc.collect()
-        freed.append(0.0 if c == 0 else act[-1] - saved.now / 2**20)
-        del kept
-        gc.collect()
-        last = c == len(chunks) - 1
-        tf, tb, tw = [], [], []
-        for _ in range(repeats):
-            inp = x.clone().requires_grad_(True)
-            t0 = time.perf_counter()
-            out = mod(inp)
-            if last:
-                out = lf(out, y)
-            t1 = time.perf_counter()
-            grad_out = None if last else torch.ones_like(out)
-            (gi,) = torch.autograd.grad(out, inp, grad_out, retain_graph=True)
-            t2 = time.perf_counter()
-            torch.autograd.grad(out, list(mod.parameters()), grad_out)
-            t3 = time.perf_counter()
-            tf.append(t1 - t0), tb.append(t2 - t1), tw.append(t3 - t2)
-        f.append(statistics.median(tf) * 1e3), b.append(statistics.median(tb) * 1e3), w.append(statistics.median(tw) * 1e3)
-    fmt = lambda xs: ":".join(f"{v:.4f}" for v in xs)  # noqa: E731
-    return Costs.parse(f"F={fmt(f)},B={fmt(b)},W={fmt(w)},comm=0"), act, freed
+            grads, groups = stage_backward_input([out], None if last else [torch.ones_like(out)], [inp],
+                                                 mod.parameters())
+            del out
+            gc.collect()
+            freed.append(0.0 if c == 0 else act[-1] - saved.now / 2**20)
+            stage_backward_weight(mod.parameters(), groups)
+            del grads, groups
+            gc.collect()
+            kept.append(saved.now / 2**20)
+    return MemModel(a=tuple(act), b=tuple(freed)), kept
 
 
-def _runtimes(plan_dict: dict, m: int, hidden: int, heavy_last: bool):
-    """(name, runtime, my first/last flags) for the three schedules on this rank, each on its own model copy."""
+def _stages(chunks, mine):
+    return [PipelineStage(chunks[c], c, PP * VPP, torch.device("cpu")) for c in mine]
+
+
+def _builtin(name: str, m: int, hidden: int, heavy_last: bool):
+    """(runtime, first, last, chunks) of one of torch's classes on this rank, on its own model copy."""
     rank = dist.get_rank()
-    base = make_chunks(hidden, heavy_last)
-    lf = loss_fn(heavy_last)
     nst = PP * VPP
-    out = []
-    v_mine = [rank, nst - 1 - rank]                 # V placement: rank r holds chunks r and 2pp-1-r
-    looped_mine = [rank, rank + PP]                 # looped: rank r holds r, r+pp
-    for name, mine in (("torch ZBVZeroBubble", v_mine), ("torch Interleaved1F1B", looped_mine),
-                       ("pipeloom zbv (runtime torch)", None)):
-        chunks = copy.deepcopy(base)
-        if mine is None:
-            s = schedule_io.from_dict(plan_dict)
-            mine = list(s.chunks_of(rank))
-            stages = [PipelineStage(chunks[c], c, nst, torch.device("cpu")) for c in mine]
-            rt = build_torch_schedule(s, stages, lf)
-        else:
-            stages = [PipelineStage(chunks[c], c, nst, torch.device("cpu")) for c in mine]
-            cls = ts.ScheduleZBVZeroBubble if "ZBV" in name else ts.ScheduleInterleaved1F1B
-            rt = cls(stages, m, loss_fn=lf)
-        out.append((name, rt, 0 in mine, nst - 1 in mine, chunks))
-    return out
+    chunks = make_chunks(hidden, heavy_last)
+    mine = [rank, nst - 1 - rank] if name == "ZBVZeroBubble" else [rank, rank + PP]  # V / looped placement
+    cls = ts.ScheduleZBVZeroBubble if name == "ZBVZeroBubble" else ts.ScheduleInterleaved1F1B
+    return cls(_stages(chunks, mine), m, loss_fn=loss_fn(heavy_last)), 0 in mine, nst - 1 in mine, chunks
 
 
-def _bench_rank(plan_dict: dict, m: int, hidden: int, heavy_last: bool, rounds: int):
+def _ours(plan_dict: dict, hidden: int, heavy_last: bool, recvs: str):
+    """A pipeloom schedule (dict form) loaded into torch's runtime with build_torch_schedule."""
+    s = schedule_io.from_dict(plan_dict)
+    chunks = make_chunks(hidden, heavy_last)
+    mine = list(s.chunks_of(dist.get_rank()))
+    rt = build_torch_schedule(s, _stages(chunks, mine), loss_fn(heavy_last), recvs=recvs)
+    return rt, 0 in mine, PP * VPP - 1 in mine, chunks
+
+
+OURS, OURS_CSV = "pipeloom zbv (runtime torch)", "pipeloom zbv, torch's lowering (compute-only CSV)"
+TORCH_EARLY = "torch ZBV's order, receives first (not a built-in)"
+
+
+def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemModel, kept: list, profile_steps: int,
+                trace_dir: str, quantile: float, with_torch_early: bool):
     torch.set_num_threads(1)
+    rank = dist.get_rank()
     x, y = data(m, hidden, heavy_last)
-    runs = _runtimes(plan_dict, m, hidden, heavy_last)
 
     def step(rt, first, last, chunks):
         for mod in chunks:
             mod.zero_grad(set_to_none=True)
         rt.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
 
-    times: dict[str, list[float]] = {name: [] for name, *_ in runs}
+    runs = {"torch ZBVZeroBubble": _builtin("ZBVZeroBubble", m, hidden, heavy_last),
+            "torch Interleaved1F1B": _builtin("Interleaved1F1B", m, hidden, heavy_last)}
+    # 1. calibrate: torch's own ZBV order, profiled in torch's runtime on these processes
+    zbv = runs["torch ZBVZeroBubble"]
+    step(*zbv)
+    for it in range(profile_steps):
+        dist.barrier()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step(*zbv)
+        d = os.path.join(trace_dir, f"iteration_{it}")
+        os.makedirs(d, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(d, f"rank{rank}_trace.json"))
+    dist.barrier()
+    # 2. plan zbv from those costs (rank 0), at torch ZBV's peak under the same memory model
+    box = [None]
+    if rank == 0:
+        measured = profile_costs(trace_dir, quantile=quantile)
+        spec = make_spec(pp=PP, microbatches=m, vpp=VPP, costs=measured.costs, mem=mem)
+        torch_zbv = torch_builtin("ZBVZeroBubble", PP, m, VPP)
+        limit = max(evaluate(torch_zbv, spec)["peak_memory"])
+        # what torch's runtime holds: the model's peak plus what the W's leave saved until the step ends; a plan
+        # whose peak comes later than torch's holds more than the model says, so tighten its limit until it does not
+        target = max(peak_with_retention(torch_zbv, mem, kept))
+        step_down = max(max(kept), 0.01 * limit)
+        s = None
+        for _ in range(8):
+            try:
+                cand = plan("zbv", make_spec(pp=PP, microbatches=m, vpp=VPP, costs=measured.costs, mem=mem,
+                                             mem_limit=limit))
+            except ScheduleError:
+                break
+            s = cand
+            if max(peak_with_retention(s, mem, kept)) <= target + 1e-9:
+                break
+            limit -= step_down
+        sims = {"torch ZBVZeroBubble": torch_zbv, "torch Interleaved1F1B": torch_builtin("Interleaved1F1B", PP, m, VPP),
+                OURS: s, OURS_CSV: s, TORCH_EARLY: torch_zbv}
+        sim_ms = {n: simulate(v, measured.costs, mem).makespan for n, v in sims.items()}
+        box[0] = (schedule_io.to_dict(s), schedule_io.to_dict(torch_zbv), measured.costs, sim_ms)
+    dist.broadcast_object_list(box, src=0)
+    plan_dict, torch_zbv_dict, costs, sim_ms = box[0]
+    runs[OURS] = _ours(plan_dict, hidden, heavy_last, "early")
+    runs[OURS_CSV] = _ours(plan_dict, hidden, heavy_last, "torch")
+    if with_torch_early:  # torch's own ZBV order with pipeloom's lowering: is it the order or the lowering?
+        runs[TORCH_EARLY] = _ours(torch_zbv_dict, hidden, heavy_last, "early")
+    # 3. measure, alternating step by step
+    names = list(runs)
     peaks: dict[str, float] = {}
-    for name, rt, first, last, chunks in runs:  # warm-up (shape inference) and the in-flight peak
-        step(rt, first, last, chunks)
+    for name in names:  # warm-up (shape inference) and the in-flight peak
+        step(*runs[name])
         with SavedBytes() as saved:
-            step(rt, first, last, chunks)
+            step(*runs[name])
         peaks[name] = saved.peak / 2**20
-    for r in range(rounds):  # alternating, the order rotated each round
-        order = runs[r % len(runs):] + runs[: r % len(runs)]
-        for name, rt, first, last, chunks in order:
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):  # the order rotated each round
+        for name in names[r % len(names):] + names[: r % len(names)]:
             dist.barrier()
             t0 = time.perf_counter()
-            step(rt, first, last, chunks)
+            step(*runs[name])
             dist.barrier()
             times[name].append(time.perf_counter() - t0)
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, (times, peaks))
-    if dist.get_rank():
+    if rank:
         return None
-    names = [name for name, *_ in runs]
     step_ms = {n: statistics.median(max(o[0][n][i] for o in out) for i in range(rounds)) * 1e3 for n in names}
     peak_mb = {n: max(o[1][n] for o in out) for n in names}
-    return step_ms, peak_mb
+    return step_ms, peak_mb, sim_ms, costs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--microbatches", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps of torch's ZBV to calibrate from")
+    ap.add_argument("--quantile", type=float, default=0.5, help="statistic of the profiled costs (0.5 = median)")
+    ap.add_argument("--cases", nargs="+", choices=["equal", "heavy"], default=["equal", "heavy"],
+                    help="chunk costs: equal, or a heavier last chunk (vocabulary head + cross-entropy)")
+    ap.add_argument("--torch-early", action="store_true",
+                    help="also time torch's ZBV order with every receive posted first (pipeloom's lowering)")
     args = ap.parse_args()
-    print("| chunk costs | m | schedule | step (ms, median) | step / pipeloom's | peak in-flight activations (MiB) |")
-    print("|---|---:|---|---:|---:|---:|")
-    for heavy_last in (False, True):
-        costs, act, freed = calibrate(args.hidden, heavy_last)
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    print("| chunk costs | m | schedule | step (ms, median) | step / pipeloom's | simulated (ms, profiled costs) "
+          "| peak in-flight activations (MiB) |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    notes = []
+    for heavy_last in [c == "heavy" for c in args.cases]:
+        mem, kept = memory_model(args.hidden, heavy_last)
         label = "heavier last chunk (vocab head + CE)" if heavy_last else "equal"
         for m in args.microbatches:
-            mem = MemModel(a=tuple(act), b=tuple(freed))  # torch's runtime, measured (runtime_mem_model: b=0)
-            # the limit: the peak of torch's own ZBVZeroBubble order under the same memory model (its 1p)
-            torch_zbv = evaluate(torch_builtin("ZBVZeroBubble", PP, m, VPP), make_spec(pp=PP, microbatches=m, vpp=VPP,
-                                                                                       costs=costs, mem=mem))
-            limit = max(torch_zbv["peak_memory"])
-            s = plan("zbv", make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit))
-            step_ms, peak_mb = spawn(_bench_rank, PP, (schedule_io.to_dict(s), m, args.hidden, heavy_last,
-                                                        args.rounds), timeout_s=600)
-            ours = step_ms["pipeloom zbv (runtime torch)"]
+            with tempfile.TemporaryDirectory() as trace_dir:
+                step_ms, peak_mb, sim_ms, costs = spawn(
+                    _bench_rank, PP, (m, args.hidden, heavy_last, args.rounds, mem, kept, args.profile_steps,
+                                      trace_dir, args.quantile, args.torch_early),
+                    timeout_s=900)
+            ours = step_ms[OURS]
             for name in step_ms:
                 print(f"| {label} | {m} | {name} | {step_ms[name]:.1f} | {step_ms[name] / ours:.3f} | "
-                      f"{peak_mb[name]:.2f} |", flush=True)
-        f, b, w = (getattr(costs, k) for k in ("F", "B", "W"))
-        print(f"<!-- calibrated ({label}): F={f} B={b} W={w} ms; saved MiB per microbatch and chunk "
-              f"{[round(v, 3) for v in act]}, freed by torch's I {[round(v, 3) for v in freed]} -->", flush=True)
+                      f"{sim_ms[name]:.1f} | {peak_mb[name]:.2f} |", flush=True)
+            fmt = lambda xs: " / ".join(f"{v:.2f}" for v in xs)  # noqa: E731
+            notes.append(f"{label}, m {m}: F = {fmt(costs.F)}, I = {fmt(costs.B)}, W = {fmt(costs.W)}, "
+                         f"comm = {costs.comm:.2f} ms")
+        a, b = mem.a, mem.b
+        notes.append(f"{label}: saved MiB per microbatch and chunk {[round(v, 2) for v in a]}, freed by torch's I "
+                     f"{[round(v, 2) for v in b]}, left saved after W until the step ends {[round(v, 2) for v in kept]}")
+    print(f"\nload average after: {os.getloadavg()[0]:.1f}")
+    print("\nprofiled costs (ms per microbatch and chunk, from torch's ZBV step in torch's runtime):")
+    for n in notes:
+        print(f"* {n}")
 
 
 if __name__ == "__main__":

@@ -59,12 +59,12 @@ def _relabel(s: Schedule, perm: dict[int, int]) -> Schedule:
                     tuple(tuple(Job(j.kind, perm[j.mb], j.chunk) for j in seq) for seq in s.devices), s.overlapped)
 
 
-def _rank(s: Schedule, raw: bool):
+def _rank(s: Schedule, raw: bool, recvs: str = "early"):
     rank = dist.get_rank()
     chunks = _chunks(s.num_chunks)
     mine = s.chunks_of(rank)
     stages = [PipelineStage(chunks[c], c, s.num_chunks, torch.device("cpu")) for c in mine]
-    runtime = build_torch_schedule(s, stages, _loss)
+    runtime = build_torch_schedule(s, stages, _loss, recvs=recvs)
     if raw:  # the trap: the plan's own microbatch numbers, not renumbered for torch
         runtime.pipeline_order = {d: [ts._Action(j.chunk, {"F": ts.F, "B": ts.I, "W": ts.W, "BW": ts.B}[j.kind.value],
                                                  j.mb) for j in seq] for d, seq in enumerate(s.devices)}
@@ -77,12 +77,12 @@ def _rank(s: Schedule, raw: bool):
     return [float(v.detach()) for v in losses], grads
 
 
-def _run(s: Schedule, raw: bool = False):
-    return spawn(_gather, s.pp, (schedule_io.to_dict(s), raw), timeout_s=120)
+def _run(s: Schedule, raw: bool = False, recvs: str = "early"):
+    return spawn(_gather, s.pp, (schedule_io.to_dict(s), raw, recvs), timeout_s=120)
 
 
-def _gather(plan_dict: dict, raw: bool):
-    losses, grads = _rank(schedule_io.from_dict(plan_dict), raw)
+def _gather(plan_dict: dict, raw: bool, recvs: str = "early"):
+    losses, grads = _rank(schedule_io.from_dict(plan_dict), raw, recvs)
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, (losses, grads))
     return out
@@ -97,14 +97,19 @@ CASES = [
     ("shuffled-last-stage", lambda: _relabel(plan("zbv", make_spec(pp=2, microbatches=4, vpp=2)),
                                              {0: 3, 1: 0, 2: 2, 3: 1})),
     ("shuffled-gpipe", lambda: _relabel(plan("fthenb", make_spec(pp=2, microbatches=4)), {0: 3, 1: 0, 2: 2, 3: 1})),
+    ("dualpipev-composites", lambda: plan("dualpipev", make_spec(pp=2, microbatches=4, vpp=2))),
 ]
 
 
-@pytest.mark.parametrize("name, make", CASES, ids=[c[0] for c in CASES])
-def test_torch_runtime_runs_pipeloom_plans_exactly(name, make):
+@pytest.mark.parametrize("name, make, recvs", [(*c, "early") for c in CASES] + [(*CASES[0], "torch"),
+                                                                                  (*CASES[2], "torch")],
+                         ids=[c[0] for c in CASES] + [f"{CASES[0][0]}-torch-lowering", f"{CASES[2][0]}-torch-lowering"])
+def test_torch_runtime_runs_pipeloom_plans_exactly(name, make, recvs):
+    """Receives posted first (build_torch_schedule's default) or where torch's own lowering puts them (what the
+    compute-only CSV gives): the same losses and gradients as one process."""
     s = make()
     assert not validate(s)
-    per_rank = _run(s)
+    per_rank = _run(s, recvs=recvs)
     ref_losses, ref_grads = _reference(s)
     losses = [l for lo, _ in per_rank for l in lo]
     # torch reports the last stage's losses in its forward order, which export made 0, 1, 2, ...: compare as a

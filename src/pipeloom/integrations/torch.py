@@ -117,15 +117,67 @@ def _no_loss(output, target):  # torch needs a loss_fn to plan the backward; nev
     raise RuntimeError("planning only")
 
 
-def build_torch_schedule(schedule: Schedule, stages: list, loss_fn: Callable, **kw) -> "_ts._PipelineScheduleRuntime":
+#: where :func:`build_torch_schedule` posts each receive: ``early`` (first, see :func:`lower_early_recvs`) or
+#: ``torch`` (where torch's own lowering pass puts it)
+RECV_POSTING = ("early", "torch")
+
+
+def lower_early_recvs(order: dict[int, list]) -> dict[int, list]:
+    """torch's compute+comms lowering of ``order`` (per rank ``_Action`` lists; torch's own passes add the
+    sends, receives, unshard/reshard and gradient reductions), with every receive moved to the front of its
+    rank's list (after the unshards), in the order the lowering gave them.
+
+    Why: gloo's TCP transport is a rendezvous: a send's bytes only move once the receiver has posted the
+    matching receive (the receiver's ``NOTIFY_RECV_READY`` reaches the sender's device thread, which then
+    writes the data). torch's lowering puts each receive where its round-robin walk (one action per rank per
+    round) happens to be when the sender's action is placed, which for a plan whose ranks run unequal numbers
+    of actions between two transfers is often right before the action that waits for it: the whole handshake
+    then lies on the critical path. Posted first, each transfer starts as soon as its sender sends. This is
+    safe: receives from one peer stay in the order the lowering gave them (the order that peer sends, which is
+    how gloo matches them), each (stage, microbatch) has its own receive buffer in torch's stages (nothing is
+    reused within a step), and posting a receive never blocks."""
+    ranks = sorted(order)
+    n = {s.stage_index for r in ranks for a in order[r] if a is not None for s in (a.sub_actions or (a,))}
+    num_stages = max(n) + 1
+    home = {}
+    for r in ranks:
+        for a in order[r]:
+            if a is not None:
+                for s in (a.sub_actions or (a,)):
+                    home[s.stage_index] = r
+    m = 1 + max(s.microbatch_index for r in ranks for a in order[r] if a is not None for s in (a.sub_actions or (a,)))
+    lowered = {}
+    for r in ranks:
+        acts = _ts._add_unshard_reshard([a for a in order[r] if a is not None])
+        lowered[r] = _ts._add_reduce_grad(acts, m)
+    lowered = _ts._add_send_recv(lowered, stage_to_rank=lambda s: home[s], num_stages=num_stages)
+    recv = (_ts.RECV_F, _ts.RECV_B)
+    out = {}
+    for r in ranks:
+        head = [a for a in lowered[r] if a.computation_type == _ts.UNSHARD]
+        recvs = [a for a in lowered[r] if a.computation_type in recv]
+        rest = [a for a in lowered[r] if a.computation_type not in recv and a.computation_type != _ts.UNSHARD]
+        out[r] = head + recvs + rest
+    return out
+
+
+def build_torch_schedule(schedule: Schedule, stages: list, loss_fn: Callable, *, recvs: str = "early",
+                         **kw) -> "_ts._PipelineScheduleRuntime":
     """torch's ``_PipelineScheduleRuntime`` for this rank's ``stages`` with ``schedule`` loaded (validated by
-    pipeloom first, then by torch, and lowered with torch's own send/recv pass), ready for ``.step()``.
-    ``kw`` goes to the runtime's constructor (e.g. ``scale_grads``)."""
+    pipeloom first, then by torch), ready for ``.step()``. ``recvs``: ``early`` (default) lowers it with
+    torch's own send/recv pass and posts every receive first (:func:`lower_early_recvs`: on gloo this takes
+    the send/receive handshake off the critical path); ``torch`` keeps torch's lowering as it is (what loading
+    the plan's compute-only CSV gives). ``kw`` goes to the runtime's constructor (e.g. ``scale_grads``)."""
+    if recvs not in RECV_POSTING:
+        raise ValueError(f"recvs={recvs!r}; choose one of: {', '.join(RECV_POSTING)}")
     problems = validate(schedule)
     if problems:
         raise ScheduleError(f"cannot hand an invalid schedule to torch: {summary(problems)}")
     runtime = _ts._PipelineScheduleRuntime(stages, schedule.microbatches, loss_fn=loss_fn, **kw)
     runtime.pipeline_order = to_torch_actions(schedule)
     runtime._validate_and_set_stage_mapping(runtime.pipeline_order)
-    runtime._prepare_schedule_with_comms(runtime.pipeline_order)
+    if recvs == "torch":
+        runtime._prepare_schedule_with_comms(runtime.pipeline_order)
+    else:
+        runtime._prepare_schedule_with_comms(lower_early_recvs(runtime.pipeline_order), format="compute_comms")
     return runtime
