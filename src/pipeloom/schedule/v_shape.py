@@ -89,7 +89,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     njobs = 3 * m * pp * vpp
     high = effort_option(spec) == "high"
     polish_det = _polish_option(spec, njobs, high)
-    best = _greedy.search(prob, budget, insert_budget=insert_budget)
+    grid = None if "budget" in spec.options else _greedy.default_grid_jobs(prob, budget)
+    best = _greedy.search(prob, budget, insert_budget=insert_budget, grid_jobs=grid)
     if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
     pol = best.policy
