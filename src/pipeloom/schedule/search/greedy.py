@@ -709,7 +709,11 @@ def _stage_bubble(prob: Problem, seqs, ends, starts) -> float:
     for d, seq in enumerate(seqs):
         span = ends[d] - starts[d]
         if span > 0:
-            busy = sum(durs[k][c] for k, _, c in seq)
+            loc = prob.local[d]
+            if len(seq) == 3 * prob.m * len(loc):  # every job of the device: its busy time is fixed
+                busy = prob.m * sum(prob.dF[c] + prob.dB[c] + prob.dW[c] for c in loc)
+            else:
+                busy = sum(durs[k][c] for k, _, c in seq)
             out = max(out, (span - busy) / span)
     return out
 
