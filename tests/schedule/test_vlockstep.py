@@ -62,6 +62,24 @@ def test_every_pass_it_yields_is_valid_and_within_the_limit(shape):
         # the pass's own timing (as it appends jobs) is what the simulator computes
         t = _greedy.time_seqs(prob, seqs)
         assert t is not None and t[0] == pytest.approx(r.makespan)
+    # the passes built with the chunk-mean costs are valid under the limit too, timed with the real costs
+    for seqs, pol in _vlockstep.candidates(prob, uniform_costs=True):
+        assert pol.costs == "uniform"
+        sched = make_schedule("lockstep", pp, 2, m, Placement.V, seqs)
+        assert validate(sched, mem=mem, mem_limit=limit) == [], pol
+        if limit is not None:
+            assert max(simulate(sched, costs, mem).peak_memory) <= limit + 1e-9
+
+
+def test_uniform_cost_passes_only_for_uneven_costs_and_equal_to_the_passes_of_the_mean_costs():
+    even = _prob(4, 8, Costs(F=1, B=2, W=1, comm=0.5), 4.0)
+    assert list(_vlockstep.candidates(even, uniform_costs=True)) == []
+    heavy = tuple([1.0] * 7 + [2.0])
+    uneven = _prob(4, 8, Costs(F=heavy, B=heavy, W=heavy, comm=0.5), 4.0)
+    mean = 9 / 8  # the mean over the 8 chunks of each kind
+    by_hand = _prob(4, 8, Costs(F=mean, B=mean, W=mean, comm=0.5), 4.0)
+    got = [seqs for seqs, _ in _vlockstep.candidates(uneven, uniform_costs=True)]
+    assert got and got == [seqs for seqs, _ in _vlockstep.candidates(by_hand)]
 
 
 def test_only_for_v_placement_with_two_chunks():

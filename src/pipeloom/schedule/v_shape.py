@@ -17,9 +17,14 @@ keeping the smallest makespan, then the smallest peak memory. For vpp = 2 the of
 generator's lock-step construction (:mod:`pipeloom.schedule.search.lockstep`, our own
 implementation of its rules) adds its passes as candidates (shapes up to 7 500 jobs with the
 default budget), so there ``zbv`` is never slower than the official ZB-V wherever that
-construction reproduces it (it does on all 96 reference cases).
-Options (``spec.options``): ``budget`` (job placements for the policy search, default
-60 000) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
+construction reproduces it (it does on all 96 reference cases). With costs that differ between chunks
+the lock-step passes are also built with every chunk at the mean costs (the official generator's and
+torch's ``ZBVZeroBubble``'s view) and timed with the real ones.
+Options (``spec.options``): ``budget`` (job placements for the policy search; by default 60 000 for
+the memory trimming, lock-step and building-block candidates, while the policy grid and a descent in
+the policy space from its best (:func:`pipeloom.schedule.search.greedy.default_grid_jobs`) get up to
+1 000 000 placements on shapes of at most 12 288 jobs: the whole grid up to about 1 250 jobs; an
+explicit ``budget`` is the budget of all of them, as before) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
 default 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W 4/6/3, comm 1 at 1p from 240 to 238
 in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (seed 000's change to the official
@@ -89,7 +94,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     njobs = 3 * m * pp * vpp
     high = effort_option(spec) == "high"
     polish_det = _polish_option(spec, njobs, high)
-    best = _greedy.search(prob, budget, insert_budget=insert_budget)
+    grid = None if "budget" in spec.options else _greedy.default_grid_jobs(prob, budget)
+    best = _greedy.search(prob, budget, insert_budget=insert_budget, grid_jobs=grid)
     if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
     pol = best.policy
@@ -155,8 +161,10 @@ POLISH_MAX_JOBS = 400
 
 #: the options the V-shape builders read (see the module docstring)
 V_OPTIONS = (
-    Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_BUDGET,
-           help="job placements for the greedy policy search"),
+    Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=None,
+           help=f"job placements for the greedy policy search (default: {DEFAULT_BUDGET} for the candidates, the "
+                f"policy grid and its descent up to {_greedy.GRID_JOBS} on shapes of at most "
+                f"{_greedy.GRID_MAX_SHAPE} jobs)"),
     Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=0,
            help="job re-timings for the insertion local search (0 = off)"),
     Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
