@@ -592,9 +592,15 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
     grid = policy_grid(prob)
     n = max(1, budget_jobs // max(njobs, 1))
     total = max(n, (grid_jobs or 0) // max(njobs, 1))  # passes in all
-    # with a larger grid budget a part of it goes to the descent (half where the whole grid does not fit,
-    # at most DESCENT_PASSES), the rest to the grid in its order
-    ngrid = max(n, min(len(grid), total - min(DESCENT_PASSES, total // 2))) if total > n else n
+    # with a larger grid budget: the whole grid where it fits (then the plan is never slower than any policy
+    # of the grid alone) and the rest, if any, to the descent; where it does not fit, a part (half at most,
+    # at most DESCENT_PASSES) goes to the descent and the rest to the grid in its order
+    if total <= n:
+        ngrid = n
+    elif total >= len(grid):
+        ngrid = len(grid)
+    else:
+        ngrid = max(n, total - min(DESCENT_PASSES, total // 2))
     best: PassResult | None = None
     for pol in grid[:ngrid]:
         r = run_pass(prob, pol)
