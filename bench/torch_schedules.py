@@ -86,7 +86,7 @@ def prove(row: dict, costs: Costs, mem, seconds: float, max_jobs: int) -> None:
     t0 = time.perf_counter()
     s = plan("optimal", make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=row["torch_peak"],
                                   options={"placement": placement, "time_limit": seconds, "workers": 2,
-                                           "allow_large": True, "start_from": [ts]}))
+                                           "formulation": "interval", "allow_large": True, "start_from": [ts]}))
     if validate(s, mem=mem, mem_limit=row["torch_peak"]):
         raise ScheduleError("optimal: over the limit")  # plan() validates; kept as a guard
     span = simulate(s, costs, mem).makespan
@@ -183,7 +183,8 @@ def markdown(rs: list[dict], argv: list[str], prove_s: float = 0.0, prove_jobs: 
               "order is optimal there and \"strictly better\" is impossible. Proof (column `proof` below): `bound`, the "
               "makespan meets a proven lower bound at P (`meta['lower_bound']` of the builder, else "
               "`pipeloom.schedule.search.bounds.lower_bound`, shapes of at most 5 000 jobs); `CP-SAT`, the exact solver "
-              "(`optimal` builder, same placement, limit and memory model, started from torch's order; at most "
+              "(`optimal` builder, interval model, 2 workers, same placement, limit and memory model, started from "
+              "torch's order; at most "
               f"{PROVE_TEXT}) proved that makespan optimal. \"equal (open)\": a shorter one might exist.", "",
               "| torch class | costs | shapes | better | equal (optimal) | equal (open) | worse | no fit | "
               "torch cannot plan | largest gain |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -221,8 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pp", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--out", help="write the markdown page here (else print it)")
     ap.add_argument("--json", help="also write the rows as JSON here")
-    ap.add_argument("--prove", type=float, default=60.0,
-                    help="CP-SAT seconds per tie that no bound closes (0: none; default 60)")
+    ap.add_argument("--prove", type=float, default=120.0,
+                    help="CP-SAT seconds (2 workers) per tie that no bound closes (0: none; default 120)")
     ap.add_argument("--prove-jobs", type=int, default=100, help="largest shape (jobs) the exact solver gets")
     args = ap.parse_args(argv)
     rs = rows(args.pp, prove_s=args.prove, prove_jobs=args.prove_jobs)
