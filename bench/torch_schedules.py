@@ -168,6 +168,12 @@ def markdown(rs: list[dict], argv: list[str], prove_s: float = 0.0, prove_jobs: 
         lines += ["The exact solver found schedules shorter than torch's (and than pipeloom's default plan) at: "
                   + "; ".join(f"{r['torch']} pp {r['pp']} m {r['m']} {r['costs']}: {r['exact']['makespan']:.4g} "
                               f"({r['exact']['status']}, {r['exact']['seconds']:g} s)" for r in shorter) + ".", ""]
+    unproven = [r for r in rs if r.get("exact") and not r.get("proof") and r not in shorter]
+    if unproven:
+        lines += ["Ties the exact solver could not close in its time (no shorter schedule found, the gap stays "
+                  "open): " + "; ".join(f"{r['torch']} pp {r['pp']} m {r['m']} {r['costs']}: {r['torch_makespan']:.4g}, "
+                                        f"bound {r['exact']['bound']:.4g} ({r['exact']['seconds']:g} s)"
+                                        for r in unproven) + ".", ""]
     agg = defaultdict(lambda: defaultdict(int))
     gain = defaultdict(float)
     for r in rs:
