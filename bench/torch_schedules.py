@@ -86,7 +86,8 @@ def prove(row: dict, costs: Costs, mem, seconds: float, max_jobs: int) -> None:
     t0 = time.perf_counter()
     s = plan("optimal", make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=row["torch_peak"],
                                   options={"placement": placement, "time_limit": seconds, "workers": 2,
-                                           "formulation": "interval", "allow_large": True, "start_from": [ts]}))
+                                           "formulation": "interval", "hints": False, "allow_large": True,
+                                           "start_from": [ts]}))
     if validate(s, mem=mem, mem_limit=row["torch_peak"]):
         raise ScheduleError("optimal: over the limit")  # plan() validates; kept as a guard
     span = simulate(s, costs, mem).makespan
