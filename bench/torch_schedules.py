@@ -10,6 +10,13 @@ memory-aware ones honour it, the others count only where their own peak fits), e
 under P, and the shortest is pipeloom's best.
 
     python bench/torch_schedules.py [--out docs/bench/torch_schedules.md] [--pp 2 4 8] [--json FILE]
+                                    [--prove SECONDS] [--prove-jobs N]
+
+A tie (pipeloom's best exactly as long as torch's) whose makespan no lower bound meets is handed to the
+exact solver (the ``optimal`` builder: CP-SAT on pipeloom's own timing model, same placement, limit P and
+memory model, started from torch's order) for at most ``--prove`` seconds on shapes of at most
+``--prove-jobs`` jobs: where it proves that optimum, no schedule of that placement under P is shorter, so
+torch's order is optimal and "strictly better" impossible; where it finds a shorter one, that is reported.
 
 Cost sets (per chunk pass): ``equal`` F=B=W=1, comm 0; ``uneven`` F=1, B=1.5, W=0.7, comm 0.2;
 ``heavy-last`` F=B=W=1 and comm 0.1, the last chunk (loss and head) twice as long in F, B and W.
@@ -50,13 +57,13 @@ def ours_at(names, pp: int, m: int, costs: Costs, mem, limit: float, cache: dict
     for name in names:
         key = (name, pp, m, id(costs), limit)
         if key not in cache:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             try:
                 s = plan(name, make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit))
                 if validate(s, mem=mem, mem_limit=limit):
                     raise ScheduleError("over the limit")
                 r = simulate(s, costs, mem)
-                cache[key] = (r.makespan, max(r.peak_memory), time.perf_counter() - t0, s.meta.get("lower_bound"))
+                cache[key] = (r.makespan, max(r.peak_memory), time.process_time() - t0, s.meta.get("lower_bound"))
             except (ScheduleError, ValueError):
                 cache[key] = None  # (a builder without a memory limit whose own peak is above P)
         res = cache[key]
@@ -68,7 +75,29 @@ def ours_at(names, pp: int, m: int, costs: Costs, mem, limit: float, cache: dict
     return best, secs
 
 
-def rows(pps, progress=True) -> list[dict]:
+def prove(row: dict, costs: Costs, mem, seconds: float, max_jobs: int) -> None:
+    """Exact CP-SAT run on a tie no bound closes (see the module docstring); fills row['proof'] and, when
+    proven, row['bound'] (the optimum); row['exact'] holds the solver's best makespan and status."""
+    pp, m = row["pp"], row["m"]
+    if 3 * m * pp * VPP > max_jobs or seconds <= 0:
+        return
+    ts = torch_builtin(row["torch"], pp, m, VPP)
+    placement = "interleaved" if row["placement"] == "looped" else "v"
+    t0 = time.perf_counter()
+    s = plan("optimal", make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=row["torch_peak"],
+                                  options={"placement": placement, "time_limit": seconds, "workers": 2,
+                                           "formulation": "interval", "hints": False, "allow_large": True,
+                                           "start_from": [ts]}))
+    if validate(s, mem=mem, mem_limit=row["torch_peak"]):
+        raise ScheduleError("optimal: over the limit")  # plan() validates; kept as a guard
+    span = simulate(s, costs, mem).makespan
+    row["exact"] = {"status": s.meta["status"], "makespan": span, "bound": s.meta["best_bound"],
+                    "seconds": round(time.perf_counter() - t0, 1)}
+    if s.meta["status"] == "OPTIMAL" and span >= row["torch_makespan"] - 1e-9:
+        row["bound"], row["proof"] = span, f"CP-SAT {row['exact']['seconds']:g} s"
+
+
+def rows(pps, progress=True, prove_s: float = 0.0, prove_jobs: int = 0) -> list[dict]:
     mem = runtime_mem_model("torch")
     out, cache = [], {}
     for pp in pps:
@@ -98,6 +127,10 @@ def rows(pps, progress=True) -> list[dict]:
                             row["bound"] = lower_bound(spec, ts.placement).value if 3 * m * pp * VPP <= 5000 else None
                         else:
                             row["bound"] = best[3]
+                        if row.get("bound") is not None and best[1] <= row["bound"] + 1e-6:
+                            row["proof"] = "bound"
+                        elif abs(best[1] - tr.makespan) <= 1e-9:
+                            prove(row, costs, mem, prove_s, prove_jobs)
                     out.append(row)
                     if progress:
                         print(f"\r{len(out)} rows (pp {pp}, {cname}, m {m})", end="", file=sys.stderr, flush=True)
@@ -113,15 +146,16 @@ def verdict(r: dict) -> str:
         return "better"
     if r["ours_makespan"] > r["torch_makespan"] + 1e-9:
         return "worse"
-    if r.get("bound") is not None and r["ours_makespan"] <= r["bound"] + 1e-6:
+    if r.get("proof"):
         return "equal (optimal)"
     return "equal (open)"
 
 
-def markdown(rs: list[dict], argv: list[str]) -> str:
+def markdown(rs: list[dict], argv: list[str], prove_s: float = 0.0, prove_jobs: int = 0) -> str:
+    PROVE_TEXT = f"{prove_s:g} s on shapes of at most {prove_jobs} jobs"
     lines = ["# torch's multi-stage schedules vs pipeloom at torch's peak memory", "",
-             "Command (CPU, Python 3.11; the machine was shared with other jobs, so the planning times are "
-             "inflated):", "", "```", "python bench/torch_schedules.py " + " ".join(argv), "```", "",
+             "Command (CPU, Python 3.11, default planning effort; `plan s` is the CPU time, `time.process_time`, of "
+             "the slowest of pipeloom's builders tried for the shape, each with its default options):", "", "```", "python bench/torch_schedules.py " + " ".join(argv), "```", "",
              "Each torch class's own order (built by `torch_builtin`, torch 2.13) is timed by pipeloom's "
              "simulator with torch's runtime memory model (`--runtime torch`: B frees nothing, W frees the "
              "activation). Its peak P (largest over devices, in units of one full-stage microbatch activation) "
@@ -130,6 +164,17 @@ def markdown(rs: list[dict], argv: list[str]) -> str:
              "result is validated under P and the shortest counts. vpp 2. Cost sets: `equal` F=B=W=1, comm 0; "
              "`uneven` F=1, B=1.5, W=0.7, comm 0.2; `heavy-last` F=B=W=1, comm 0.1, the last chunk twice as "
              "long.", ""]
+    shorter = [r for r in rs if r.get("exact") and r["exact"]["makespan"] < r["torch_makespan"] - 1e-9]
+    if shorter:
+        lines += ["The exact solver found schedules shorter than torch's (and than pipeloom's default plan) at: "
+                  + "; ".join(f"{r['torch']} pp {r['pp']} m {r['m']} {r['costs']}: {r['exact']['makespan']:.4g} "
+                              f"({r['exact']['status']}, {r['exact']['seconds']:g} s)" for r in shorter) + ".", ""]
+    unproven = [r for r in rs if r.get("exact") and not r.get("proof") and r not in shorter]
+    if unproven:
+        lines += ["Ties the exact solver could not close in its time (no shorter schedule found, the gap stays "
+                  "open): " + "; ".join(f"{r['torch']} pp {r['pp']} m {r['m']} {r['costs']}: {r['torch_makespan']:.4g}, "
+                                        f"bound {r['exact']['bound']:.4g} ({r['exact']['seconds']:g} s)"
+                                        for r in unproven) + ".", ""]
     agg = defaultdict(lambda: defaultdict(int))
     gain = defaultdict(float)
     for r in rs:
@@ -141,10 +186,13 @@ def markdown(rs: list[dict], argv: list[str]) -> str:
         if v != "no fit":
             k = (r["torch"], r["costs"])
             gain[k] = max(gain[k], 1 - r["ours_makespan"] / r["torch_makespan"])
-    lines += ["## Summary", "", "\"equal (optimal)\": the makespan meets a proven lower bound at P (no schedule of "
-              "that placement can be shorter under P: `meta['lower_bound']` of the builder, else "
-              "`pipeloom.schedule.search.bounds.lower_bound`, shapes of at most 5 000 jobs); \"equal (open)\": a shorter "
-              "one might exist.", "",
+    lines += ["## Summary", "", "\"equal (optimal)\": no schedule of that placement can be shorter under P, so torch's "
+              "order is optimal there and \"strictly better\" is impossible. Proof (column `proof` below): `bound`, the "
+              "makespan meets a proven lower bound at P (`meta['lower_bound']` of the builder, else "
+              "`pipeloom.schedule.search.bounds.lower_bound`, shapes of at most 5 000 jobs); `CP-SAT`, the exact solver "
+              "(`optimal` builder, interval model, 2 workers, same placement, limit and memory model, started from "
+              "torch's order; at most "
+              f"{PROVE_TEXT}) proved that makespan optimal. \"equal (open)\": a shorter one might exist.", "",
               "| torch class | costs | shapes | better | equal (optimal) | equal (open) | worse | no fit | "
               "torch cannot plan | largest gain |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cls in LOOPED + V:
@@ -158,20 +206,21 @@ def markdown(rs: list[dict], argv: list[str]) -> str:
                          f"{a['n/a']} | {100 * gain.get((cls, cname), 0):.1f}% |")
     lines += ["", "## Every shape", "",
               "| torch class | pp | m | costs | torch makespan | torch peak P | pipeloom best (at <= P) | makespan "
-              "| peak | ours/torch | bound | plan s |", "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+              "| peak | ours/torch | bound | proof | plan s |", "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
     for r in rs:
         if "error" in r:
             lines.append(f"| {r['torch']} | {r['pp']} | {r['m']} | {r['costs']} | torch cannot plan this shape | "
-                         f"| | | | | | |")
+                         f"| | | | | | | |")
             continue
         if r.get("ours") is None:
             lines.append(f"| {r['torch']} | {r['pp']} | {r['m']} | {r['costs']} | {r['torch_makespan']:.4g} | "
-                         f"{r['torch_peak']:g} | none fits | | | | | |")
+                         f"{r['torch_peak']:g} | none fits | | | | | | |")
             continue
         lines.append(f"| {r['torch']} | {r['pp']} | {r['m']} | {r['costs']} | {r['torch_makespan']:.4g} | "
                      f"{r['torch_peak']:g} | {r['ours']} | {r['ours_makespan']:.4g} | {r['ours_peak']:g} | "
                      f"{r['ours_makespan'] / r['torch_makespan']:.3f} | "
-                     f"{'' if r.get('bound') is None else format(r['bound'], '.4g')} | {r['plan_s']:.2f} |")
+                     f"{'' if r.get('bound') is None else format(r['bound'], '.4g')} | {r.get('proof', '')} | "
+                     f"{r['plan_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -180,10 +229,13 @@ def main(argv=None) -> int:
     ap.add_argument("--pp", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--out", help="write the markdown page here (else print it)")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--prove", type=float, default=120.0,
+                    help="CP-SAT seconds (2 workers) per tie that no bound closes (0: none; default 120)")
+    ap.add_argument("--prove-jobs", type=int, default=100, help="largest shape (jobs) the exact solver gets")
     args = ap.parse_args(argv)
-    rs = rows(args.pp)
+    rs = rows(args.pp, prove_s=args.prove, prove_jobs=args.prove_jobs)
     shown = [a for a in (argv if argv is not None else sys.argv[1:])]
-    md = markdown(rs, shown)
+    md = markdown(rs, shown, args.prove, args.prove_jobs)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(md)

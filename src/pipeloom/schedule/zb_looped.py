@@ -49,6 +49,10 @@ INF = float("inf")
 DEFAULT_BUDGET = 60_000
 #: default work budget of the template passes (job placements over all of them)
 DEFAULT_TEMPLATE_BUDGET = 30_000
+#: default work budget of the cool-down variants (:func:`pull_candidates`, job placements over all of them)
+DEFAULT_PULL_BUDGET = 60_000
+#: the ``pull`` values tried, in turn (those below the last microbatch group's size)
+PULLS = (1, 2, 3, 4, 6, 8, 12)
 #: job re-timings of the adjacent-swap local search on the best candidate
 DEFAULT_LS_BUDGET = 100_000
 #: job re-timings of the insertion local search (shapes up to INSERT_MAX_JOBS jobs)
@@ -75,10 +79,19 @@ class Template:
     """pending Ws allowed before one is forced: an int, 'dev' (the device index, as torch does) or 'none'"""
     fill: str = "fit"
     """'fit': a W fills a wait only if it ends before the next F/B is ready; 'always': any wait"""
+    pull: int = 0
+    """in the last microbatch group, the first ``pull`` backwards of each lower local chunk run right after
+    the backward ``pull`` places before the end of the chunk above (see :func:`fb_order`)"""
 
 
-def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int) -> list[Job]:
-    """Device ``d``'s interleaved 1F1B order of F and B (no W) with ``warmup`` forwards first."""
+def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> list[Job]:
+    """Device ``d``'s interleaved 1F1B order of F and B (no W) with ``warmup`` forwards first.
+
+    ``pull`` > 0 reorders the cool-down: in the last microbatch group g_0..g_{n-1}, the backward of
+    g_i on local chunk v runs right after that of g_{n-1-pull+i} on chunk v+1 (i < pull), instead of
+    after all of chunk v+1's. Those microbatches then start down the lower chunks while the group's
+    last ones still come back up, so the devices have backward work in the cool-down's waits.
+    """
     groups = microbatch_groups(m, pp) if m >= pp else [list(range(m))]
     chunks = [d + v * pp for v in range(vpp)]
     fwd = [Job(_KF, mb, chunks[v]) for g in groups for v in range(vpp) for mb in g]
@@ -87,7 +100,16 @@ def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int) -> list[Job]:
     seq = fwd[:w]
     for i in range(len(fwd) - w):
         seq += [fwd[w + i], bwd[i]]
-    return seq + bwd[len(fwd) - w:]
+    seq += bwd[len(fwd) - w:]
+    g = groups[-1]
+    x = min(pull, len(g) - 1)
+    if x > 0:
+        for v in reversed(range(vpp - 1)):
+            for i in range(x):
+                lo, hi = Job(_KB, g[i], chunks[v]), Job(_KB, g[len(g) - 1 - x + i], chunks[v + 1])
+                seq.remove(lo)
+                seq.insert(seq.index(hi) + 1, lo)
+    return seq
 
 
 def warmups(prob, tpl: Template) -> list[int]:
@@ -239,6 +261,10 @@ _LEAD_TEMPLATES = (
 )
 
 
+#: the template whose cool-down variants are tried besides the best template's (it won most often with a pull)
+PULL_BASE = Template(1, 0, "none", "fit")
+
+
 def template_grid() -> list[Template]:
     """The template passes tried, most useful first (:data:`_LEAD_TEMPLATES`, then the rest of the grid)."""
     out = list(_LEAD_TEMPLATES)
@@ -262,8 +288,22 @@ def template_candidates(prob, budget: int) -> list[_greedy.PassResult]:
     njobs = 3 * prob.m * prob.nc
     out = []
     for tpl in template_grid()[:max(1, budget // max(njobs, 1))]:
-        orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w) for d, w in enumerate(warmups(prob, tpl))]
+        orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w, tpl.pull) for d, w in enumerate(warmups(prob, tpl))]
         r = template_pass(prob, orders, tpl)  # (orders is changed where the limit cuts a warm-up short)
+        if r is not None and max(r.peak) <= prob.limit + _EPS:
+            out.append(r)
+    return out
+
+
+def pull_candidates(prob, bases: list[Template], budget: int) -> list[_greedy.PassResult]:
+    """The cool-down variants (:attr:`Template.pull` in :data:`PULLS`) of the templates ``bases`` within
+    ``budget`` job placements, those that finish within the limit."""
+    groups = microbatch_groups(prob.m, prob.pp) if prob.m >= prob.pp else [list(range(prob.m))]
+    tpls = [replace(b, pull=x) for x in PULLS if x < len(groups[-1]) for b in dict.fromkeys(bases)]
+    out = []
+    for tpl in tpls[:budget // max(3 * prob.m * prob.nc, 1)]:
+        orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w, tpl.pull) for d, w in enumerate(warmups(prob, tpl))]
+        r = template_pass(prob, orders, tpl)
         if r is not None and max(r.peak) <= prob.limit + _EPS:
             out.append(r)
     return out
@@ -292,10 +332,15 @@ def plan_looped(name: str, spec: PlanSpec):
     prob = replace(prob, limit=limit)
     budget = int_option(spec.options, "budget", DEFAULT_BUDGET, who=name)
     tbudget = int_option(spec.options, "template_budget", DEFAULT_TEMPLATE_BUDGET, who=name)
+    pbudget = int_option(spec.options, "pull_budget", DEFAULT_PULL_BUDGET, who=name)
     njobs = 3 * m * pp * vpp
     best, source = _greedy.search(prob, budget, ls_budget=DEFAULT_LS_BUDGET), "greedy"
     tbest = None
     for r in template_candidates(prob, tbudget):
+        if tbest is None or _greedy._better(r, tbest, prob):
+            tbest = r
+    bases = ([tbest.policy] if tbest is not None else []) + [PULL_BASE]
+    for r in pull_candidates(prob, bases, pbudget):
         if tbest is None or _greedy._better(r, tbest, prob):
             tbest = r
     if tbest is not None:
@@ -354,6 +399,8 @@ OPTIONS = (
     Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET, help="job placements for the greedy policy search"),
     Option(name="template_budget", type="int", min=0, default=DEFAULT_TEMPLATE_BUDGET,
            help="job placements for the template passes (at least one runs)"),
+    Option(name="pull_budget", type="int", min=0, default=DEFAULT_PULL_BUDGET,
+           help="job placements for the cool-down variants of the best template passes"),
     Option(name="polish", type="float", min=0, default=None,
            help=f"CP-SAT deterministic seconds of polish on shapes of at most {LNS_MAX_JOBS} jobs (0 = off; "
                 f"default with effort=high {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above "
