@@ -179,3 +179,13 @@ def test_pull_moves_only_last_group_backwards_and_stays_valid(pp, vpp, m):
             assert validate(s, mem=mem, mem_limit=float(pp)) == []
             assert simulate(s, costs, mem).makespan == pytest.approx(r.makespan)
     assert n_ok >= 1
+
+
+def test_bound_option_skips_only_the_lower_bound():
+    """``-O bound=false`` (what ``tune``'s sweep passes) leaves the plan itself unchanged and only drops
+    ``meta['lower_bound']``, which the default computes."""
+    spec = make_spec(pp=4, microbatches=8, vpp=2, mem_limit="1p")
+    with_bound = plan("zbvpp", spec)
+    without = plan("zbvpp", make_spec(pp=4, microbatches=8, vpp=2, mem_limit="1p", options={"bound": False}))
+    assert "lower_bound" in with_bound.meta and "lower_bound" not in without.meta
+    assert without.devices == with_bound.devices

@@ -360,7 +360,7 @@ def plan_looped(name: str, spec: PlanSpec):
     det = _polish_budget(spec, njobs, effort_option(spec) == "high")
     pspec = replace(spec, mem_limit=limit)
     if det == 0:
-        if njobs <= BOUND_MAX_JOBS:
+        if njobs <= BOUND_MAX_JOBS and spec.options.get("bound", True) is not False:
             from .search.bounds import lower_bound
 
             meta["lower_bound"] = lower_bound(pspec, Placement.INTERLEAVED).value
@@ -401,6 +401,9 @@ OPTIONS = (
            help="job placements for the template passes (at least one runs)"),
     Option(name="pull_budget", type="int", min=0, default=DEFAULT_PULL_BUDGET,
            help="job placements for the cool-down variants of the best template passes"),
+    Option(name="bound", type="bool", default=True,
+           help=f"compute the proven lower bound into the plan's meta (shapes of at most {BOUND_MAX_JOBS} jobs; "
+                "about three quarters of a default plan's time; false skips it, e.g. in sweeps)"),
     Option(name="polish", type="float", min=0, default=None,
            help=f"CP-SAT deterministic seconds of polish on shapes of at most {LNS_MAX_JOBS} jobs (0 = off; "
                 f"default with effort=high {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above "

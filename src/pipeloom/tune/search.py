@@ -45,9 +45,10 @@ from .gpus import GPU
 
 RECOMPUTES = ("none", "selective", "full")
 PARTITIONS = ("uniform", "balanced")
-#: builder options during the sweep (a tenth of the greedy budget, no CP-SAT polish); the top configurations
-#: are planned again with the builders' defaults before the final ranking
-SWEEP_OPTIONS = {"budget": 3000, "polish": 0}
+#: builder options during the sweep (a twentieth of the greedy budget, no CP-SAT polish, no proven lower bound
+#: in the plan's meta, no cool-down variants of zbvpp); the top configurations are planned again with the
+#: builders' defaults before the final ranking
+SWEEP_OPTIONS = {"budget": 3000, "polish": 0, "bound": False, "pull_budget": 0}
 #: builders left out unless named: CP-SAT per configuration is far too slow for a sweep
 SLOW = ("optimal",)
 
