@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import os
 import sys
 
 # the subcommands; module cli/<name>_cmd.py defines add_parser(subparsers)
@@ -71,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, so that a reader that went away is seen now (a BrokenPipeError below)
     except KeyboardInterrupt:
         print("pipeloom: interrupted", file=sys.stderr)
+        cpsat = sys.modules.get("pipeloom.schedule.search.cpsat")
+        if cpsat is not None and cpsat.interrupted_solve:  # see there: leave before ortools' exit handlers
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     except BrokenPipeError as e:
         if _stdout_closed():  # `pipeloom ... | head`: the reader has what it wanted; that is success

@@ -381,6 +381,9 @@ def optimal(spec: PlanSpec) -> Schedule:
         if budget <= 0.05:
             break
         used.append(form)
+        # ortools loaded before the report that says Ctrl-C stops the solve: an interrupt inside its module
+        # initialisation would surface as an ImportError
+        from ortools.sat.python import cp_model  # noqa: F401
         progress.report(f"solving with CP-SAT ({form} model, {len(jobs)} jobs, at most {budget:.3g} s; Ctrl-C stops)")
         res = solve_graph(g, form, vals, objective, time_limit=budget, workers=workers, seed=seed)
         if res is None:

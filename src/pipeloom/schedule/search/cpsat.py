@@ -286,6 +286,11 @@ def _time_indexed(model, jobs, start, preds, dur, delta, dev, pp, ilimit, head, 
                 model.add(sum(delta(j.kind, j.chunk) * yv(j, t) for j in on) <= ilimit)
 
 
+#: set when Ctrl-C stopped a solve: ortools 9.15 then aborts the process in its static destructors at exit
+#: ("terminate called without an active exception"), so the command line leaves with ``os._exit``
+interrupted_solve = False
+
+
 def solve_interruptibly(solver, model):
     """``solver.solve(model)``, stopped within a fraction of a second by Ctrl-C (SIGINT).
 
@@ -297,6 +302,9 @@ def solve_interruptibly(solver, model):
     if threading.current_thread() is not threading.main_thread():
         return solver.solve(model)
     box: dict = {}
+    # CP-SAT's own SIGINT handler (installed process-wide by solve()) would take the signal from Python's and,
+    # called outside the solving thread, aborts the process (std::bad_function_call, ortools 9.15)
+    solver.parameters.catch_sigint_signal = False
 
     def target() -> None:
         try:
@@ -310,6 +318,8 @@ def solve_interruptibly(solver, model):
         while t.is_alive():
             t.join(0.05)
     except KeyboardInterrupt:
+        global interrupted_solve
+        interrupted_solve = True
         solver.stop_search()
         t.join(5.0)
         raise

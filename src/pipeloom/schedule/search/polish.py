@@ -91,6 +91,9 @@ def polish(spec: PlanSpec, sched: Schedule, det_time: float, *, seed: int = 0,
         return early
     horizon = int(round(ires.makespan))
     hint = relabel_hint(hint_starts(ires), g.m, g.nc)
+    # ortools loaded before the report that says Ctrl-C stops the solve: an interrupt inside its module
+    # initialisation would surface as an ImportError
+    from ortools.sat.python import cp_model  # noqa: F401
     progress.report(f"polishing with CP-SAT ({len(g.jobs)} jobs, {det_time:g} deterministic s; Ctrl-C stops)")
     res = solve_graph(g, "interval", hint, horizon, det_time=det_time, workers=1, seed=seed, extra_lb=lb,
                       params={**_PARAMS, **(params or {})})
