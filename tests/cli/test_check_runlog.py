@@ -82,51 +82,17 @@ def test_the_planted_delay_is_what_the_analysis_measures(runs):
     assert clean["replay_error"] < 0.02
 
 
-class _Slow(nn.Module):
-    def __init__(self, inner: nn.Module, delay: float):
-        super().__init__()
-        self.inner, self.delay = inner, delay
-
-    def forward(self, x):
-        import time
-        time.sleep(self.delay)
-        return self.inner(x)
-
-
 def _profiled(plan_dict: dict, out_dir: str, slow_rank: int, steps: int) -> int:
     """torch's runtime of a pipeloom plan under torch.profiler, one trace per rank and step."""
-    import os
-
-    from torch.distributed.pipelining import PipelineStage
-    from torch.profiler import ProfilerActivity, profile
-
-    from pipeloom.integrations.torch import build_torch_schedule
+    from torch_profiled import profiled_steps
 
     s = schedule_io.from_dict(plan_dict)
-    rank = dist.get_rank()
     torch.manual_seed(0)
     chunks = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(s.num_chunks)]
-    mine = s.chunks_of(rank)
-    mods = {c: _Slow(chunks[c], TORCH_DELAY if rank == slow_rank else 0.0) for c in mine}
-    stages = [PipelineStage(mods[c], c, s.num_chunks, torch.device("cpu")) for c in mine]
-    runtime = build_torch_schedule(s, stages, lambda o, t: nn.functional.mse_loss(o, t))
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(2 * s.microbatches, 8, generator=g), torch.randn(2 * s.microbatches, 8, generator=g)
-    first, last = 0 in mine, s.num_chunks - 1 in mine
-
-    def step():
-        runtime.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
-        for m in mods.values():
-            m.zero_grad()
-    step()  # warm-up, not profiled
-    for it in range(1, steps + 1):
-        dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step()
-        d = os.path.join(out_dir, f"iteration_{it}")
-        os.makedirs(d, exist_ok=True)
-        prof.export_chrome_trace(os.path.join(d, f"rank{rank}_trace.json"))
-    return rank
+    return profiled_steps(s, chunks, lambda o, t: nn.functional.mse_loss(o, t), x, y, out_dir, slow_rank,
+                          TORCH_DELAY, steps)
 
 
 def test_torch_profiler_traces_get_the_whatif_analysis(runs):

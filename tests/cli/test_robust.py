@@ -210,8 +210,11 @@ def _interrupt_when(argv, marker):
     import signal
     import time
 
+    # SIGINT as a terminal delivers it: a suite started in the background of a non-interactive shell (`make test &`)
+    # hands its children SIGINT ignored, and Python then leaves it ignored
     p = subprocess.Popen([PY, "-m", "pipeloom", "--progress", *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env())
+                         stderr=subprocess.PIPE, text=True, env=env(),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen = []
         while True:  # the process reports each long step on stderr (--progress) before starting it

@@ -135,47 +135,12 @@ def test_without_renumbering_torch_cannot_run_the_plan(base):
         _run(s, raw=True)
 
 
-class _Slow(nn.Module):
-    """A chunk whose forward takes ``delay`` seconds longer (the straggler of the profiler test)."""
-
-    def __init__(self, inner: nn.Module, delay: float):
-        super().__init__()
-        self.inner, self.delay = inner, delay
-
-    def forward(self, x):
-        import time
-        time.sleep(self.delay)
-        return self.inner(x)
-
-
 def _profiled(plan_dict: dict, out_dir: str, slow_rank: int, steps: int):
-    import os
-
-    from torch.profiler import ProfilerActivity, profile
+    from torch_profiled import profiled_steps
 
     s = schedule_io.from_dict(plan_dict)
-    rank = dist.get_rank()
-    chunks = _chunks(s.num_chunks)
-    mine = s.chunks_of(rank)
-    mods = {c: _Slow(chunks[c], 0.03 if rank == slow_rank else 0.0) for c in mine}
-    stages = [PipelineStage(mods[c], c, s.num_chunks, torch.device("cpu")) for c in mine]
-    runtime = build_torch_schedule(s, stages, _loss)
     x, y = _data(s.microbatches)
-    first, last = 0 in mine, s.num_chunks - 1 in mine
-
-    def step():
-        runtime.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
-        for m in mods.values():
-            m.zero_grad()
-    step()  # warm-up, not profiled
-    for it in range(1, steps + 1):
-        dist.barrier()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step()
-        d = os.path.join(out_dir, f"iteration_{it}")
-        os.makedirs(d, exist_ok=True)
-        prof.export_chrome_trace(os.path.join(d, f"rank{rank}_trace.json"))
-    return rank
+    return profiled_steps(s, _chunks(s.num_chunks), _loss, x, y, out_dir, slow_rank, 0.03, steps)
 
 
 def test_torch_profiler_traces_of_a_torch_run_are_checked_like_pipeloom_logs(tmp_path):
