@@ -63,6 +63,11 @@ def test_zbv_no_worse_than_1f1b_at_equal_memory(pp, vpp, m, f, b, w):
     because a microbatch crosses devices more often in V placement (4pp - 4 cross-device edges
     for vpp 2 against 2pp - 2 for 1F1B), e.g. pp 4, m 1, comm large.
     """
+    _assert_zbv_no_worse_than_1f1b(pp, vpp, m, f, b, w)
+
+
+def _assert_zbv_no_worse_than_1f1b(pp, vpp, m, f, b, w):
+    """zbv at 1p against 1F1B with the same work per device: no more memory, no longer."""
     zb = make_spec(pp=pp, microbatches=m, vpp=vpp, costs=Costs(F=f, B=b, W=w), mem_limit="1p")
     ref = make_spec(pp=pp, microbatches=m, costs=Costs(F=vpp * f, B=vpp * b, W=vpp * w))
     r_zb = simulate(plan("zbv", zb), zb.costs, zb.mem)
@@ -76,12 +81,7 @@ def test_zbv_no_worse_than_1f1b_found_cases(pp, vpp, m, f, b, w):
     """Counterexamples the property above once found. pp 3, vpp 3, m 41, F/B/W 0.5/2/0.5 at 1p: 1F1B makes
     387; the first 54 greedy policies (the former fixed budget of 60 000 placements at 1 107 jobs) gave 388,
     the whole policy grid gives 380.5."""
-    zb = make_spec(pp=pp, microbatches=m, vpp=vpp, costs=Costs(F=f, B=b, W=w), mem_limit="1p")
-    ref = make_spec(pp=pp, microbatches=m, costs=Costs(F=vpp * f, B=vpp * b, W=vpp * w))
-    r_zb = simulate(plan("zbv", zb), zb.costs, zb.mem)
-    r_ref = simulate(plan("1f1b", ref), ref.costs, ref.mem)
-    assert max(r_zb.peak_memory) <= max(r_ref.peak_memory) + 1e-9
-    assert r_zb.makespan <= r_ref.makespan + 1e-9
+    _assert_zbv_no_worse_than_1f1b(pp, vpp, m, f, b, w)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
