@@ -28,8 +28,6 @@ latency never showed). Times are in milliseconds.
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
 import os
 import re
 import statistics
@@ -37,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ..core.costs import Costs
 from ..trace.run import LogError
-from ..trace.torch_profile import find_traces
+from ..trace.torch_profile import find_traces, load_trace
 
 _COMPUTE = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
 _SEND = re.compile(r"^PP:(\d+)(SEND_F|SEND_B)(\d+)$")
@@ -66,18 +64,6 @@ class _Span:
     start: float  # ms
     end: float
     work: float | None = None  # start of the first child operator (ms), None when it has none
-
-
-def _load(path: str) -> dict:
-    try:
-        opener = gzip.open if path.lower().endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:
-        raise LogError(f"cannot read {path} as a torch profiler trace: {str(e)[:80]}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise LogError(f"{path} is not a torch profiler trace (no traceEvents list)")
-    return data
 
 
 def _spans(data: dict, path: str) -> list[_Span]:
@@ -145,7 +131,7 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
             raise LogError(f"no torch profiler traces (*.json, *.json.gz) under {source}")
         traces = []
         for i, (path, _) in enumerate(found):
-            data = _load(path)
+            data = load_trace(path)
             traces.append((_rank_of(data, path, i), path, data))
     per_trace = [(rank, path, _spans(data, path)) for rank, path, data in traces]
     home: dict[int, int] = {}

@@ -357,12 +357,14 @@ def worker(cfg: RunConfig) -> dict:
             ex.sync_params()
             if tied:
                 tied_diff = max(tied_diff, tied.max_weight_diff())
-            if cfg.verify and step == 0:
-                verify.update(_verify_params(_named_fp32(ex, opt), ref))
             if step == 0:
+                # the fp32 values once (with bf16 + ZeRO-1 an all-gather of the master shards)
+                named = _named_fp32(ex, opt) if cfg.verify or cfg.return_params else None
+                if cfg.verify:
+                    verify.update(_verify_params(named, ref))
                 static = _static_bytes(ex, opt)
                 if cfg.return_params:
-                    params = _gather_params(_named_fp32(ex, opt), dp_rank)
+                    params = _gather_params(named, dp_rank)
     finally:
         if log is not None:
             log.close(cfg.steps - 1)

@@ -38,7 +38,8 @@ _ITERATION = re.compile(r"^iteration_(\d+)$")
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$", re.I)
 
 
-def _load(path: str) -> dict:
+def load_trace(path: str) -> dict:
+    """One torch profiler trace (Chrome/Kineto JSON, plain or .gz) as a dict; a one-line LogError otherwise."""
     try:
         opener = gzip.open if path.lower().endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
@@ -141,7 +142,7 @@ def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float,
 
 def read_trace(path: str, step: int | None, order: int) -> RankLog:
     """One rank's trace as a :class:`RankLog` (``order``: its position among the files, the rank of last resort)."""
-    data = _load(path)
+    data = load_trace(path)
     info = data.get("distributedInfo") or {}
     rank = info.get("rank") if isinstance(info.get("rank"), int) else None
     if rank is None:
