@@ -59,7 +59,7 @@ def _finish(procs, timeout: float):
 
 
 def test_two_nodes_pp_across_dp_within_verify_and_merged_logs(tmp_path):
-    procs = _agents(["--steps", "2", "--verify", "--json"], log_dir=tmp_path)
+    procs = _agents(["--steps", "2", "--verify", "--json", "--overlap-grad-reduce"], log_dir=tmp_path)
     outs = _finish(procs, 400)
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     res = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]

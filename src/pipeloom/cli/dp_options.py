@@ -27,10 +27,11 @@ def add_dp_options(p, *, gantt: bool = False) -> None:
                    help="latency per ring step: 5us, 0.01ms or seconds (default: %(default)s)")
     g.add_argument("--dp-unit-ms", type=float, default=1.0, metavar="MS",
                    help="milliseconds per schedule cost unit (default: 1, costs in ms as measured costs are)")
-    g.add_argument("--overlap-grad-reduce", action="store_true", default=True,
-                   help="start each chunk's reduction after its last W/BW on the device (default)")
+    g.add_argument("--overlap-grad-reduce", action="store_true", default=False,
+                   help="start each chunk's reduction after its last W/BW on the device (as `run "
+                        "--overlap-grad-reduce` does)")
     g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
-                   help="one reduction after the device's last job")
+                   help="one reduction after the device's last job (default, as `run`'s default)")
     g.add_argument("--zero", type=int, choices=[0, 1], default=0,
                    help="1: ZeRO-1 (reduce-scatter per chunk, all-gather of the parameters after the step)")
     if gantt:

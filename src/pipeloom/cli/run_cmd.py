@@ -89,11 +89,12 @@ def add_parser(sub) -> None:
                    help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
     g = p.add_argument_group("data parallel", "How the dp replicas' gradients are reduced (docs/runtime.md).")
-    g.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=True,
+    g.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=False,
                    help="start each chunk's reduction asynchronously right after its last W/BW on the rank, "
-                        "overlapped with the pipeline drain (default)")
+                        "overlapped with the pipeline drain (off by default: not yet measured to help, see "
+                        "docs/bench/dp_overlap.md)")
     g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
-                   help="one blocking all-reduce of all gradients after the last job")
+                   help="one blocking all-reduce of all gradients after the last job (default)")
     g.add_argument("--zero", type=int, choices=[0, 1], default=0,
                    help="1: ZeRO-1: reduce-scatter the gradients, keep the AdamW states (and with --dtype bf16 the "
                         "fp32 master weights) for this rank's 1/dp shard only, all-gather the parameters (default: 0)")

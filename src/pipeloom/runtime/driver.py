@@ -109,9 +109,11 @@ class RunConfig:
     """a token file (flat uint16/uint32 ids, see :mod:`pipeloom.runtime.data`); None: synthetic data"""
     data_dtype: str = "uint16"
     """the token file's integer type"""
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: bool = False
     """dp > 1: start each chunk's gradient reduction asynchronously right after its last W/BW on the rank
-    (overlapped with the pipeline drain) instead of one blocking all-reduce after the step"""
+    (overlapped with the pipeline drain) instead of one blocking all-reduce after the step. Off by default:
+    measured on gloo/CPU it does not help (the reduction competes with compute for the same cores); turn it
+    on where the reduction has its own link and engine (NCCL)"""
     zero: int = 0
     """1: ZeRO-1 (reduce-scatter the gradients, AdamW states and, with bf16, the fp32 master weights sharded
     over dp, all-gather the parameters); 0: every dp rank keeps the whole optimizer"""
