@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 from pipeloom.schedule.planning import evaluate, make_spec
 from pipeloom.schedule import registry
@@ -62,7 +63,7 @@ def schedule_class(sched) -> tuple[str, str]:
     return placement, backward
 
 
-def run_case(pp, m, vpp, limit, cs, names, time_limit, workers, own_peak=()):
+def run_case(pp, m, vpp, limit, cs, names, time_limit, workers, own_peak=(), effort=None):
     costs = COST_SETS[cs]
     spec = make_spec(pp=pp, microbatches=m, vpp=vpp, costs=costs, mem_limit=limit)
     row = {"pp": pp, "microbatches": m, "vpp": vpp, "mem_limit": limit, "cost_set": cs, "costs": costs,
@@ -76,7 +77,9 @@ def run_case(pp, m, vpp, limit, cs, names, time_limit, workers, own_peak=()):
         except ScheduleError:
             continue
         try:
-            sched = registry.build(name, spec)
+            own = spec if effort is None or "effort" not in info.option_names else replace(
+                spec, options={"effort": effort})
+            sched = registry.build(name, own)
         except (ScheduleError, ValueError) as e:
             row["heuristics"][name] = {"error": str(e).splitlines()[0]}
             continue
@@ -159,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--own-peak", default="", metavar="NAMES",
                     help="comma-separated heuristics also compared with the optimum under their own peak memory "
                          "as the limit (fair for memory-saving schedules such as vhalf, vmin; one extra solve each)")
+    ap.add_argument("--effort", choices=["fast", "high"], default=None,
+                    help="planning effort of the builders that read it (zbv, vhalf, vmin, zbvpp; default: their "
+                         "default, fast)")
     ap.add_argument("--render", metavar="FILE.json", default=None,
                     help="do not solve: print the tables of an earlier --json run")
     args = ap.parse_args(argv)
@@ -181,7 +187,7 @@ def main(argv=None) -> int:
         args.time_limit, args.workers = saved["time_limit"], saved["workers"]
     elif args.json or args.markdown:
         for c in todo:
-            rows.append(run_case(*c, names, args.time_limit, args.workers, own_peak))
+            rows.append(run_case(*c, names, args.time_limit, args.workers, own_peak, args.effort))
     else:
         from rich.progress import Progress
 
@@ -189,7 +195,7 @@ def main(argv=None) -> int:
             task = prog.add_task("solving", total=len(todo))
             for c in todo:
                 prog.update(task, description=f"pp{c[0]} m{c[1]} vpp{c[2]} {c[3]} {c[4]}")
-                rows.append(run_case(*c, names, args.time_limit, args.workers, own_peak))
+                rows.append(run_case(*c, names, args.time_limit, args.workers, own_peak, args.effort))
                 prog.advance(task)
     wall = saved["wall_s"] if args.render else time.perf_counter() - t0
     summ = summarize(rows, names)

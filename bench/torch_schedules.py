@@ -41,6 +41,29 @@ LOOPED = ("Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS")
 V = ("ZBVZeroBubble", "DualPipeV")
 #: pipeloom's builders per placement (all of those the registry has for it at vpp 2)
 OURS = {"looped": ("zbvpp", "interleaved"), "v": ("zbv", "vhalf", "vmin", "dualpipev")}
+#: tried only where the default builders tie torch's order and no bound proves the tie optimal: a builder with
+#: options that spend more time (planning seconds reported per row)
+SECOND = {"v": (("dualpipev", {"overlap_pairs": False, "reorder": 300.0}),)}
+
+
+def second_effort(placement: str, pp: int, m: int, costs: Costs, mem, limit: float):
+    """(label, makespan, peak, seconds) of the best SECOND builder under ``limit``, or None."""
+    best = None
+    for name, opts in SECOND.get(placement, ()):
+        t0 = time.process_time()
+        try:
+            s = plan(name, make_spec(pp=pp, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit,
+                                     options=opts))
+        except (ScheduleError, ValueError):
+            continue
+        if validate(s, mem=mem, mem_limit=limit):
+            continue
+        r = simulate(s, costs, mem)
+        label = name + " -O " + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
+                                          for k, v in opts.items())
+        if best is None or r.makespan < best[1] - 1e-9:
+            best = (label, r.makespan, max(r.peak_memory), time.process_time() - t0)
+    return best
 VPP = 2
 
 
@@ -129,7 +152,12 @@ def rows(pps, progress=True, prove_s: float = 0.0, prove_jobs: int = 0) -> list[
                             row["bound"] = best[3]
                         if row.get("bound") is not None and best[1] <= row["bound"] + 1e-6:
                             row["proof"] = "bound"
-                        elif abs(best[1] - tr.makespan) <= 1e-9:
+                        elif best[1] >= tr.makespan - 1e-9:
+                            more = second_effort(placement, pp, m, costs, mem, limit)
+                            if more is not None and more[1] < best[1] - 1e-9:
+                                row.update(ours=more[0], ours_makespan=more[1], ours_peak=more[2],
+                                           second_s=more[3])
+                        if not row.get("proof") and abs(row["ours_makespan"] - tr.makespan) <= 1e-9:
                             prove(row, costs, mem, prove_s, prove_jobs)
                     out.append(row)
                     if progress:
@@ -163,7 +191,11 @@ def markdown(rs: list[dict], argv: list[str], prove_s: float = 0.0, prove_jobs: 
              "V: `zbv`, `vhalf`, `vmin`, `dualpipev`), planned with the same costs and memory model; every "
              "result is validated under P and the shortest counts. vpp 2. Cost sets: `equal` F=B=W=1, comm 0; "
              "`uneven` F=1, B=1.5, W=0.7, comm 0.2; `heavy-last` F=B=W=1, comm 0.1, the last chunk twice as "
-             "long.", ""]
+             "long. Where the default builders only tie torch's order and no bound proves the tie optimal, "
+             "`dualpipev -O overlap_pairs=false,reorder=300` is tried as well: DualPipeV's order without its F&B "
+             "pairs (at overlap 0 they hide nothing and only make an F wait for a B), then single jobs moved within "
+             "their device under P by the simulator-timed local search (`pipeloom.schedule.search.reorder`) while "
+             "the makespan or the sum of finish times shrinks; its CPU seconds show as (+N) in `plan s`.", ""]
     shorter = [r for r in rs if r.get("exact") and r["exact"]["makespan"] < r["torch_makespan"] - 1e-9]
     if shorter:
         lines += ["The exact solver found schedules shorter than torch's (and than pipeloom's default plan) at: "
@@ -220,7 +252,7 @@ def markdown(rs: list[dict], argv: list[str], prove_s: float = 0.0, prove_jobs: 
                      f"{r['torch_peak']:g} | {r['ours']} | {r['ours_makespan']:.4g} | {r['ours_peak']:g} | "
                      f"{r['ours_makespan'] / r['torch_makespan']:.3f} | "
                      f"{'' if r.get('bound') is None else format(r['bound'], '.4g')} | {r.get('proof', '')} | "
-                     f"{r['plan_s']:.2f} |")
+                     f"{r['plan_s']:.2f}" + (f" (+{r['second_s']:.0f})" if r.get("second_s") else "") + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 from ..core.ir import BW, B, F, Job, Placement, W, Schedule
 from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
+from ..core.limits import MAX_SOLVER_SECONDS
 from ..sim.simulate import memory_profile
 
 
@@ -110,11 +111,18 @@ def dualpipev_program(pp: int, m: int, d: int) -> tuple[list[Job], set[int]]:
                                    "overlapped in pairs (cost option overlap), any m (best m >= 2pp)", vpp="2",
           placement=Placement.V,
           options=(Option(name="overlap_pairs", type="bool", default=True,
-                          help="overlap F and B of different microbatches in pairs (false: same order, no pairs)"),))
+                          help="overlap F and B of different microbatches in pairs (false: same order, no pairs)"),
+                   Option(name="reorder", type="float", default=0.0, min=0, max=MAX_SOLVER_SECONDS,
+                          help="seconds of local search after the order is built (single jobs moved within their "
+                               "device while the makespan, or the sum of finish times, shrinks; the memory limit, "
+                               "else DualPipeV's own peak, and the pairs are kept); 0: DualPipeV's order as published")))
 def dualpipev(spec: PlanSpec) -> Schedule:
     """DualPipeV schedule; ``spec.costs.overlap`` sets how much of each pair is hidden.
 
-    Option ``overlap_pairs`` (default True): False runs the same order without overlapped pairs.
+    Option ``overlap_pairs`` (default True): False runs the same order without overlapped pairs (with
+    ``overlap = 0`` the pairs hide nothing and only make F wait for B). Option ``reorder`` (seconds, default 0)
+    moves single jobs afterwards (:func:`pipeloom.schedule.search.reorder.reorder`) under the memory limit
+    (without one: under DualPipeV's own peak).
     """
     pp, m = spec.pp, spec.microbatches
     overlap_pairs = spec.options.get("overlap_pairs", True)
@@ -140,4 +148,10 @@ def dualpipev(spec: PlanSpec) -> Schedule:
             raise ScheduleError(
                 f"dualpipev needs {peak:g} units of activation memory (= {peak / pp:g}p) at pp={pp} m={m}, above "
                 f"the limit {spec.mem_limit:g}; DualPipeV's order is fixed: use zbv, vhalf or vmin for tighter limits")
+    seconds = float(spec.options.get("reorder", 0.0))
+    if seconds > 0:
+        from .search.reorder import reorder
+        own = max(memory_profile(sched, spec.mem)[0])  # no limit given: never more than DualPipeV's own peak
+        sched = reorder(sched, spec.costs, spec.mem, limit=own if spec.mem_limit is None else spec.mem_limit,
+                        budget_s=seconds)
     return sched

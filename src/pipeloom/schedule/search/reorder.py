@@ -1,0 +1,94 @@
+"""Local search over a finished schedule's job orders, timed by the simulator (no torch).
+
+The builders plan under pipeloom's memory model (F allocates ``a``, B frees ``b``, W frees the rest). A
+runtime can hold memory that model has no term for: measured in torch's runtime, a last stage with a
+vocabulary head keeps part of each microbatch's saved tensors after its W until the step ends
+(:func:`pipeloom.integrations.torch_calibrate.peak_with_retention`). :func:`reorder` takes any valid
+schedule and a peak function of the caller's choosing and moves single jobs within their device's list
+(a job moves at most ``max_shift`` places) while that makes the schedule better, in this order:
+
+1. the peak's excess over ``limit`` (a schedule over the limit is first brought under it),
+2. the simulated makespan,
+3. the sum of the devices' finish times (lets the search cross plateaus of equal makespan).
+
+Every accepted order is simulated (so it cannot deadlock) and keeps each job exactly once: the result is
+as valid as the input and never worse on these three keys. Overlapped pairs (DualPipe) keep their two jobs
+together: a pair's jobs do not move and single jobs do not move between them.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from typing import Callable, Sequence
+
+from ...core.costs import Costs, MemModel
+from ...core.ir import Schedule
+from ...sim.simulate import DeadlockError, memory_profile, simulate
+
+PeakFn = Callable[[Schedule], Sequence[float]]
+
+
+def _key(s: Schedule, costs: Costs, mem: MemModel | None, limit: float | None, peak: PeakFn):
+    try:
+        r = simulate(s, costs, mem)
+    except DeadlockError:
+        return None
+    over = 0.0 if limit is None else max(0.0, max(peak(s)) - limit)
+    return (round(over, 9), round(r.makespan, 9), round(sum(e[-1] for e in r.end if e), 9))
+
+
+def _pinned(s: Schedule, d: int) -> set[int]:
+    """Positions on device ``d`` that belong to an overlapped pair."""
+    out: set[int] = set()
+    for dd, i in s.overlapped:
+        if dd == d:
+            out.update((i, i + 1))
+    return out
+
+
+def reorder(schedule: Schedule, costs: Costs, mem: MemModel | None = None, *, limit: float | None = None,
+            peak: PeakFn | None = None, max_shift: int = 6, budget_s: float = 5.0, seed: int = 0) -> Schedule:
+    """A schedule no worse than ``schedule`` on (peak excess over ``limit``, makespan, sum of finish times),
+    found by moving single jobs within their device's list (see the module doc).
+
+    ``peak(s)`` gives per-device peaks (default: the memory model's, :func:`memory_profile`); ``limit`` None
+    ignores memory. Stops at a local optimum or after ``budget_s`` seconds. ``meta['reorder']`` of the result
+    records the moves accepted and the keys before and after."""
+    peak_fn: PeakFn = peak or (lambda s: memory_profile(s, mem)[0])
+    best = _key(schedule, costs, mem, limit, peak_fn)
+    if best is None:
+        raise ValueError("reorder needs a schedule that runs: this one deadlocks in the simulator")
+    start_key = best
+    rng = random.Random(seed)
+    devs = [list(d) for d in schedule.devices]
+    cur = schedule
+    moves = 0
+    t_end = time.perf_counter() + budget_s
+    improved = True
+    while improved and time.perf_counter() < t_end:
+        improved = False
+        cand_moves = [(d, i, sh) for d in range(schedule.pp) for i in range(len(devs[d]))
+                      for sh in range(-max_shift, max_shift + 1) if sh and 0 <= i + sh < len(devs[d])]
+        rng.shuffle(cand_moves)
+        for d, i, sh in cand_moves:
+            if time.perf_counter() >= t_end:
+                break
+            pinned = _pinned(cur, d)
+            lo, hi = min(i, i + sh), max(i, i + sh)
+            if pinned and any(p in pinned for p in range(lo, hi + 1)):
+                continue
+            seq = devs[d][:]
+            job = seq.pop(i)
+            seq.insert(i + sh, job)
+            trial_devs = devs[:d] + [seq] + devs[d + 1:]
+            trial = replace(cur, devices=tuple(tuple(x) for x in trial_devs), witness=None)
+            k = _key(trial, costs, mem, limit, peak_fn)
+            if k is not None and k < best:
+                best, cur, devs = k, trial, trial_devs
+                moves += 1
+                improved = True
+                break
+    meta = dict(schedule.meta)
+    meta["reorder"] = {"moves": moves, "before": list(start_key), "after": list(best)}
+    return replace(cur, meta=meta, witness=None)
