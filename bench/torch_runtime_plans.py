@@ -11,7 +11,10 @@ loss), these schedules step the same model (each on its own copy) in the same tw
 * the same plan with torch's own send/recv lowering (``recvs="torch"``): what loading its compute-only CSV
   gives (torchtitan's route);
 * with ``--torch-early``, also torch's ZBV order with every receive posted first (not a built-in: it tells
-  whether a gain comes from the order or from the lowering).
+  whether a gain comes from the order or from the lowering);
+* pipeloom's plan a second time, on its own model copy, stepped like the others (an A/A control: two copies of
+  one plan have measured up to 7% apart in one run on the shared 2-core machine, so a difference between
+  schedules smaller than the control's is not one this run can resolve).
 
 Calibration, in the same processes before timing: torch's ZBV steps ``--profile-steps`` times under
 ``torch.profiler``; :func:`pipeloom.integrations.torch_calibrate.profile_costs` reads the per-action costs as
@@ -21,7 +24,7 @@ autograd saves for one microbatch's forward; ``b``: the part torch's own I frees
 of torch's ZBV order under that model (torch's order read with ``torch_builtin``, simulated by pipeloom). What
 each W leaves saved until the step ends (``kept``, measured the same way) is not in that model: where the plan's
 peak counted with it (``peak_with_retention``) is above torch's order's, the plan's jobs are moved
-(:func:`pipeloom.schedule.search.reorder.reorder`, never lengthening it) until it is not; failing that, the
+(:func:`pipeloom.schedule.search.reorder.reorder`, the peak first, then the makespan) until it is not; failing that, the
 limit is tightened and the plan made again.
 
 Step time: median over rounds of the slowest rank's wall time (barrier before and after), the schedules
@@ -153,6 +156,7 @@ def _ours(plan_dict: dict, hidden: int, heavy_last: bool, recvs: str):
 
 OURS, OURS_CSV = "pipeloom zbv (runtime torch)", "pipeloom zbv, torch's lowering (compute-only CSV)"
 TORCH_EARLY = "torch ZBV's order, receives first (not a built-in)"
+CONTROL = "pipeloom zbv again, its own model copy (A/A control)"
 
 
 def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemModel, kept: list, profile_steps: int,
@@ -208,13 +212,14 @@ def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemMode
                 break
             limit -= step_down
         sims = {"torch ZBVZeroBubble": torch_zbv, "torch Interleaved1F1B": torch_builtin("Interleaved1F1B", PP, m, VPP),
-                OURS: s, OURS_CSV: s, TORCH_EARLY: torch_zbv}
+                OURS: s, OURS_CSV: s, TORCH_EARLY: torch_zbv, CONTROL: s}
         sim_ms = {n: simulate(v, measured.costs, mem).makespan for n, v in sims.items()}
         box[0] = (schedule_io.to_dict(s), schedule_io.to_dict(torch_zbv), measured.costs, sim_ms)
     dist.broadcast_object_list(box, src=0)
     plan_dict, torch_zbv_dict, costs, sim_ms = box[0]
     runs[OURS] = _ours(plan_dict, hidden, heavy_last, "early")
     runs[OURS_CSV] = _ours(plan_dict, hidden, heavy_last, "torch")
+    runs[CONTROL] = _ours(plan_dict, hidden, heavy_last, "early")  # the same plan again: the run's noise floor
     if with_torch_early:  # torch's own ZBV order with pipeloom's lowering: is it the order or the lowering?
         runs[TORCH_EARLY] = _ours(torch_zbv_dict, hidden, heavy_last, "early")
     # 3. measure, alternating step by step

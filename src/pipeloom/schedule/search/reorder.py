@@ -7,12 +7,14 @@ vocabulary head keeps part of each microbatch's saved tensors after its W until 
 schedule and a peak function of the caller's choosing and moves single jobs within their device's list
 (a job moves at most ``max_shift`` places) while that makes the schedule better, in this order:
 
-1. the peak's excess over ``limit`` (a schedule over the limit is first brought under it),
+1. the peak's excess over ``limit`` (a schedule over the limit is first brought under it: while it is over,
+   only moves that lower the excess are taken),
 2. the simulated makespan,
 3. the sum of the devices' finish times (lets the search cross plateaus of equal makespan).
 
 Every accepted order is simulated (so it cannot deadlock) and keeps each job exactly once: the result is
-as valid as the input and never worse on these three keys. Overlapped pairs (DualPipe) keep their two jobs
+as valid as the input and never worse on these three keys, compared in that order (so a schedule over the
+limit may get longer on its way under it). Overlapped pairs (DualPipe) keep their two jobs
 together: a pair's jobs do not move and single jobs do not move between them.
 """
 from __future__ import annotations
@@ -84,7 +86,9 @@ def reorder(schedule: Schedule, costs: Costs, mem: MemModel | None = None, *, li
             trial_devs = devs[:d] + [seq] + devs[d + 1:]
             trial = replace(cur, devices=tuple(tuple(x) for x in trial_devs), witness=None)
             k = _key(trial, costs, mem, limit, peak_fn)
-            if k is not None and k < best:
+            # over the limit, only a move that lowers the excess counts (a shorter or tidier order could lead
+            # the descent into a local optimum that is still over it)
+            if k is not None and (k[0] < best[0] if best[0] > 0 else k < best):
                 best, cur, devs = k, trial, trial_devs
                 moves += 1
                 improved = True
