@@ -160,10 +160,8 @@ CONTROL = "pipeloom zbv again, its own model copy (A/A control)"
 
 
 def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemModel, kept: list, profile_steps: int,
-                trace_dir: str, quantile: float, with_torch_early: bool, pin: bool = False):
+                trace_dir: str, quantile: float, with_torch_early: bool):
     torch.set_num_threads(1)
-    if pin and hasattr(os, "sched_setaffinity"):  # one core per rank: no migration between the two
-        os.sched_setaffinity(0, {dist.get_rank() % (os.cpu_count() or 1)})
     rank = dist.get_rank()
     x, y = data(m, hidden, heavy_last)
 
@@ -258,7 +256,6 @@ def main() -> None:
     ap.add_argument("--quantile", type=float, default=0.5, help="statistic of the profiled costs (0.5 = median)")
     ap.add_argument("--cases", nargs="+", choices=["equal", "heavy"], default=["equal", "heavy"],
                     help="chunk costs: equal, or a heavier last chunk (vocabulary head + cross-entropy)")
-    ap.add_argument("--pin", action="store_true", help="pin rank r to CPU r (one core per rank)")
     ap.add_argument("--torch-early", action="store_true",
                     help="also time torch's ZBV order with every receive posted first (pipeloom's lowering)")
     args = ap.parse_args()
@@ -274,7 +271,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as trace_dir:
                 step_ms, peak_mb, sim_ms, costs = spawn(
                     _bench_rank, PP, (m, args.hidden, heavy_last, args.rounds, mem, kept, args.profile_steps,
-                                      trace_dir, args.quantile, args.torch_early, args.pin),
+                                      trace_dir, args.quantile, args.torch_early),
                     timeout_s=900)
             ours = step_ms[OURS]
             for name in step_ms:
