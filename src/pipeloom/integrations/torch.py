@@ -137,15 +137,13 @@ def lower_early_recvs(order: dict[int, list]) -> dict[int, list]:
     how gloo matches them), each (stage, microbatch) has its own receive buffer in torch's stages (nothing is
     reused within a step), and posting a receive never blocks."""
     ranks = sorted(order)
-    n = {s.stage_index for r in ranks for a in order[r] if a is not None for s in (a.sub_actions or (a,))}
-    num_stages = max(n) + 1
-    home = {}
+    home, m = {}, 0  # stage -> its rank; the number of microbatches
     for r in ranks:
         for a in order[r]:
-            if a is not None:
-                for s in (a.sub_actions or (a,)):
-                    home[s.stage_index] = r
-    m = 1 + max(s.microbatch_index for r in ranks for a in order[r] if a is not None for s in (a.sub_actions or (a,)))
+            for s in (a.sub_actions or (a,)) if a is not None else ():
+                home[s.stage_index] = r
+                m = max(m, s.microbatch_index + 1)
+    num_stages = max(home) + 1
     lowered = {}
     for r in ranks:
         acts = _ts._add_unshard_reshard([a for a in order[r] if a is not None])

@@ -28,18 +28,16 @@ latency never showed). Times are in milliseconds.
 from __future__ import annotations
 
 import bisect
-import os
 import re
 import statistics
 from dataclasses import dataclass, field
 
 from ..core.costs import Costs
 from ..trace.run import LogError
-from ..trace.torch_profile import find_traces, load_trace
+from ..trace.torch_profile import PP_COMPUTE as _COMPUTE
+from ..trace.torch_profile import complete_events, find_traces, load_trace, trace_rank
 
-_COMPUTE = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
 _SEND = re.compile(r"^PP:(\d+)(SEND_F|SEND_B)(\d+)$")
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
 
 
 @dataclass
@@ -71,16 +69,11 @@ def _spans(data: dict, path: str) -> list[_Span]:
     base = data.get("baseTimeNanoseconds")
     offset = float(base) * 1e-6 if isinstance(base, (int, float)) else 0.0  # ts are us after it; ms here
     pp, ops = [], {}
-    for ev in data["traceEvents"]:
-        if not isinstance(ev, dict) or ev.get("ph") != "X" or not isinstance(ev.get("name"), str):
-            continue
-        try:
-            t0, dur = float(ev["ts"]) * 1e-3 + offset, float(ev.get("dur", 0.0)) * 1e-3
-        except (KeyError, TypeError, ValueError):
-            continue
+    for name, t0, dur, ev in complete_events(data["traceEvents"]):
+        t0, dur = t0 * 1e-3 + offset, dur * 1e-3
         key = (ev.get("pid"), ev.get("tid"))
-        if ev["name"].startswith("PP:"):
-            pp.append((key, _Span(ev["name"], t0, t0 + dur)))
+        if name.startswith("PP:"):
+            pp.append((key, _Span(name, t0, t0 + dur)))
         else:
             ops.setdefault(key, []).append(t0)
     if not pp:
@@ -94,14 +87,6 @@ def _spans(data: dict, path: str) -> list[_Span]:
         if i < len(starts) and starts[i] <= s.end:
             s.work = starts[i]
     return sorted((s for _, s in pp), key=lambda s: s.start)
-
-
-def _rank_of(data: dict, path: str, order: int) -> int:
-    info = data.get("distributedInfo") or {}
-    if isinstance(info.get("rank"), int):
-        return info["rank"]
-    m = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(m.group(1)) if m else order
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -132,7 +117,7 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
         traces = []
         for i, (path, _) in enumerate(found):
             data = load_trace(path)
-            traces.append((_rank_of(data, path, i), path, data))
+            traces.append((trace_rank(data, path, i), path, data))
     per_trace = [(rank, path, _spans(data, path)) for rank, path, data in traces]
     home: dict[int, int] = {}
     for rank, _, spans in per_trace:
@@ -224,6 +209,7 @@ def peak_with_retention(schedule, mem, kept) -> list[float]:
     pipeloom's memory model (F allocates ``a``, B frees ``b``, W frees the rest) has no term for it. A plan whose
     peak comes later in the step than torch's then holds more than planned; compare plans with this peak instead
     (``kept`` all 0 gives the model's own peak)."""
+    from ..core import rules
     from ..core.ir import Kind
 
     nc = schedule.num_chunks
@@ -231,19 +217,14 @@ def peak_with_retention(schedule, mem, kept) -> list[float]:
     kept = [float(k) for k in kept]
     if len(kept) != nc:
         raise ValueError(f"kept has {len(kept)} values but the schedule has {nc} chunks")
+    delta = rules.memory_deltas(nc, a, b)  # the model's own change per job, plus what W and BW leave held
+    for k in (Kind.W, Kind.BW):
+        delta[k] = [d + kept[c] for c, d in enumerate(delta[k])]
     peaks = []
     for seq in schedule.devices:
         now = peak = 0.0
-        for j in seq:
-            c = j.chunk
-            if j.kind is Kind.F:
-                now += a[c]
-            elif j.kind is Kind.B:
-                now -= b[c]
-            elif j.kind is Kind.W:
-                now -= a[c] - b[c] - kept[c]
-            else:  # BW
-                now -= a[c] - kept[c]
+        for kind, _mb, c in seq:
+            now += delta[kind][c]
             peak = max(peak, now)
         peaks.append(peak)
     return peaks

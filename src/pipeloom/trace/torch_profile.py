@@ -28,7 +28,8 @@ import re
 from ..core.ir import Placement, Schedule, device_of
 from .run import LogError, LogJob, RankLog
 
-_PP = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
+PP_COMPUTE = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
+"""a compute action's span: ``PP:<stage><F|I|W|B><microbatch>``"""
 _RECV = re.compile(r"^PP:(\d+)RECV_(F|B)(\d+)$")
 _PP_OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
 _SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
@@ -69,10 +70,9 @@ def find_traces(root: str) -> list[tuple[str, int | None]]:
     return sorted(out)
 
 
-def _arrivals(events: list) -> dict[tuple[int, str, int], float]:
-    """(stage, "F" | "B", mb) -> when the input that ``PP:<stage>RECV_<F|B><mb>`` posted arrived (µs): the latest
-    end of a recv event (``gloo:recv``, ``nccl:recv`` ...) that starts inside the RECV action's span."""
-    posts, recvs = [], []
+def complete_events(events: list):
+    """``(name, start, duration, event)`` of every complete (``ph: X``) event with a name and numeric times, in
+    the trace's units (microseconds); anything else is skipped."""
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X" or not isinstance(ev.get("name"), str):
             continue
@@ -80,10 +80,27 @@ def _arrivals(events: list) -> dict[tuple[int, str, int], float]:
             t0, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue
-        m = _RECV.match(ev["name"])
+        yield ev["name"], t0, dur, ev
+
+
+def trace_rank(data: dict, path: str, order: int) -> int:
+    """A trace's rank: its ``distributedInfo.rank``, else ``rank<R>`` in the file name, else ``order``."""
+    info = data.get("distributedInfo") or {}
+    if isinstance(info.get("rank"), int):
+        return info["rank"]
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    return int(m.group(1)) if m else order
+
+
+def _arrivals(events: list) -> dict[tuple[int, str, int], float]:
+    """(stage, "F" | "B", mb) -> when the input that ``PP:<stage>RECV_<F|B><mb>`` posted arrived (µs): the latest
+    end of a recv event (``gloo:recv``, ``nccl:recv`` ...) that starts inside the RECV action's span."""
+    posts, recvs = [], []
+    for name, t0, dur, _ in complete_events(events):
+        m = _RECV.match(name)
         if m:
             posts.append((t0, t0 + dur, (int(m.group(1)), m.group(2), int(m.group(3)))))
-        elif not ev["name"].startswith("PP:") and "recv" in ev["name"].lower():
+        elif not name.startswith("PP:") and "recv" in name.lower():
             recvs.append((t0, t0 + dur))
     if not posts or not recvs:
         return {}
@@ -104,22 +121,14 @@ def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float,
     its start (``LogJob.wait``), as the job-log format asks for compute-only intervals."""
     arrived = _arrivals(events)
     out = []
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
-        name = ev.get("name")
-        if not isinstance(name, str):
-            continue
-        try:
-            t0, dur = float(ev["ts"]) * 1e-6, float(ev.get("dur", 0.0)) * 1e-6
-        except (KeyError, TypeError, ValueError):
-            continue
+    for name, t0, dur, _ in complete_events(events):
+        t0, dur = t0 * 1e-6, dur * 1e-6
         parts = []
         m = _PP_OVERLAP.match(name)
         if m:  # one span for the pair: both jobs share it
-            parts = [_PP.match("PP:" + p.strip()) for p in m.group(1).split(";")]
-        elif _PP.match(name):
-            parts = [_PP.match(name)]
+            parts = [PP_COMPUTE.match("PP:" + p.strip()) for p in m.group(1).split(";")]
+        elif PP_COMPUTE.match(name):
+            parts = [PP_COMPUTE.match(name)]
         else:
             s = _SINGLE.match(name)
             if s:
@@ -143,11 +152,7 @@ def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float,
 def read_trace(path: str, step: int | None, order: int) -> RankLog:
     """One rank's trace as a :class:`RankLog` (``order``: its position among the files, the rank of last resort)."""
     data = load_trace(path)
-    info = data.get("distributedInfo") or {}
-    rank = info.get("rank") if isinstance(info.get("rank"), int) else None
-    if rank is None:
-        m = _RANK_IN_NAME.search(os.path.basename(path))
-        rank = int(m.group(1)) if m else order
+    rank = trace_rank(data, path, order)
     base = data.get("baseTimeNanoseconds")
     offset = float(base) * 1e-9 if isinstance(base, (int, float)) else 0.0  # ts are microseconds after it
     host = str(data.get("host_name") or data.get("hostname") or "")
