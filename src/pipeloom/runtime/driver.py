@@ -525,8 +525,8 @@ def _named_fp32(ex: PipelineExecutor, opt) -> list:
     from .grads import Zero1Optimizer
     if not (isinstance(opt, Zero1Optimizer) and opt.sharded_master):
         return ex.named_parameters()
-    full = opt.full_master()
-    return [(n, full[p]) for k in sorted(ex.modules) for n, p in ex.modules[k].named_parameters() if p.requires_grad]
+    full = opt.full_master()  # (the executor's master map is empty then: its names map to the bf16 parameters)
+    return [(n, full[p]) for n, p in ex.named_parameters()]
 
 
 def _hang_before_reduction(ex: PipelineExecutor) -> None:

@@ -459,42 +459,59 @@ class Zero1Optimizer:
             if len(dtypes) != 1:
                 raise ValueError(f"ZeRO-1 with master weights needs one parameter dtype, got {sorted(map(str, dtypes))}")
             # the full bf16 parameters, laid out like the buffer (the all-gather's output)
-            self.pflat = self._move_into(torch.zeros(size, dtype=dtypes.pop(), device=dev), buffer.params)
+            self.pflat = self._move_into(torch.zeros(size, dtype=dtypes.pop(), device=dev))
             # fp32 master weights of this rank's shards only, copied piece by piece from the full copies
-            self.flat = torch.zeros(sum(hi - lo for lo, hi in bounds), dtype=torch.float32, device=dev)
-            self._local = []  # per segment: [a, b) of this rank's shard in ``flat``
-            a = 0
+            local, a = [], 0  # per segment: [a, b) of this rank's shard in ``flat``
+            for lo, hi in bounds:
+                local.append((a, a + hi - lo))
+                a += hi - lo
+            self.flat = torch.zeros(a, dtype=torch.float32, device=dev)
             with torch.no_grad():
-                for seg, (lo, hi) in zip(self.segments, bounds):
-                    off = seg.start
-                    for p in seg.params:
-                        s, e = max(off, lo), min(off + p.numel(), hi)
-                        if s < e:
-                            self.flat[a + s - lo:a + e - lo].copy_(master[p].detach().reshape(-1)[s - off:e - off])
-                        off += p.numel()
-                    self._local.append((a, a + hi - lo))
-                    a += hi - lo
+                for i, p, off in self._places():
+                    (lo, hi), start = bounds[i], local[i][0]
+                    s, e = max(off, lo), min(off + p.numel(), hi)
+                    if s < e:
+                        self.flat[start + s - lo:start + e - lo].copy_(master[p].detach().reshape(-1)[s - off:e - off])
             master.clear()  # the full fp32 copies go: this rank's master weights are its shards
         else:
             self.pflat = None
-            self.flat = self._move_into(torch.zeros(size, dtype=torch.float32, device=dev), buffer.params)
-            self._local = bounds
-        self.shards = [nn.Parameter(self.flat[a:b]) for a, b in self._local]
+            self.flat = self._move_into(torch.zeros(size, dtype=torch.float32, device=dev))
+            local = bounds
+        self.shards = [nn.Parameter(self.flat[a:b]) for a, b in local]
         cls = optimizer_cls or torch.optim.AdamW
         self.optimizer = cls(self.shards, **kwargs)
 
-    def _move_into(self, flat: torch.Tensor, params) -> torch.Tensor:
+    def _places(self):
+        """``(segment index, parameter, its offset in the buffer layout)`` of every parameter."""
+        for i, seg in enumerate(self.segments):
+            off = seg.start
+            for p in seg.params:
+                yield i, p, off
+                off += p.numel()
+
+    def _move_into(self, flat: torch.Tensor) -> torch.Tensor:
         """Make every parameter's data a view of ``flat`` at its place in the buffer layout."""
         with torch.no_grad():
-            for seg in self.segments:
-                off = seg.start
-                for p in seg.params:
-                    n = p.numel()
-                    view = flat[off:off + n].view(p.shape)
-                    view.copy_(p.detach())
-                    p.data = view
-                    off += n
+            for _, p, off in self._places():
+                view = flat[off:off + p.numel()].view(p.shape)
+                view.copy_(p.detach())
+                p.data = view
         return flat
+
+    def _all_gather(self, full: torch.Tensor, what: str) -> None:
+        """Every segment of ``full`` (buffer layout) all-gathered in place from the dp ranks' shards, all
+        started before any is waited for; ``what`` names the wait if a peer never arrives."""
+        if self.reducer.size == 1:
+            return
+        gather = _collective("all_gather")
+        works = []
+        for seg in self.segments:
+            lo, hi = self.reducer.shard(seg)
+            self.reducer.arrivals.arrive()
+            works.append((seg, gather(full[seg.start:seg.end], full[lo:hi], group=self.reducer.group,
+                                      async_op=True)))
+        for seg, w in works:
+            wait_named(w, self.timeout_s, f"{what} of chunk {seg.chunk}", self.reducer.arrivals)
 
     @property
     def param_groups(self):
@@ -517,18 +534,7 @@ class Zero1Optimizer:
             for seg, sh in zip(self.segments, self.shards):
                 lo, hi = self.reducer.shard(seg)
                 self.pflat[lo:hi].copy_(sh)
-        if self.reducer.size == 1:
-            return
-        gather = _collective("all_gather")
-        works = []
-        for seg in self.segments:
-            lo, hi = self.reducer.shard(seg)
-            self.reducer.arrivals.arrive()
-            works.append((seg, gather(full[seg.start:seg.end], full[lo:hi], group=self.reducer.group,
-                                      async_op=True)))
-        for seg, w in works:
-            wait_named(w, self.timeout_s, f"step {self.reducer.steps - 1}: data-parallel all-gather of the "
-                                          f"parameters of chunk {seg.chunk}", self.reducer.arrivals)
+        self._all_gather(full, f"step {self.reducer.steps - 1}: data-parallel all-gather of the parameters")
 
     @torch.no_grad()
     def full_master(self) -> dict[nn.Parameter, torch.Tensor]:
@@ -542,19 +548,8 @@ class Zero1Optimizer:
         for seg, sh in zip(self.segments, self.shards):
             lo, hi = self.reducer.shard(seg)
             full[lo:hi].copy_(sh)
-            if self.reducer.size > 1:
-                self.reducer.arrivals.arrive()
-                wait_named(_collective("all_gather")(full[seg.start:seg.end], full[lo:hi], group=self.reducer.group,
-                                                     async_op=True),
-                           self.timeout_s, f"all-gather of the fp32 master weights of chunk {seg.chunk}",
-                           self.reducer.arrivals)
-        out = {}
-        for seg in self.segments:
-            off = seg.start
-            for p in seg.params:
-                out[p] = full[off:off + p.numel()].view(p.shape)
-                off += p.numel()
-        return out
+        self._all_gather(full, "all-gather of the fp32 master weights")
+        return {p: full[off:off + p.numel()].view(p.shape) for _, p, off in self._places()}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for sh in self.shards:
