@@ -84,6 +84,11 @@ class Template:
     the backward ``pull`` places before the end of the chunk above (see :func:`fb_order`)"""
 
 
+def _groups(m: int, pp: int) -> list[list[int]]:
+    """The microbatch groups of the interleaved order (one group of all of them when m < pp)."""
+    return microbatch_groups(m, pp) if m >= pp else [list(range(m))]
+
+
 def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> list[Job]:
     """Device ``d``'s interleaved 1F1B order of F and B (no W) with ``warmup`` forwards first.
 
@@ -92,7 +97,7 @@ def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> l
     after all of chunk v+1's. Those microbatches then start down the lower chunks while the group's
     last ones still come back up, so the devices have backward work in the cool-down's waits.
     """
-    groups = microbatch_groups(m, pp) if m >= pp else [list(range(m))]
+    groups = _groups(m, pp)
     chunks = [d + v * pp for v in range(vpp)]
     fwd = [Job(_KF, mb, chunks[v]) for g in groups for v in range(vpp) for mb in g]
     bwd = [Job(_KB, mb, chunks[v]) for g in groups for v in reversed(range(vpp)) for mb in g]
@@ -285,25 +290,23 @@ def _units(x: float, pp: int) -> str:
 def template_candidates(prob, budget: int) -> list[_greedy.PassResult]:
     """The template passes of :func:`template_grid` within ``budget`` job placements (at least one
     pass), those that finish within the limit."""
-    njobs = 3 * prob.m * prob.nc
-    out = []
-    for tpl in template_grid()[:max(1, budget // max(njobs, 1))]:
-        orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w, tpl.pull) for d, w in enumerate(warmups(prob, tpl))]
-        r = template_pass(prob, orders, tpl)  # (orders is changed where the limit cuts a warm-up short)
-        if r is not None and max(r.peak) <= prob.limit + _EPS:
-            out.append(r)
-    return out
+    return _template_results(prob, template_grid()[:max(1, budget // max(3 * prob.m * prob.nc, 1))])
 
 
 def pull_candidates(prob, bases: list[Template], budget: int) -> list[_greedy.PassResult]:
     """The cool-down variants (:attr:`Template.pull` in :data:`PULLS`) of the templates ``bases`` within
     ``budget`` job placements, those that finish within the limit."""
-    groups = microbatch_groups(prob.m, prob.pp) if prob.m >= prob.pp else [list(range(prob.m))]
-    tpls = [replace(b, pull=x) for x in PULLS if x < len(groups[-1]) for b in dict.fromkeys(bases)]
+    last = len(_groups(prob.m, prob.pp)[-1])
+    tpls = [replace(b, pull=x) for x in PULLS if x < last for b in dict.fromkeys(bases)]
+    return _template_results(prob, tpls[:budget // max(3 * prob.m * prob.nc, 1)])
+
+
+def _template_results(prob, tpls) -> list[_greedy.PassResult]:
+    """The passes of the templates ``tpls`` that finish within the limit."""
     out = []
-    for tpl in tpls[:budget // max(3 * prob.m * prob.nc, 1)]:
+    for tpl in tpls:
         orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w, tpl.pull) for d, w in enumerate(warmups(prob, tpl))]
-        r = template_pass(prob, orders, tpl)
+        r = template_pass(prob, orders, tpl)  # (orders is changed where the limit cuts a warm-up short)
         if r is not None and max(r.peak) <= prob.limit + _EPS:
             out.append(r)
     return out

@@ -592,21 +592,17 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
     grid = policy_grid(prob)
     n = max(1, budget_jobs // max(njobs, 1))
     total = max(n, (grid_jobs or 0) // max(njobs, 1))  # passes in all
-    # with a larger grid budget: the whole grid where it fits (then the plan is never slower than any policy
-    # of the grid alone) and the rest, if any, to the descent; where it does not fit, a part (half at most,
-    # at most DESCENT_PASSES) goes to the descent and the rest to the grid in its order
-    if total <= n:
-        ngrid = n
-    elif total >= len(grid):
-        ngrid = len(grid)
-    else:
+    if total > n and total >= len(grid):
+        # a larger grid budget that covers the whole grid: all of it (the plan is then never slower than any
+        # policy of the grid alone), then the descent from its best with the rest, at least DESCENT_PASSES (or
+        # half the budget): it finds policies outside the grid (pp 6, m 18, vpp 2, F/B/W 1/2/1 at 4 units: 181
+        # after the grid alone, 171 with the descent)
+        ngrid, ndesc = len(grid), max(total - len(grid), min(DESCENT_PASSES, total // 2))
+    elif total > n:  # it does not cover it: a part (half at most, at most DESCENT_PASSES) to the descent
         ngrid = max(n, total - min(DESCENT_PASSES, total // 2))
-    # the descent's passes: what the grid leaves, and where the whole grid fits at least DESCENT_PASSES (or half
-    # the budget) beyond it (a descent from the grid's best finds policies outside the grid: pp 6, m 18, vpp 2,
-    # F/B/W 1/2/1 at 4 units: 181 after the grid alone, 171 with the descent)
-    ndesc = total - min(ngrid, len(grid))
-    if total > n and ngrid == len(grid):
-        ndesc = max(ndesc, min(DESCENT_PASSES, total // 2))
+        ndesc = total - ngrid
+    else:  # the caller's budget alone: the grid in its order, what it leaves (if any) to the descent
+        ngrid, ndesc = n, max(0, n - len(grid))
     best: PassResult | None = None
     for pol in grid[:ngrid]:
         r = run_pass(prob, pol)

@@ -67,6 +67,7 @@ def reorder(schedule: Schedule, costs: Costs, mem: MemModel | None = None, *, li
     cur = schedule
     moves = 0
     t_end = time.perf_counter() + budget_s
+    pinned = [_pinned(schedule, d) for d in range(schedule.pp)]  # (pairs never move)
     improved = True
     while improved and time.perf_counter() < t_end:
         improved = False
@@ -76,9 +77,8 @@ def reorder(schedule: Schedule, costs: Costs, mem: MemModel | None = None, *, li
         for d, i, sh in cand_moves:
             if time.perf_counter() >= t_end:
                 break
-            pinned = _pinned(cur, d)
             lo, hi = min(i, i + sh), max(i, i + sh)
-            if pinned and any(p in pinned for p in range(lo, hi + 1)):
+            if pinned[d] and any(p in pinned[d] for p in range(lo, hi + 1)):
                 continue
             seq = devs[d][:]
             job = seq.pop(i)
