@@ -3,7 +3,7 @@
     python bench/torch_order_compute.py [--rounds 30]
 
 The heavier-last-chunk case of ``torch_runtime_plans.py`` (pp 2, V placement, m 8: device 0 holds chunk 0 and
-the vocabulary head with the loss). pipeloom's ``zbv`` plan is made as that benchmark makes it (the profiled
+the vocabulary head with the loss). pipeloom's ``zbv`` plan is made as that benchmark makes it (``plan_for_torch``; the profiled
 costs and measured memory of one of its runs, the limit at torch's ZBV peak, jobs moved to meet the peak with
 what each W leaves saved); then device 0's job list alone runs in ONE process on one thread with torch's own
 ``stage_backward_input`` / ``stage_backward_weight`` (stage 0's I a no-op, its W the whole backward), inputs
@@ -27,10 +27,6 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 import torch_runtime_plans as trp  # noqa: E402
 from pipeloom.core.costs import Costs, MemModel  # noqa: E402
 from pipeloom.core.ir import Kind  # noqa: E402
-from pipeloom.integrations.torch import torch_builtin  # noqa: E402
-from pipeloom.integrations.torch_calibrate import peak_with_retention  # noqa: E402
-from pipeloom.schedule.planning import evaluate, make_spec, plan  # noqa: E402
-from pipeloom.schedule.search.reorder import reorder  # noqa: E402
 
 M = 8
 HIDDEN = 384
@@ -43,11 +39,7 @@ COSTS = Costs(F=(1.15, 1.12, 1.11, 5.13), B=(0.08, 1.38, 1.49, 4.66), W=(1.16, 1
 
 def orders() -> dict[str, list]:
     """Device 0's job list: pipeloom's plan (made as the runtime benchmark makes it) and torch's ZBV order."""
-    tz = torch_builtin("ZBVZeroBubble", 2, M, 2)
-    limit = max(evaluate(tz, make_spec(pp=2, microbatches=M, vpp=2, costs=COSTS, mem=MEM))["peak_memory"])
-    held = lambda s: peak_with_retention(s, MEM, KEPT)  # noqa: E731
-    ours = plan("zbv", make_spec(pp=2, microbatches=M, vpp=2, costs=COSTS, mem=MEM, mem_limit=limit))
-    ours = reorder(ours, COSTS, MEM, limit=max(held(tz)), peak=held)
+    ours, tz = trp.plan_for_torch(M, COSTS, MEM, KEPT)
     return {"pipeloom": list(ours.devices[0]), "torch": list(tz.devices[0]), "torch again": list(tz.devices[0])}
 
 

@@ -131,6 +131,33 @@ def memory_model(hidden: int, heavy_last: bool) -> tuple[MemModel, list[float]]:
     return MemModel(a=tuple(act), b=tuple(freed)), kept
 
 
+def plan_for_torch(m: int, costs, mem: MemModel, kept: list):
+    """(pipeloom's ``zbv`` plan, torch's ZBV order) at pp 2: the plan at torch's ZBV peak under ``mem``, and no
+    more than torch's order holds counted with what the W's leave saved until the step ends (``kept``). A plan
+    over that is moved job by job (``reorder``, timed by the simulator) until it is not; failing that, its limit
+    is tightened and it is made again."""
+    torch_zbv = torch_builtin("ZBVZeroBubble", PP, m, VPP)
+    limit = max(evaluate(torch_zbv, make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs, mem=mem))["peak_memory"])
+    target = max(peak_with_retention(torch_zbv, mem, kept))
+    retention = lambda sch: peak_with_retention(sch, mem, kept)  # noqa: E731
+    step_down = max(max(kept), 0.01 * limit)
+    s = None
+    for _ in range(8):
+        try:
+            cand = plan("zbv", make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs, mem=mem, mem_limit=limit))
+        except ScheduleError:
+            break
+        if max(retention(cand)) > target + 1e-9:
+            moved = reorder(cand, costs, mem, limit=target, peak=retention)
+            if not validate(moved, mem=mem, mem_limit=limit):  # (and within the model's limit)
+                cand = moved
+        s = cand
+        if max(retention(cand)) <= target + 1e-9:
+            break
+        limit -= step_down
+    return s, torch_zbv
+
+
 def _stages(chunks, mine):
     return [PipelineStage(chunks[c], c, PP * VPP, torch.device("cpu")) for c in mine]
 
@@ -187,30 +214,7 @@ def _bench_rank(m: int, hidden: int, heavy_last: bool, rounds: int, mem: MemMode
     box = [None]
     if rank == 0:
         measured = profile_costs(trace_dir, quantile=quantile)
-        spec = make_spec(pp=PP, microbatches=m, vpp=VPP, costs=measured.costs, mem=mem)
-        torch_zbv = torch_builtin("ZBVZeroBubble", PP, m, VPP)
-        limit = max(evaluate(torch_zbv, spec)["peak_memory"])
-        # what torch's runtime holds: the model's peak plus what the W's leave saved until the step ends. Plan
-        # at torch's model peak; a plan whose peak (counted with that retention) is over torch's is moved job by
-        # job (`reorder`, timed by the simulator) until it is not; failing that, its limit is tightened
-        target = max(peak_with_retention(torch_zbv, mem, kept))
-        retention = lambda sch: peak_with_retention(sch, mem, kept)  # noqa: E731
-        step_down = max(max(kept), 0.01 * limit)
-        s = None
-        for _ in range(8):
-            try:
-                cand = plan("zbv", make_spec(pp=PP, microbatches=m, vpp=VPP, costs=measured.costs, mem=mem,
-                                             mem_limit=limit))
-            except ScheduleError:
-                break
-            if max(retention(cand)) > target + 1e-9:
-                moved = reorder(cand, measured.costs, mem, limit=target, peak=retention)
-                if not validate(moved, mem=mem, mem_limit=limit):  # (and within the model's limit)
-                    cand = moved
-            s = cand
-            if max(retention(cand)) <= target + 1e-9:
-                break
-            limit -= step_down
+        s, torch_zbv = plan_for_torch(m, measured.costs, mem, kept)
         sims = {"torch ZBVZeroBubble": torch_zbv, "torch Interleaved1F1B": torch_builtin("Interleaved1F1B", PP, m, VPP),
                 OURS: s, OURS_CSV: s, TORCH_EARLY: torch_zbv, CONTROL: s}
         sim_ms = {n: simulate(v, measured.costs, mem).makespan for n, v in sims.items()}
