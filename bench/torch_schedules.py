@@ -31,6 +31,7 @@ from collections import defaultdict
 
 from pipeloom.core.costs import Costs, runtime_mem_model
 from pipeloom.core.errors import ScheduleError
+from pipeloom.core.files import atomic_write
 from pipeloom.integrations.torch import torch_builtin
 from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule.search.bounds import lower_bound
@@ -269,14 +270,14 @@ def main(argv=None) -> int:
     shown = [a for a in (argv if argv is not None else sys.argv[1:])]
     md = markdown(rs, shown, args.prove, args.prove_jobs)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+        with atomic_write(args.out) as f:
             f.write(md)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(md)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rs, f, indent=1)
+        with atomic_write(args.json) as f:
+            json.dump(rs, f, indent=1, allow_nan=False)
     return 0
 
 
