@@ -122,15 +122,21 @@ def test_full_backwards_only_and_no_spans_are_one_line_errors(tmp_path):
         profile_costs(tmp_path / "nothing-here")
 
 
-def test_peak_with_retention_counts_what_each_backward_leaves_until_the_step_ends():
-    """1F1B, pp 2, m 4, one unit per chunk: device 0 runs F F BW F BW F BW BW, device 1 alternates F BW. A BW that
-    leaves k behind: device 0 peaks at its last F (2 + 2 k0), device 1 at its last F (1 + 3 k1)."""
+def test_peak_with_retention_counts_what_each_w_leaves_until_the_step_ends():
+    """One device, m 3, one unit per microbatch, B frees half: F0 B0 W0 F1 BW1 F2 B2 W2. With each W leaving k
+    held (torch's I then W), and a fused BW (torch's full backward) leaving nothing: after W0 k stays, so F1 and F2
+    peak at 1 + k, and the last W leaves 2k. Were BW to leave k too, F2 would peak at 1 + 2k."""
     from pipeloom.core.costs import MemModel
+    from pipeloom.core.ir import Job, Kind, Schedule
     from pipeloom.integrations.torch_calibrate import peak_with_retention
-    from pipeloom.schedule.planning import make_spec, plan
 
-    s = plan("1f1b", make_spec(pp=2, microbatches=4))
-    assert peak_with_retention(s, MemModel(), [0.0, 0.0]) == pytest.approx([2.0, 1.0])
-    assert peak_with_retention(s, MemModel(), [0.25, 0.5]) == pytest.approx([2.5, 2.5])
-    with pytest.raises(ValueError, match="kept has 1 values but the schedule has 2 chunks"):
-        peak_with_retention(s, MemModel(), [0.1])
+    F, B, W, BW = Kind.F, Kind.B, Kind.W, Kind.BW
+    s = Schedule("hand", 1, 1, 3, "interleaved", [[Job(F, 0, 0), Job(B, 0, 0), Job(W, 0, 0), Job(F, 1, 0),
+                                                   Job(BW, 1, 0), Job(F, 2, 0), Job(B, 2, 0), Job(W, 2, 0)]])
+    mem = MemModel(a=1.0, b=0.5)
+    assert peak_with_retention(s, mem, [0.0]) == pytest.approx([1.0])
+    assert peak_with_retention(s, mem, [0.25]) == pytest.approx([1.25])
+    assert peak_with_retention(s, mem, [0.75]) == pytest.approx([1.75])
+    assert peak_with_retention(s, mem, [0.9]) == pytest.approx([1.9])
+    with pytest.raises(ValueError, match="kept has 2 values but the schedule has 1 chunks"):
+        peak_with_retention(s, mem, [0.1, 0.2])

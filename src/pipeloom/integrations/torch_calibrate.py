@@ -202,13 +202,15 @@ def costs_from_torch_profile(source, *, quantile: float = 0.5, comm_quantile: fl
 
 def peak_with_retention(schedule, mem, kept) -> list[float]:
     """Per-device peak memory of ``schedule`` under ``mem`` (a :class:`~pipeloom.core.costs.MemModel`) when each
-    chunk's W (or fused BW) leaves ``kept[c]`` of a microbatch's saved tensors held until the step ends.
+    chunk's W leaves ``kept[c]`` of a microbatch's saved tensors held until the step ends.
 
     Measured in torch's runtime (saved-tensor hooks around each stage call): a last stage with a vocabulary head
-    and cross-entropy keeps about 0.84 MiB per microbatch after its W, in torch's own orders as in pipeloom's, and
-    pipeloom's memory model (F allocates ``a``, B frees ``b``, W frees the rest) has no term for it. A plan whose
-    peak comes later in the step than torch's then holds more than planned; compare plans with this peak instead
-    (``kept`` all 0 gives the model's own peak)."""
+    and cross-entropy keeps about 0.84 MiB per microbatch after its W (torch's ``I`` then ``W``:
+    ``stage_backward_input``, ``stage_backward_weight``), in torch's own orders as in pipeloom's, and pipeloom's
+    memory model (F allocates ``a``, B frees ``b``, W frees the rest) has no term for it. A fused backward (pipeloom
+    ``BW``, torch's full ``B``: ``stage_backward``) leaves nothing. A plan whose peak comes later in the step than
+    torch's then holds more than planned; compare plans with this peak instead (``kept`` all 0 gives the model's
+    own peak)."""
     from ..core import rules
     from ..core.ir import Kind
 
@@ -217,9 +219,8 @@ def peak_with_retention(schedule, mem, kept) -> list[float]:
     kept = [float(k) for k in kept]
     if len(kept) != nc:
         raise ValueError(f"kept has {len(kept)} values but the schedule has {nc} chunks")
-    delta = rules.memory_deltas(nc, a, b)  # the model's own change per job, plus what W and BW leave held
-    for k in (Kind.W, Kind.BW):
-        delta[k] = [d + kept[c] for c, d in enumerate(delta[k])]
+    delta = rules.memory_deltas(nc, a, b)  # the model's own change per job, plus what W leaves held
+    delta[Kind.W] = [d + kept[c] for c, d in enumerate(delta[Kind.W])]
     peaks = []
     for seq in schedule.devices:
         now = peak = 0.0
