@@ -6,7 +6,7 @@ import pytest
 from pipeloom.core.costs import Costs, MemModel
 from pipeloom.core.ir import Kind
 from pipeloom.schedule.planning import make_spec, plan
-from pipeloom.schedule.search.reorder import reorder
+from pipeloom.schedule.search.reorder import fuse_backward, reorder
 from pipeloom.schedule.validate import validate
 from pipeloom.sim.simulate import simulate
 
@@ -18,12 +18,13 @@ A, Bf, KEPT = MEM.a, MEM.b, (0.0, 0.0, 0.0, 0.84)
 
 
 def retained_peaks(s):
-    """Per-device peak when W (BW) leaves KEPT[c] held until the step's end (counted here, by hand)."""
+    """Per-device peak when W leaves KEPT[c] held until the step's end and a fused BW nothing (counted here, by
+    hand)."""
     out = []
     for seq in s.devices:
         now = peak = 0.0
         for kind, _mb, c in seq:
-            now += {Kind.F: A[c], Kind.B: -Bf[c], Kind.W: -(A[c] - Bf[c] - KEPT[c]), Kind.BW: -(A[c] - KEPT[c])}[kind]
+            now += {Kind.F: A[c], Kind.B: -Bf[c], Kind.W: -(A[c] - Bf[c] - KEPT[c]), Kind.BW: -A[c]}[kind]
             peak = max(peak, now)
         out.append(peak)
     return out
@@ -117,3 +118,22 @@ def test_over_the_limit_only_moves_that_lower_the_excess_count():
     r = reorder(s, costs, MEM, limit=target, peak=retained_peaks, max_shift=24, budget_s=10)
     assert max(retained_peaks(r)) <= target + 1e-9
     assert simulate(r, costs, MEM).makespan <= before + 1e-9
+
+
+def test_fusing_the_heads_backward_drops_what_its_w_would_leave_held():
+    """Fusing chunk 3 (the head): each of its B jobs becomes a BW in place, its W jobs go, nothing else moves; the
+    result is valid, and the retention each W left on device 0 (8 x 0.84 by the step's end) is gone."""
+    s = plan("zbv", _spec(8, 15.79))
+    f = fuse_backward(s, [3])
+    for before, after in zip(s.devices, f.devices):
+        expect = [(Kind.BW, j.mb, j.chunk) if j.chunk == 3 and j.kind is Kind.B else tuple(j)
+                  for j in before if not (j.chunk == 3 and j.kind is Kind.W)]
+        assert [tuple(j) for j in after] == expect
+    assert f.num_jobs == s.num_jobs - 8 and f.meta["fused_backward"] == [3]
+    assert validate(f, mem=MEM) == []
+    assert max(retained_peaks(f)) < max(retained_peaks(s)) - 1.0
+    assert fuse_backward(f, [3]).devices == f.devices  # already fused: unchanged
+    with pytest.raises(ValueError, match="chunk 4 is not in 0..3"):
+        fuse_backward(s, [4])
+    with pytest.raises(ValueError, match="overlapped pairs"):
+        fuse_backward(plan("dualpipev", make_spec(pp=2, vpp=2, microbatches=8)), [3])

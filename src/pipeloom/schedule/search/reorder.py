@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from ...core.costs import Costs, MemModel
-from ...core.ir import Schedule
+from ...core.ir import Job, Kind, Schedule
 from ...sim.simulate import DeadlockError, memory_profile, simulate
 
 PeakFn = Callable[[Schedule], Sequence[float]]
@@ -96,3 +96,26 @@ def reorder(schedule: Schedule, costs: Costs, mem: MemModel | None = None, *, li
     meta = dict(schedule.meta)
     meta["reorder"] = {"moves": moves, "before": list(start_key), "after": list(best)}
     return replace(cur, meta=meta, witness=None)
+
+
+def fuse_backward(schedule: Schedule, chunks) -> Schedule:
+    """``schedule`` with the backward of every chunk in ``chunks`` fused: each of their B jobs becomes a BW at
+    its place and their W jobs are dropped (chunks already fused, BW, are left as they are).
+
+    A BW needs what its B needed and nothing waits for a W, so the result is as valid as the input; it frees a
+    chunk's whole activation at the B's place instead of part of it, and its W time moves there. What it is
+    for: torch's split backward (``stage_backward_input`` then ``stage_backward_weight``) leaves part of a head
+    with the loss saved until the step ends, its fused backward nothing
+    (:func:`pipeloom.integrations.torch_calibrate.peak_with_retention`); fusing such a chunk and then
+    :func:`reorder` trades a little time for that memory. Schedules with overlapped pairs are refused (the
+    pairs' positions would shift)."""
+    chunks = {int(c) for c in chunks}
+    bad = sorted(c for c in chunks if not 0 <= c < schedule.num_chunks)
+    if bad:
+        raise ValueError(f"fuse_backward: chunk {bad[0]} is not in 0..{schedule.num_chunks - 1}")
+    if schedule.overlapped:
+        raise ValueError("fuse_backward: the schedule has overlapped pairs (DualPipe); fusing would move them")
+    devices = [[Job(Kind.BW, j.mb, j.chunk) if j.chunk in chunks and j.kind is Kind.B else j
+                for j in seq if not (j.chunk in chunks and j.kind is Kind.W)] for seq in schedule.devices]
+    meta = {**schedule.meta, "fused_backward": sorted(chunks)}
+    return replace(schedule, devices=tuple(tuple(d) for d in devices), meta=meta, witness=None)
