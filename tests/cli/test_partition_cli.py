@@ -85,3 +85,23 @@ def test_simulate_and_plan_accept_partition_options(capsys, tmp_path):
     assert main(["plan", "-s", "interleaved", "--pp", "2", "--vpp", "2", "-m", "3", "--layers-per-device", "5,3",
                  "--out", str(out)]) == 0
     assert json.loads(out.read_text())["vpp"] == 2
+
+
+def test_plan_names_the_layer_split_it_planned_for(capsys, tmp_path):
+    """A plan made from a layer split is only right for stages built with that split (a torch CSV carries only
+    the actions), so plan says which layers each chunk holds: in --json and, otherwise, on stderr. A head three
+    layers long on 8 layers, V placement: balancing moves layers off the head's device (device 0 holds chunks 0
+    and 3), so the split is not the uniform 2/2/2/2."""
+    f = tmp_path / "c.csv"
+    f.write_text("name,F,B,W,mem\n" + "".join(f"l{i},1,1,1,1\n" for i in range(8)) + "head,3,3,3,2\n")
+    d = _json(capsys, ["plan", "-s", "zbv", "--pp", "2", "-m", "4", "--layer-costs", str(f), "--balance", "--json"])
+    split = d["partition"]["seg_layer_num"]
+    assert sum(split) == 8 and split != [2, 2, 2, 2]
+    assert d["partition"]["how"].startswith("balanced")
+    assert d["partition"]["layers_per_device"] == [split[0] + split[3], split[1] + split[2]]
+    assert d["partition"]["layers_per_device"][0] < 4  # the head's device holds fewer layers
+    out = tmp_path / "p.csv"
+    assert main(["plan", "-s", "zbv", "--pp", "2", "-m", "4", "--layer-costs", str(f), "--balance", "--format",
+                 "torch", "--out", str(out)]) == 0
+    assert f"layers per global chunk ({d['partition']['how']}): {split}" in capsys.readouterr().err
+    assert "partition" not in _json(capsys, ["plan", "-s", "zbv", "--pp", "2", "-m", "4", "--json"])

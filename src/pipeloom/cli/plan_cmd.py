@@ -5,7 +5,7 @@ import sys
 import time
 
 from ..schedule.planning import evaluate
-from .common import add_planning_options, check_out_path, fmt, plan_named, print_json, spec_from_args
+from .common import add_planning_options, check_out_path, fmt, plan_inputs, plan_named, print_json
 from ..schedule import io as schedule_io
 
 
@@ -31,7 +31,7 @@ def run(args) -> int:
                        " (a torch schedule is a CSV file)" if args.format == "torch" else "")
     elif args.format == "torch":
         raise ValueError("--format torch writes a file: give --out FILE.csv")
-    spec = spec_from_args(args, args.schedule)
+    spec, pplan = plan_inputs(args, args.schedule)
     t0 = time.perf_counter()
     sched = plan_named(args.schedule, spec)
     dt = time.perf_counter() - t0
@@ -43,6 +43,8 @@ def run(args) -> int:
         res["plan_time_s"] = dt
         res["out"] = args.out
         res["meta"] = sched.meta
+        if pplan is not None:  # which layers each stage holds: the plan's costs are this split's
+            res["partition"] = {"how": pplan.how, **pplan.partition.to_dict()}
         print_json(res)
     elif args.out:
         print(f"wrote {args.out}: {sched.name} pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
@@ -52,4 +54,6 @@ def run(args) -> int:
                   f"proven lower bound {fmt(sched.meta.get('best_bound'))}", file=sys.stderr)
     else:
         print(sched.to_text())
+    if pplan is not None and not args.json:  # the plan is for this split of the layers: build the stages so
+        print(f"layers per global chunk ({pplan.how}): {pplan.partition.seg_layer_num}", file=sys.stderr)
     return 0
