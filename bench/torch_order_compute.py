@@ -39,7 +39,7 @@ COSTS = Costs(F=(1.15, 1.12, 1.11, 5.13), B=(0.08, 1.38, 1.49, 4.66), W=(1.16, 1
 
 def orders() -> dict[str, list]:
     """Device 0's job list: pipeloom's plan (made as the runtime benchmark makes it) and torch's ZBV order."""
-    ours, tz = trp.plan_for_torch(M, COSTS, MEM, KEPT)
+    ours, tz = trp.plan_for_torch(M, COSTS, MEM, KEPT, builders=("zbv",), fuse=False)
     return {"pipeloom": list(ours.devices[0]), "torch": list(tz.devices[0]), "torch again": list(tz.devices[0])}
 
 
