@@ -29,6 +29,8 @@ from ...core.ir import Job, Kind, Schedule
 from ...sim.simulate import DeadlockError, memory_profile, simulate
 
 PeakFn = Callable[[Schedule], Sequence[float]]
+#: meta keys that state a builder's proof about its own order (v_shape/zb_looped polish, the exact solver)
+STALE_WHEN_CHANGED = ("polished", "status", "objective")
 
 
 def _key(s: Schedule, costs: Costs, mem: MemModel | None, limit: float | None, peak: PeakFn):
@@ -108,7 +110,7 @@ def fuse_backward(schedule: Schedule, chunks) -> Schedule:
     with the loss saved until the step ends, its fused backward nothing
     (:func:`pipeloom.integrations.torch_calibrate.peak_with_retention`); fusing such a chunk and then
     :func:`reorder` trades a little time for that memory. Schedules with overlapped pairs are refused (the
-    pairs' positions would shift)."""
+    pairs' positions would shift). ``meta`` keeps the builder's provenance but not its optimality status."""
     chunks = {int(c) for c in chunks}
     bad = sorted(c for c in chunks if not 0 <= c < schedule.num_chunks)
     if bad:
@@ -117,5 +119,7 @@ def fuse_backward(schedule: Schedule, chunks) -> Schedule:
         raise ValueError("fuse_backward: the schedule has overlapped pairs (DualPipe); fusing would move them")
     devices = [[Job(Kind.BW, j.mb, j.chunk) if j.chunk in chunks and j.kind is Kind.B else j
                 for j in seq if not (j.chunk in chunks and j.kind is Kind.W)] for seq in schedule.devices]
-    meta = {**schedule.meta, "fused_backward": sorted(chunks)}
+    # what the builder proved of its order (the polish's or solver's status, objective) is not true of this one
+    meta = {k: v for k, v in schedule.meta.items() if k not in STALE_WHEN_CHANGED}
+    meta["fused_backward"] = sorted(chunks)
     return replace(schedule, devices=tuple(tuple(d) for d in devices), meta=meta, witness=None)
