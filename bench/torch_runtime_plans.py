@@ -158,6 +158,12 @@ def memory_model(hidden: int, heavy_last: bool, counts=EVEN) -> tuple[MemModel, 
 BUILDERS = ("zbv", "zbvpp")  # V placement and looped placement, both with the B/W split
 
 
+def torch_peaks(order, costs, mem: MemModel, kept: list) -> tuple[float, float]:
+    """(peak under ``mem``, peak counted with what each W leaves held) of one of torch's orders, largest device."""
+    spec = make_spec(pp=PP, microbatches=order.microbatches, vpp=VPP, costs=costs, mem=mem)
+    return max(evaluate(order, spec)["peak_memory"]), max(peak_with_retention(order, mem, kept))
+
+
 def plan_for_torch(m: int, costs, mem: MemModel, kept: list, caps=(float("inf"), float("inf")), builders=BUILDERS,
                    against=("ZBVZeroBubble",), fuse: bool = True):
     """(pipeloom's plan, torch's ZBV order) at pp 2: the shortest (simulated) of ``builders``' plans that hold no
@@ -168,10 +174,9 @@ def plan_for_torch(m: int, costs, mem: MemModel, kept: list, caps=(float("inf"),
     with ``fuse``, its plan with the backward of every chunk whose W leaves memory fused (``fuse_backward``:
     torch's fused backward leaves nothing), moved the same way."""
     torch_zbv = torch_builtin("ZBVZeroBubble", PP, m, VPP)
-    refs = [torch_builtin(name, PP, m, VPP) for name in against]
-    spec = make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs, mem=mem)
-    limit0 = min([caps[0]] + [max(evaluate(r, spec)["peak_memory"]) for r in refs])
-    target = min([caps[1]] + [max(peak_with_retention(r, mem, kept)) for r in refs])
+    peaks = [torch_peaks(torch_builtin(name, PP, m, VPP), costs, mem, kept) for name in against]
+    limit0 = min([caps[0]] + [p for p, _ in peaks])
+    target = min([caps[1]] + [p for _, p in peaks])
     retention = lambda sch: peak_with_retention(sch, mem, kept)  # noqa: E731
     held = [c for c, k in enumerate(kept) if k > 0] if fuse else []
 
@@ -297,15 +302,11 @@ def _bench_rank(case: str, m: int, hidden: int, rounds: int, profile_steps: int,
         costs_tt = profile(runs[ZBV + TT], "torchtitan")
         if rank == 0:  # ... and pipeloom's split, balanced from that profile; every other row runs on it
             mem_tt, kept_tt = memory_model(hidden, True, tt)
-            sims.update({ZBV + TT: simulate(torch_builtin("ZBVZeroBubble", PP, m, VPP), costs_tt,
-                                            mem_tt).makespan,
+            zbv_tt = torch_builtin("ZBVZeroBubble", PP, m, VPP)
+            sims.update({ZBV + TT: simulate(zbv_tt, costs_tt, mem_tt).makespan,
                          IL + TT: simulate(torch_builtin("Interleaved1F1B", PP, m, VPP), costs_tt,
                                            mem_tt).makespan})
-            zbv_tt = torch_builtin("ZBVZeroBubble", PP, m, VPP)
-            caps = (max(evaluate(zbv_tt, make_spec(pp=PP, microbatches=m, vpp=VPP, costs=costs_tt,
-                                                   mem=mem_tt))["peak_memory"]),
-                    max(peak_with_retention(zbv_tt, mem_tt, kept_tt)))
-            box[0] = pipeloom_split(costs_tt, tt, m), caps
+            box[0] = pipeloom_split(costs_tt, tt, m), torch_peaks(zbv_tt, costs_tt, mem_tt, kept_tt)
         dist.broadcast_object_list(box, src=0)
         counts, caps = box[0]
     tag = ", pipeloom's split" if case == "split" else ""
@@ -317,7 +318,6 @@ def _bench_rank(case: str, m: int, hidden: int, rounds: int, profile_steps: int,
     box = [None]
     if rank == 0:
         mem, kept = memory_model(hidden, heavy_last, counts)
-        torch.set_num_threads(1)
         s, torch_zbv = plan_for_torch(m, measured, mem, kept, caps)
         orders = {ZBV + tag: torch_zbv, IL + tag: torch_builtin("Interleaved1F1B", PP, m, VPP),
                   OURS: s, OURS_CSV: s, TORCH_EARLY: torch_zbv, CONTROL: s}
@@ -356,10 +356,9 @@ def _bench_rank(case: str, m: int, hidden: int, rounds: int, profile_steps: int,
     # the ratio to pipeloom's step within each round (steps next to each other), its median and quartiles
     paired = {n: statistics.quantiles([a / b for a, b in zip(v, slowest[OURS])], n=4) for n, v in slowest.items()}
     peak_mb = {n: max(o[1][n] for o in out) for n in names}
-    ours = schedule_io.from_dict(plan_dict)
-    fused = ours.meta.get("fused_backward")
+    fused = s.meta.get("fused_backward")  # (rank 0 made the plan)
     return (step_ms, paired, peak_mb, sim_ms, costs, counts, mem, kept,
-            ours.name + (f", backward of chunk {fused} fused" if fused else ""))
+            s.name + (f", backward of chunk {fused} fused" if fused else ""))
 
 
 CASES = {"equal": "equal", "heavy": "heavier last chunk (vocab head + CE)",
