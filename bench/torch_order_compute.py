@@ -7,13 +7,15 @@ the vocabulary head with the loss). pipeloom's ``zbv`` plan is made as that benc
 costs and measured memory of one of its runs, the limit at torch's ZBV peak, jobs moved to meet the peak with
 what each W leaves saved); then device 0's job list alone runs in ONE process on one thread with torch's own
 ``stage_backward_input`` / ``stage_backward_weight`` (stage 0's I a no-op, its W the whole backward), inputs
-and received gradients made up, no communication. Three entries alternate round by round: pipeloom's order,
-torch's order, and torch's order again on its own model copy (an A/A control). If the order changed the
-compute (e.g. through the cache), the first two would differ by more than the last two.
+and received gradients made up, no communication. Three entries alternate round by round, in a fresh random
+order each round: pipeloom's order, torch's order, and torch's order again on its own model copy (an A/A
+control). If the order changed the compute (e.g. through the cache), the first two would differ by more than the
+last two.
 """
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -85,8 +87,9 @@ def main() -> None:
         run(jobs[name], chunks[name], xs, ys, loss)
     names = list(jobs)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.rounds):  # the order rotated each round
-        for name in names[r % 3:] + names[:r % 3]:
+    shuffle = random.Random(0)
+    for _ in range(args.rounds):  # a fresh order each round (as torch_runtime_plans.py: a fixed rotation made the
+        for name in shuffle.sample(names, len(names)):  # control always follow the order it copies)
             t0 = time.perf_counter()
             run(jobs[name], chunks[name], xs, ys, loss)
             times[name].append(time.perf_counter() - t0)
