@@ -38,12 +38,12 @@ limit is tightened and the plan made again.
 
 Step time: median over rounds of the slowest rank's wall time (barrier before and after), the schedules
 alternating step by step, in a fresh random order each round (a fixed rotation let each schedule always follow
-the same one, and the A/A control, which followed a copy of its own plan, read 2-6% faster than the plan it copies
-in every case of three runs); "per round": each round's step over pipeloom's step in
-the same round, the median and quartiles over rounds (the machine's drift between rounds cancels). In-flight
-activations: the peak bytes autograd keeps saved on a rank during one step (saved-tensor hooks), the larger of
-the two ranks. "simulated": each order's
-makespan in pipeloom's simulator under the profiled costs (the model's view of the same step).
+the same one, and the A/A control, which followed a copy of its own plan, read 1.6-16% faster than the plan it
+copies in all 10 case-runs of three runs); "per round": each round's step over pipeloom's step in the same round,
+the median and quartiles over rounds (the machine's drift between rounds cancels). In-flight activations: the
+peak bytes autograd keeps saved on a rank during one step (saved-tensor hooks), the larger of the two ranks.
+"simulated": each order's makespan in pipeloom's simulator under the profiled costs (the model's view of the same
+step).
 """
 from __future__ import annotations
 
