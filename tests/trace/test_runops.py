@@ -89,7 +89,7 @@ def test_clean_logs_get_no_verdict(clean):
 
 
 def test_a_slow_stage_is_named_imbalanced_and_its_slowdown_recovered(tmp_path, clean):
-    d = _whatif(tmp_path, slow={3: 1.5, 7: 1.5})  # stage 3 on both dp ranks
+    d = _whatif(tmp_path, slow={3: 1.5, 7: 1.5}, layers_per_chunk=[8, 8, 8, 8])  # stage 3 on both dp ranks
     assert d["imbalanced_stages"] == [3] and d["stragglers"] == []
     planted = d["step_time_measured"] / clean["step_time_measured"]  # same jitter draws
     assert d["slowdown"] == pytest.approx(planted, rel=0.05)
@@ -230,7 +230,8 @@ def test_an_unwritable_pictures_folder_leaves_the_analysis(tmp_path, capsys):
     obj = json.loads(capsys.readouterr().out)
     assert obj["whatif_stragglers"] == [{"dp_rank": 1, "stage": 1, "rank": 5}] and obj["whatif"]["pictures"] == {}
     assert any(w.startswith("no pictures: cannot write to") for w in obj["whatif"]["warnings"])
-    d2, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, slow={1: 1.6, 5: 1.6}, profile_steps=(1, 4), extra_steps=0)
+    d2, _ = _logs(tmp_path, "1f1b", 4, 8, dp=2, slow={1: 1.6, 5: 1.6}, profile_steps=(1, 4), extra_steps=0,
+                  layers_per_chunk=[8, 8, 8, 8])
     assert main(["check", d2, "--json", "--out", str(tmp_path / "file" / "x")]) == 0  # layer costs unwritable
     obj = json.loads(capsys.readouterr().out)
     assert obj["whatif"] is None and "cannot write to" in obj["whatif_error"] and obj["verdict"]

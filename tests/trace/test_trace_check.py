@@ -224,7 +224,8 @@ def test_check_cli_table_and_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["check", str(empty)]) == 2
-    assert "no worker logs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no trace format" in err and "workerlog.<rank>" in err and "torch profiler" in err
 
 
 def test_noisy_run_is_unsteady_not_a_list_of_stragglers(tmp_path):

@@ -69,7 +69,8 @@ def diagnosed(tmp_path_factory):
         d = tmp_path_factory.mktemp(name)
         cfg = OpSynthConfig(steps=20, jitter=0.02, seed=len(name), **kw)
         path, meta, res = _write(d, cfg)
-        out[name] = (check_optrace(path, meta=meta, pictures=name == "heavy_stage", out_dir=str(d / "out")), res, cfg)
+        out[name] = (check_optrace(path, meta=meta, layers=8 * cfg.pp, pictures=name == "heavy_stage",
+                                   out_dir=str(d / "out")), res, cfg)
     return out
 
 

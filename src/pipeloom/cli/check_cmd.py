@@ -24,8 +24,9 @@ def add_parser(sub) -> None:
                "op traces: exit status 1 with --strict when there is a verdict; worker logs: --strict follows the "
                "bubble check's verdict",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders, a torch profiler "
-                                  "trace, or an op trace of any trainer (.parquet or .csv; see docs/diagnose.md)")
+    p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders, torch profiler "
+                                  "traces (a file or a directory), or an op trace of any trainer (.parquet or .csv); "
+                                  "the formats of docs/diagnose.md")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: planned_bubble, measured_bubble, stragglers, late_jobs, verdict, and the "
                         "what-if keys slowdown, mw, ms, by_worker, by_stage, by_optype, imbalanced_stages, verdicts, "
@@ -52,7 +53,11 @@ def add_parser(sub) -> None:
                    help="report a worker, stage or op type when it alone slows the step by this share "
                         "(default: %(default)s)")
     g.add_argument("--layers", type=positive_int, default=None,
-                   help="the model's transformer layers, for the rebalancing partition command (default: 8 per stage)")
+                   help="the model's decoder layers, for the rebalancing partition command (default: the layers "
+                        "pipeloom's logs record, else --model's; without any, no command is given)")
+    g.add_argument("--model", default=None, metavar="PRESET|CONFIG",
+                   help="the run's model (a preset, a shipped config or a Hugging Face config.json): its layer "
+                        "count for the rebalancing partition command")
     g.add_argument("--out", metavar="DIR", help="where the heatmap, Perfetto timeline and layer costs go "
                                                 "(default: TRACE.whatif/ or LOGDIR.whatif/ beside the input)")
     g.add_argument("--no-pictures", action="store_true", help="skip the heatmap and the timeline")
@@ -60,36 +65,39 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..trace.optrace import is_op_trace
+    from ..trace.formats import detect
 
-    if is_op_trace(args.logdir):
+    fmt = detect(args.logdir)
+    layers = _layers(args)
+    if fmt.level == "ops":
         if args.png or args.late_tolerance is not None:
-            raise ValueError(f"--{'png' if args.png else 'late-tolerance'} applies to worker logs; for an op trace "
-                             f"the pictures go to --out DIR")
-        return run_optrace(args)
+            raise ValueError(f"--{'png' if args.png else 'late-tolerance'} applies to worker logs and torch profiler "
+                             f"traces (pipeline jobs); for an op trace the pictures go to --out DIR")
+        return run_optrace(args, fmt, layers)
     if args.meta is not None:
         raise ValueError(f"--meta applies to op traces (.parquet / .csv), not to {args.logdir} (the sizes of a run "
                          f"come from its logs)")
     from ..trace.check import check_run, measured_timeline
     from ..trace.opcheck import parse_steps
-    from ..trace.reader import read_logs
     from .common import print_json
 
     if args.png:
         check_out_path("--png", args.png, (".png", ".svg", ".pdf"))
     parse_steps(args.steps)  # a bad --steps is an error before any work
-    run_log = read_logs(args.logdir)
+    _outputs_apart(args, fmt)
+    run_log = fmt.read(args.logdir)
     rep = check_run(run_log, straggler_threshold=args.straggler_threshold,
                     late_tolerance=None if args.late_tolerance is None else args.late_tolerance / 1e3,
                     bubble_tolerance=args.bubble_tolerance)
     if args.png:
         from ..viz import write_outputs
         write_outputs([args.png], timeline=measured_timeline(run_log, late=rep.late_by_job))
-    wi, wi_error = _run_whatif(run_log, args)
+    wi, wi_error = _run_whatif(run_log, args, layers)
     if args.json:
         d = rep.to_dict()
         if args.png:
             d["png"] = args.png
+        d["format"] = fmt.name
         d.update(whatif_keys(wi, wi_error, d))
         print_json(d)
     else:
@@ -98,18 +106,58 @@ def run(args) -> int:
     return 1 if args.strict and not rep.ok else 0
 
 
+def _layers(args) -> int | None:
+    """The model's layer count for the rebalancing advice: --layers, else --model's config (None: neither)."""
+    if args.model is None:
+        return args.layers
+    from .common import model_from_args
+
+    m = model_from_args(args)
+    if args.layers is not None and args.layers != m.layers:
+        raise ValueError(f"--layers {args.layers} contradicts --model {args.model} ({m.layers} layers); give one")
+    return m.layers
+
+
+OUTPUT_NAMES = ("heatmap.png", "timeline.perfetto.json", "layer-costs.json")
+"""what the what-if analysis writes into its --out folder"""
+
+
+def _outputs_apart(args, fmt) -> None:
+    """Refuse, before any work, outputs that would replace an input or land among the inputs (a later check of
+    the same folder would read them as part of the run)."""
+    import os
+
+    from ..trace.opcheck import default_out_dir
+
+    inputs = {os.path.realpath(p) for p in fmt.files(args.logdir)}
+    if args.meta:
+        inputs.add(os.path.realpath(args.meta))
+    out_dir = args.out or default_out_dir(args.logdir)
+    outs = [("--png", args.png)] if getattr(args, "png", None) else []
+    if not args.no_pictures:
+        outs += [("--out", os.path.join(out_dir, n)) for n in OUTPUT_NAMES]
+    for opt, p in outs:
+        if os.path.realpath(p) in inputs:
+            raise ValueError(f"{opt} {p} is an input of this check; write the outputs elsewhere")
+    if args.out and os.path.isdir(args.logdir):
+        root, out = os.path.realpath(args.logdir), os.path.realpath(args.out)
+        if out == root or out.startswith(root + os.sep):
+            raise ValueError(f"--out {args.out} is inside the input directory {args.logdir}: the pictures would be "
+                             f"read as part of the run next time; give a folder outside it")
+
+
 #: what-if keys copied to the top level of a run log's ``--json`` (the whole analysis is under ``whatif``;
 #: its ``stragglers``, workers, would clash with the bubble check's ranks: they are ``whatif_stragglers`` there)
 WHATIF_TOP_KEYS = ("slowdown", "mw", "ms", "by_worker", "by_stage", "by_optype", "imbalanced_stages", "verdicts",
                    "replay_error")
 
 
-def _run_whatif(run_log, args) -> tuple[dict | None, str | None]:
+def _run_whatif(run_log, args, layers: int | None) -> tuple[dict | None, str | None]:
     """The what-if analysis of a run log (trace/opcheck.py), or None and why it could not run."""
     from ..trace.opcheck import check_run_whatif
     from ..trace.whatif import WhatIfError
 
-    kw = dict(steps=args.steps, threshold=args.slowdown_threshold, layers=args.layers, out_dir=args.out)
+    kw = dict(steps=args.steps, threshold=args.slowdown_threshold, layers=layers, out_dir=args.out)
     try:
         with _progress() as progress:
             try:
@@ -203,18 +251,24 @@ def _print(rep, run_log, args) -> None:
 
 
 # ------------------------------------------------------------------------------------------ op traces
-def run_optrace(args) -> int:
-    """check TRACE.parquet|.csv: what-if straggler analysis (trace/opcheck.py)."""
+def run_optrace(args, fmt, layers: int | None) -> int:
+    """check TRACE (an op-level format, e.g. .parquet|.csv): what-if straggler analysis (trace/opcheck.py)."""
     import sys
 
     from rich.console import Console
 
-    from ..trace.opcheck import check_optrace
+    from ..trace.opcheck import check_ops, default_out_dir, parse_steps
     from .common import print_json
 
+    parse_steps(args.steps)
+    _outputs_apart(args, fmt)
     with _progress() as progress:
-        d = check_optrace(args.logdir, meta=args.meta, steps=args.steps, threshold=args.slowdown_threshold,
-                          layers=args.layers, out_dir=args.out, pictures=not args.no_pictures, progress=progress)
+        progress(what="reading trace")
+        tr = fmt.read(args.logdir, meta=args.meta)
+        d = check_ops(tr, steps=args.steps, threshold=args.slowdown_threshold, layers=layers,
+                      out_dir=args.out or default_out_dir(args.logdir), pictures=not args.no_pictures,
+                      progress=progress)
+        d["format"] = fmt.name
     if args.json:
         print_json(d)
     else:

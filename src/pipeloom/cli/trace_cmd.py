@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
         epilog="example:\n  pipeloom run ... --log-dir logs --profile-steps 3:5\n"
                "  pipeloom trace logs --out trace.json --png gantt.png --html gantt.html",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders")
+    p.add_argument("logdir", help="directory of workerlog.<rank> files or of machine<k>/ folders, or torch profiler "
+                                  "traces (a file or a directory; docs/diagnose.md lists the formats)")
     p.add_argument("--out", "-o", default="trace.json", metavar="TRACE.json",
                    help="Chrome/Perfetto trace to write (default: %(default)s)")
     p.add_argument("--png", metavar="PATH", help="also draw the measured Gantt chart (.png, .svg or .pdf)")
@@ -30,9 +31,11 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from rich.console import Console
 
+    import os
+
     from ..viz import write_outputs
     from ..trace.check import check_run, measured_timeline, planned_timeline
-    from ..trace.reader import read_logs
+    from ..trace.formats import accepted, detect
 
     con = Console()
     # output names first: nothing is written unless every output can be
@@ -41,7 +44,16 @@ def run(args) -> int:
         check_out_path("--png", args.png, (".png", ".svg", ".pdf"))
     if args.html:
         check_out_path("--html", args.html, (".html",))
-    run_log = read_logs(args.logdir)
+    fmt = detect(args.logdir)
+    if fmt.level != "jobs":
+        raise ValueError(f"{args.logdir} is an {fmt.name} (ops, not pipeline jobs): pipeloom trace merges job-level "
+                         f"logs ({accepted('jobs')}); for an op trace, pipeloom check {args.logdir} writes its "
+                         f"Perfetto timeline")
+    inputs = {os.path.realpath(p) for p in fmt.files(args.logdir)}
+    for opt, p in (("--out", args.out), ("--png", args.png), ("--html", args.html)):
+        if p and os.path.realpath(p) in inputs:
+            raise ValueError(f"{opt} {p} is an input of this command; write the outputs elsewhere")
+    run_log = fmt.read(args.logdir)
     if args.step is not None and args.step not in run_log.steps:
         raise ValueError(f"--step {args.step} is not among the profiled steps {run_log.steps}")
     planned, late, note = None, {}, None

@@ -319,7 +319,9 @@ def worker(cfg: RunConfig) -> dict:
     log = JobLog(cfg.log_dir, rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", rank)),
                  world_size=dist.get_world_size(), pp=pp, dp=dp, pp_rank=pp_rank, dp_rank=dp_rank,
                  schedule=schedule_io.to_dict(sched), costs=costs, profile_steps=window,
-                 machine=int(os.environ.get("GROUP_RANK", 0)), run_id=run_id[0]) if cfg.log_dir else None
+                 machine=int(os.environ.get("GROUP_RANK", 0)), run_id=run_id[0],
+                 model={"layers": sum(map(len, split)), "layers_per_chunk": [len(c) for c in split]}) \
+        if cfg.log_dir else None
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
     reducer = make_dp_reducer(cfg, dp_group)
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,

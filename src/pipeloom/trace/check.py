@@ -27,8 +27,10 @@ schedule (text logs: the measured order of the first step stands in for the plan
    ranks that only waited keep nominal numbers, so the blame lands on the rank whose own
    jobs grew or started late, and several slow ranks are each found. Stragglers: impact_r >=
    threshold (default 3%) of the planned makespan; when more than half the ranks pass it the run is
-   called unsteady and only ranks at >= 2x the median impact are named. A late job's cause = the rank whose
-   leave-one-in replay delays that job most.
+   called unsteady and only ranks at >= 2x the median impact are named, unless those clear outliers
+   explain the spread alone (they cause >= 75% of the late jobs and each costs the step >= 4x the median
+   other rank: one rank 10x slower on a noisy machine), which is a straggler. A late job's cause = the rank
+   whose leave-one-in replay delays that job most.
 """
 from __future__ import annotations
 
@@ -363,9 +365,12 @@ def check_run(run: RunLog, *, straggler_threshold: float = 0.03, late_tolerance:
     ranks_sorted = sorted(impacts)
     stragglers = [r for r in ranks_sorted if max(impacts[r]) >= straggler_threshold * m_plan]
     unsteady = len(stragglers) > len(ranks_sorted) / 2
+    noisy_others = False
     if unsteady:  # most ranks cost time: a noisy run, name only the clear outliers
         med = statistics.median(max(v) for v in impacts.values())
         stragglers = [r for r in stragglers if max(impacts[r]) >= 2 * med]
+        if _single_cause(stragglers, impacts, cause_count):
+            unsteady, noisy_others = False, True  # one cause explains the spread: a straggler, not noise
     measured_bubble = idle_tot / span_tot if span_tot > 0 else 0.0
     planned_bubble = sum(planned_dev) / len(planned_dev) if planned_dev else 0.0
     meas_ms = statistics.mean(sr.t1 - sr.t0 for sr in runs)
@@ -396,9 +401,12 @@ def check_run(run: RunLog, *, straggler_threshold: float = 0.03, late_tolerance:
             pr = next(p for p in per_rank if p["rank"] == r)
             why = (f"jobs {pr['slowdown']:.2f}x the fitted time" if pr["slowdown"] and pr["slowdown"] > 1.05
                    else f"{pr['own_delay_s'] * 1e3:.3g} ms of late starts")
-            parts.append(f"rank {r} ({why}, costs the step {100 * pr['impact_frac']:.1f}%)")
-        verdict = ("STRAGGLER: " + "; ".join(parts) + f"; {len(late_rows)} late job(s); bubble "
-                   f"{100 * measured_bubble:.1f}% measured vs {100 * planned_bubble:.1f}% planned")
+            parts.append(f"rank {r} ({why}, costs the step {100 * pr['impact_frac']:.1f}%, causes "
+                         f"{pr['late_jobs_caused']} of the {len(late_rows)} late job(s))")
+        verdict = ("STRAGGLER: " + "; ".join(parts) + f"; bubble "
+                   f"{100 * measured_bubble:.1f}% measured vs {100 * planned_bubble:.1f}% planned"
+                   + ("; the other ranks' job times vary too (noisy or shared machine), far less"
+                      if noisy_others else ""))
         ok = False
     elif gap > bubble_tolerance:
         verdict = (f"SLOWER THAN PLAN: bubble {100 * measured_bubble:.1f}% measured vs {100 * planned_bubble:.1f}% "
@@ -419,6 +427,26 @@ def check_run(run: RunLog, *, straggler_threshold: float = 0.03, late_tolerance:
                       clock_offsets_s=run.offsets, warnings=warnings, late_by_job=late_by_job)
     rep.planned_runs = [(sr, prep) for sr in runs]
     return rep
+
+
+SINGLE_CAUSE_LATE_SHARE = 0.75
+"""a noisy run still has a single cause when its clear outliers cause at least this share of the late jobs ..."""
+SINGLE_CAUSE_IMPACT = 4.0
+"""... and each of them costs the step at least this many times what the median other rank costs"""
+
+
+def _single_cause(outliers: list[int], impacts: dict[int, list[float]], cause_count: dict[int, int]) -> bool:
+    """Whether the clear outliers of a run where most ranks cost time explain its spread on their own: they cause
+    most of the late jobs that have a cause, and each costs the step several times what a typical other rank
+    costs (one rank 10x slower on a noisy machine is a straggler, not an unsteady run)."""
+    if not outliers:
+        return False
+    others = [max(v) for r, v in impacts.items() if r not in outliers]
+    typical = statistics.median(others) if others else 0.0
+    if any(max(impacts[r]) < SINGLE_CAUSE_IMPACT * typical for r in outliers):
+        return False
+    caused = sum(cause_count.values())
+    return caused > 0 and sum(cause_count.get(r, 0) for r in outliers) >= SINGLE_CAUSE_LATE_SHARE * caused
 
 
 # ------------------------------------------------------------------------------------ closed form

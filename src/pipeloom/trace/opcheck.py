@@ -109,14 +109,29 @@ def check_run_whatif(run, *, steps: str | None = None, threshold: float = 0.05, 
     from .runops import optrace_of_run
 
     tr = optrace_of_run(run)
+    machines = {(rk.dp_rank, rk.pp_rank if rk.pp_rank is not None else rk.rank % run.pp): rk.machine
+                for rk in run.ranks}
     d = check_ops(tr, steps=steps, threshold=threshold, layers=layers, out_dir=out_dir or default_out_dir(run.root),
-                  pictures=pictures, progress=progress)
+                  pictures=pictures, progress=progress, layers_per_stage=run_layers_per_stage(run), machines=machines)
     d["source"] = "run logs"
     return d
 
 
+def run_layers_per_stage(run) -> list[int] | None:
+    """The decoder layers each pipeline rank held in the run (pipeloom's logs: the meta line's ``model``
+    entry, ``layers_per_chunk`` summed over the rank's chunks), or None when the logs do not say."""
+    meta = next((rk.meta for rk in run.ranks if rk.meta), None) or {}
+    per_chunk = (meta.get("model") or {}).get("layers_per_chunk") if isinstance(meta.get("model"), dict) else None
+    sched = run.schedule
+    if (sched is None or not isinstance(per_chunk, list) or len(per_chunk) != sched.num_chunks
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in per_chunk)):
+        return None
+    return [sum(per_chunk[c] for c in sched.chunks_of(p)) for p in range(sched.pp)]
+
+
 def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05, layers: int | None = None,
-              out_dir: str = "whatif", pictures: bool = True, progress=None) -> dict:
+              out_dir: str = "whatif", pictures: bool = True, progress=None,
+              layers_per_stage: list[int] | None = None, machines: dict | None = None) -> dict:
     """Analyse an op trace already in memory (a file's or a run log's): dependency model, what-if replays,
     verdicts, pictures in ``out_dir``; the JSON-ready dict of ``pipeloom check --json``."""
     def tell(**kw):
@@ -131,7 +146,8 @@ def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05,
     res = analyse(model, threshold=threshold, progress=lambda n: tell(advance=n))
     costs_path = os.path.join(out_dir, "layer-costs.json")
     vpp = tr.sizes.get("vpp_size", 1)
-    dg = diagnose(res, model, threshold=threshold, layers=layers, vpp=vpp, costs_path=costs_path)
+    dg = diagnose(res, model, threshold=threshold, layers=layers, layers_per_stage=layers_per_stage, vpp=vpp,
+                  costs_path=costs_path, machines=machines)
     pp, W = res.pp, res.W
     label = [f"dp {w // pp} / pp {w % pp}" for w in range(W)]
     swk = res.worker_slowdown_step()
@@ -174,6 +190,7 @@ def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05,
         "slow_optypes": dg.slow_optypes,
         "no_fixed_straggler": dg.no_fixed_straggler,
         "verdicts": dg.verdicts,
+        "verdict_details": [v.to_dict() for v in dg.items],
         "partition_command": dg.partition_command,
         "threshold": threshold,
         "model": {"pipeline_edges": model.pipeline_edges, "p2p_pairs": model.p2p_pairs,

@@ -214,9 +214,22 @@ def _steps_from_text(log: RankLog, jobs: list[tuple[str, int, int | None, float,
 
 
 # ---------------------------------------------------------------------------------------- run
-def read_logs(root: str, *, align: bool = True) -> RunLog:
-    """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks."""
-    ranks, source = _read_ranks(root)
+def read_logs(root: str, *, align: bool = True, source: str | None = None) -> RunLog:
+    """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks. ``source``: "pipeloom"
+    (job logs, seed 003's text lines), "torch" (torch profiler traces) or None (whichever ``root`` holds)."""
+    if source == "torch":
+        ranks = torch_profile.read_traces(root)
+    elif source == "pipeloom":
+        ranks = [parse_file(p, mach, r) for mach, r, p in find_worker_logs(root)]
+    else:
+        ranks, source = _read_ranks(root)
+    return run_of_ranks(ranks, root, source=source, align=align)
+
+
+def run_of_ranks(ranks: list[RankLog], root: str, *, source: str = "pipeloom", align: bool = True) -> RunLog:
+    """The :class:`RunLog` of per-rank logs however they were read (any trace format's reader ends here): one
+    run checked, ranks numbered, the plan from the meta lines or inferred from the job order (``source``
+    "torch": stages are global, as torch names them), clocks aligned and waits clipped."""
     sanity.check_files([r.path for r in ranks if source == "pipeloom"])
     _check_one_run(ranks, root)
     warnings: list[str] = [f"{r.path}: rank {r.rank}'s log is incomplete (the rank stopped before closing it)"

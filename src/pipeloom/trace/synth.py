@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..core.ir import Schedule
 from ..core.costs import Costs
 from ..core.files import atomic_write
-from ..sim.replay import replay
+from ..sim.replay import dependencies, produces, replay
 from ..schedule import io as schedule_io
 from .writer import log_name
 
@@ -54,6 +54,16 @@ class SynthConfig:
     t_start: float = 1_763_884_800.0
     step_gap: float = 0.01
     """seconds between steps (optimizer, barrier)"""
+    handoff: float | None = None
+    """seconds a job takes to hand its outputs to the transport after it ends: when set, every job gets a
+    ``done`` time (as pipeloom's CPU logs have), and a hand-off to another rank also waits until that rank
+    has posted the receive (when it started the job before the consumer: a rendezvous transfer), so the
+    ranks that send to a slow rank wait for it"""
+    layers_per_chunk: list[int] | None = None
+    """decoder layers of every global chunk, written as the meta line's ``model`` entry (None: no entry)"""
+    slow_link: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(sending rank, receiving rank) -> extra seconds every hand-off between them takes (a slow link; needs
+    ``handoff``)"""
 
 
 def generate(schedule: Schedule, cfg: SynthConfig | None = None) -> dict[int, list[dict]]:
@@ -82,6 +92,18 @@ def generate(schedule: Schedule, cfg: SynthConfig | None = None) -> dict[int, li
                 durs.append(row)
                 delays.append([cfg.late_start.get(rank, 0.0)] + [0.0] * (len(seq) - 1))
             rp = replay(schedule, durs, comm=cfg.costs.comm * cfg.unit, delays=delays)
+            done = None
+            if cfg.handoff is not None:  # the rank holds each job until its hand-off is done: re-time to a fixpoint
+                hold = [[cfg.handoff] * len(row) for row in durs]
+                for _ in range(HANDOFF_ROUNDS):
+                    rp = replay(schedule, [[x + h for x, h in zip(rd, rh)] for rd, rh in zip(durs, hold)],
+                                comm=cfg.costs.comm * cfg.unit, delays=delays)
+                    done = _handoffs(schedule, rp, durs, cfg, dpr)
+                    new = [[t - (s + x) for t, s, x in zip(rt, rs, rd)] for rt, rs, rd in zip(done, rp.start, durs)]
+                    if max(abs(a - b) for ra, rb in zip(new, hold) for a, b in zip(ra, rb)) < 1e-9:
+                        break
+                    hold = new
+                rp.end = [[s + x for s, x in zip(rs, rd)] for rs, rd in zip(rp.start, durs)]
             for d, seq in enumerate(schedule.devices):
                 rank = dpr * pp + d
                 ev = events[rank]
@@ -92,13 +114,45 @@ def generate(schedule: Schedule, cfg: SynthConfig | None = None) -> dict[int, li
                 for i, job in enumerate(seq):
                     ev.append({"event": "job", "step": step, "kind": job.kind.value, "mb": job.mb,
                                "chunk": job.chunk, "device": d, "start": step_begin + rp.start[d][i],
-                               "end": step_begin + rp.end[d][i]})
+                               "end": step_begin + rp.end[d][i]}
+                              | ({"ready": step_begin + rp.start[d][i], "done": step_begin + done[d][i]}
+                                 if done is not None else {}))
                 ev.append({"event": "step_end", "step": step, "loss": 2.0, "t": step_begin + rp.makespan})
             t = max(t, step_begin + rp.makespan)
         t += cfg.step_gap
     for rank in events:
         events[rank].append({"event": "profile_stop", "step": b, "t": t})
     return events
+
+
+HANDOFF_ROUNDS = 50
+
+
+def _handoffs(schedule: Schedule, rp, durs: list[list[float]], cfg: SynthConfig, dpr: int) -> list[list[float]]:
+    """Per job its ``done`` time (see :attr:`SynthConfig.handoff`): end (``rp`` start + ``durs``) + hand-off, not
+    before every rank that consumes its output has posted the receive (when the consumer's previous job
+    started), plus a slow link's extra time."""
+    pp, nc = schedule.pp, schedule.num_chunks
+    consumers: dict[tuple, list[tuple[int, int]]] = {}
+    for d, seq in enumerate(schedule.devices):
+        for i, job in enumerate(seq):
+            for ev in dependencies(job, nc):
+                consumers.setdefault(ev, []).append((d, i))
+    out = []
+    for d, seq in enumerate(schedule.devices):
+        row = []
+        for i, job in enumerate(seq):
+            t = rp.start[d][i] + durs[d][i] + cfg.handoff
+            for ev in produces(job):
+                for cd, ci in consumers.get(ev, []):
+                    if cd == d:
+                        continue
+                    posted = rp.start[cd][ci - 1] if ci > 0 else 0.0
+                    t = max(t, posted + cfg.handoff)
+                    t += cfg.slow_link.get((dpr * pp + d, dpr * pp + cd), 0.0)
+            row.append(t)
+        out.append(row)
+    return out
 
 
 def write_logs(out_dir: str, schedule: Schedule, cfg: SynthConfig | None = None) -> list[str]:
@@ -139,12 +193,14 @@ def write_logs(out_dir: str, schedule: Schedule, cfg: SynthConfig | None = None)
                     "dp": cfg.dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
                     "host": f"node{machine}", "schedule": schedule_io.to_dict(schedule), "costs": cfg.costs.to_dict(),
                     "profile_steps": list(cfg.profile_steps), "run_id": cfg.run_id}
+            if cfg.layers_per_chunk is not None:
+                meta["model"] = {"layers": sum(cfg.layers_per_chunk), "layers_per_chunk": list(cfg.layers_per_chunk)}
             lines.append(json.dumps(meta))
             for e in evs:
                 if e["event"] == "sync" and not cfg.sync:
                     continue
                 e = dict(e)
-                for k in ("t", "start", "end"):
+                for k in ("t", "start", "end", "ready", "done"):
                     if k in e:
                         e[k] = e[k] + skew
                 lines.append(json.dumps(e))

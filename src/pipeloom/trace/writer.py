@@ -14,6 +14,10 @@ awaited); ``done`` is the moment its outputs are handed to the transport and the
 unblock are posted. So consecutive jobs of a rank tile its timeline, and the gaps between one
 job's ``done`` and the next one's ``ready`` are exactly the time spent waiting for a peer.
 (Not written on GPUs, where ``start``/``end`` come from CUDA events on the device's clock.)
+
+The meta line's optional ``model`` entry, ``{"layers": L, "layers_per_chunk": [...]}``, says how many
+decoder layers the run's model has and how many each global chunk held, so that the check's rebalancing
+advice starts from the run's own partition.
 """
 from __future__ import annotations
 
@@ -59,7 +63,8 @@ class JobLog:
 
     def __init__(self, log_dir: str | None, *, rank: int, local_rank: int, world_size: int, pp: int, dp: int,
                  pp_rank: int, dp_rank: int, schedule: dict, costs: dict | None,
-                 profile_steps: tuple[int, int] | None, machine: int = 0, run_id: str | None = None) -> None:
+                 profile_steps: tuple[int, int] | None, machine: int = 0, run_id: str | None = None,
+                 model: dict | None = None) -> None:
         self.window = profile_steps
         self.f = None
         self._open_window = False
@@ -75,7 +80,7 @@ class JobLog:
                      "pp": pp, "dp": dp, "pp_rank": pp_rank, "dp_rank": dp_rank, "machine": machine,
                      "host": socket.gethostname(), "schedule": schedule, "costs": costs,
                      "profile_steps": list(profile_steps) if profile_steps else None}
-                    | ({"run_id": run_id} if run_id else {}))
+                    | ({"run_id": run_id} if run_id else {}) | ({"model": model} if model else {}))
 
     @property
     def enabled(self) -> bool:
