@@ -14,14 +14,18 @@ import numpy as np
 
 from .optrace import OpTrace, read_optrace
 from .verdicts import diagnose, write_layer_costs
-from .whatif import analyse, build_model, replay_times, scenario_count
+from .whatif import WhatIfError, analyse, build_model, replay_times, scenario_count
 
 
-def parse_steps(text: str | None) -> list[int] | None:
-    """``5``, ``1,3,5``, ``3:10`` (3..9) or ``3:`` / ``:10``; None = every step. ``:`` forms need the trace's steps."""
+MAX_STEP = (1 << 31) - 1
+"""the largest step number ``--steps`` takes"""
+
+
+def step_ranges(text: str | None) -> list[tuple[int, int]] | None:
+    """``5``, ``1,3,5``, ``3:10`` (3..9) or ``3:`` / ``:10`` as half-open ranges ``[lo, hi)``; None = every step."""
     if text is None:
         return None
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -30,30 +34,101 @@ def parse_steps(text: str | None) -> list[int] | None:
             if ":" in part:
                 a, b = part.split(":", 1)
                 lo = int(a) if a.strip() else 0
-                hi = int(b) if b.strip() else 1 << 40
-                if hi <= lo or lo < 0:
-                    raise ValueError
-                out.extend(range(lo, min(hi, lo + 10_000_000)) if b.strip() else [-(lo + 1)])
+                hi = int(b) if b.strip() else MAX_STEP + 1
             else:
-                out.append(int(part))
-                if out[-1] < 0:
-                    raise ValueError
+                lo = int(part)
+                hi = lo + 1
+            if hi <= lo or lo < 0 or lo > MAX_STEP:
+                raise ValueError
         except ValueError:
-            raise ValueError(f"--steps {text!r}: give step numbers like 5, 1,3,5 or A:B (A..B-1) or A:") from None
+            raise ValueError(f"--steps {text!r}: give step numbers like 5, 1,3,5 or A:B (A..B-1) or A: "
+                             f"(0 <= A < B, steps up to {MAX_STEP})") from None
+        out.append((lo, min(hi, MAX_STEP + 1)))
+    if not out:
+        raise ValueError(f"--steps {text!r}: give step numbers like 5, 1,3,5 or A:B (A..B-1) or A:")
     return out
 
 
-def _resolve_steps(spec: list[int] | None, tr: OpTrace) -> list[int] | None:
-    if spec is None:
+def parse_steps(text: str | None) -> list[int] | None:
+    """The steps of :func:`step_ranges` listed (an open range ``A:`` as ``-(A + 1)``; at most 10^7 steps a range)."""
+    rs = step_ranges(text)
+    if rs is None:
         return None
-    have = tr.steps
-    out = set()
-    for s in spec:
-        if s < 0:  # "A:" open range
-            out.update(x for x in have if x >= -s - 1)
+    out: list[int] = []
+    for lo, hi in rs:
+        out.extend([-(lo + 1)] if hi == MAX_STEP + 1 else range(lo, min(hi, lo + 10_000_000)))
+    return out
+
+
+def describe_steps(have: list[int], limit: int = 8) -> str:
+    """``0..3, 7, 9..12`` (runs of consecutive steps; the first ``limit`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for x in have:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
         else:
-            out.add(s)
-    return sorted(out)
+            runs.append([x, x])
+    text = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in runs[:limit])
+    return text + (f" and {len(runs) - limit} more run(s)" if len(runs) > limit else "")
+
+
+def select_steps(text: str | None, have: list[int], where: str) -> list[int] | None:
+    """The steps of ``have`` that ``--steps text`` asks for (None: all); refuses a selection that matches none
+    (naming the steps there are), and one that names a single step that is not there."""
+    rs = step_ranges(text)
+    if rs is None:
+        return None
+    arr = np.asarray(have, dtype=np.int64)
+    keep = np.zeros(arr.shape, dtype=bool)
+    for lo, hi in rs:
+        keep |= (arr >= lo) & (arr < hi)
+    missing = [lo for lo, hi in rs if hi == lo + 1 and lo not in set(have)]
+    if not keep.any() or missing:
+        what = f"step(s) {', '.join(map(str, missing[:5]))} are not" if keep.any() else "none of the steps asked for are"
+        raise WhatIfError(f"--steps {text!r}: {what} in {where}; it has steps {describe_steps(list(have))}")
+    return [int(x) for x in arr[keep]]
+
+
+MAX_SPAN = 1e15
+"""the longest op or step a trace may record, in its time unit (1e15 ns is 11 days)"""
+MAX_KEY = (1 << 31) - 1
+"""the largest rank, step, chunk or microbatch number a trace may hold"""
+
+
+def check_plausible(tr: OpTrace) -> None:
+    """Refuse an op trace the what-if analysis cannot make sense of, saying what is wrong (rather than tables of
+    NaN, numpy warnings or a confident verdict): no compute ops, no time in them, absurd times, keys that are no
+    indices."""
+    from .whatif import COMPUTE_OPS
+
+    where, unit = tr.path, tr.time_unit
+    present = [tr.optypes[c] for c in np.unique(tr.op).tolist() if 0 <= c < len(tr.optypes)]
+    codes = [i for i, n in enumerate(tr.optypes) if n in COMPUTE_OPS]
+    comp = np.isin(tr.op, codes)
+    if not comp.any():
+        shown = ", ".join(present[:6]) + (f" and {len(present) - 6} more" if len(present) > 6 else "")
+        raise WhatIfError(f"{where} has no compute ops (optypes {', '.join(COMPUTE_OPS)}), only {shown}: the what-if "
+                          f"analysis times each worker's compute; name the optypes as docs/diagnose.md lists them")
+    if not (tr.dur[comp] > 0).any():
+        raise WhatIfError(f"{where}: every compute op lasts 0 {unit}; there is no time to analyse (a duration "
+                          f"column of zeros, or a unit too coarse: set time_unit in the meta file)")
+    longest = float(tr.dur.max()) if len(tr) else 0.0
+    if longest > MAX_SPAN:
+        raise WhatIfError(f"{where}: an op lasts {longest:.3g} {unit}, more than {MAX_SPAN:.0e} (a duration in another "
+                          f"unit, or garbage): check the duration column and time_unit")
+    order = np.argsort(tr.step, kind="stable")
+    st, first = np.unique(tr.step[order], return_index=True)
+    lo = np.minimum.reduceat(tr.start[order], first)
+    hi = np.maximum.reduceat((tr.start + tr.dur)[order], first)
+    if (hi - lo > MAX_SPAN).any():
+        k = int(st[int(np.argmax(hi - lo))])
+        raise WhatIfError(f"{where}: step {k} spans {float((hi - lo).max()):.3g} {unit}, more than {MAX_SPAN:.0e} "
+                          f"(start_ts in mixed units, or garbage): check the start_ts column and time_unit")
+    for name, col in (("dp_rank", tr.dp), ("stage", tr.stage), ("rank", tr.rank), ("step", tr.step),
+                      ("seq_id", tr.seq), ("mc", tr.mc), ("gmc", tr.gmc), ("mb_id", tr.mb)):
+        if col.size and (int(col.min()) < -1 or int(col.max()) > MAX_KEY):
+            raise WhatIfError(f"{where}: column {name} holds values outside 0..{MAX_KEY} (too large for an index): "
+                              f"these columns hold ranks, steps, chunks and microbatches")
 
 
 def _num(x) -> float | None:
@@ -139,11 +214,20 @@ def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05,
             progress(**kw)
 
     path = tr.path
-    sel = _resolve_steps(parse_steps(steps), tr)
+    check_plausible(tr)
+    sel = select_steps(steps, tr.steps, tr.path)
     tell(what="dependency graph")
-    model = build_model(tr, sel)
-    tell(total=scenario_count(model) + 4, what="what-if replays")
-    res = analyse(model, threshold=threshold, progress=lambda n: tell(advance=n))
+    with np.errstate(all="ignore"):  # a degenerate replay is refused below, by name, not by numpy warnings
+        model = build_model(tr, sel)
+        tell(total=scenario_count(model) + 4, what="what-if replays")
+        res = analyse(model, threshold=threshold, progress=lambda n: tell(advance=n))
+    bad = [k for k, v in (("ideal step time", float(res.t_ideal.mean())), ("measured step time",
+                                                                         float(res.t_measured.mean())),
+                          ("replayed step time", float(res.t_replay.mean())),
+                          ("step time without launch gaps", float(res.t_base.mean()))) if not (v > 0 and np.isfinite(v))]
+    if bad:
+        raise WhatIfError(f"{path}: the replay of these ops is degenerate ({', '.join(bad)} is zero or not finite): "
+                          f"the steps have no time to compare (durations of zero, or ops that overlap nothing)")
     costs_path = os.path.join(out_dir, "layer-costs.json")
     vpp = tr.sizes.get("vpp_size", 1)
     dg = diagnose(res, model, threshold=threshold, layers=layers, layers_per_stage=layers_per_stage, vpp=vpp,

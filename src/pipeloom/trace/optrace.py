@@ -151,7 +151,7 @@ def _read_table(path: str):
         import gzip
 
         opener = gzip.open if low.endswith(".gz") else open
-        with opener(path, "rt", newline="") as fh:
+        with opener(path, "rt", newline="", encoding="utf-8-sig") as fh:  # a BOM is no part of the first name
             names = next(csv.reader(fh), [])
         types = {n: pa.string() for n in names}
         skipped: list[int] = []
@@ -234,6 +234,8 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
     for c in ("dp_rank", "stage", "step"):
         v = cols[c]
         flag(np.isfinite(v) & ((v < 0) | (v != np.floor(v))), f"{c} not a non-negative integer")
+    for c in ("dp_rank", "stage", "rank", "step", "seq_id", "mc", "gmc", "mb_id"):  # int64 keys: no overflow
+        flag(np.abs(np.nan_to_num(cols[c])) > (1 << 31) - 1, f"{c} above {(1 << 31) - 1} (not an index)")
     # sizes: from the meta, else from the table (only well-formed rows count)
     ok = ~bad
     sizes, inferred = {}, []

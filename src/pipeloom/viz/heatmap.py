@@ -48,9 +48,16 @@ def draw_heatmap(path: str, values, row_labels: list[str], steps: list[int], *, 
     ax.set_title(title or "slowdown the worker alone causes (S_w per step)", fontsize=9)
     fig.colorbar(im, ax=ax, label="S_w")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    import io
+
+    ext = os.path.splitext(path)[1].lower().lstrip(".") or "png"
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=110, format=ext)  # drawn whole in memory first: a failed write leaves the old file
+    finally:
+        plt.close(fig)
+    with atomic_write(path, "wb") as fh:
+        fh.write(buf.getvalue())
     return path
 
 
@@ -68,7 +75,6 @@ def op_timeline_trace(path: str, tracks: list[tuple[str, list[str], list[list[tu
                                "ts": round(s * us_per_unit, 3), "dur": round((e - s) * us_per_unit, 3),
                                "cname": _OP_CNAME.get(name, "generic_work"), "args": args})
     data = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": "pipeloom", **(info or {})}}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_write(path) as fh:
         fh.write(json.dumps(data, separators=(",", ":")))  # dumps: the C encoder (json.dump streams in Python)
     return path
