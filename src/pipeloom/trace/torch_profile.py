@@ -16,6 +16,16 @@ pipeloom's own logs. torch's ``PP:<stage>RECV_F<mb>`` / ``RECV_B`` actions only 
 that needs the data waits for it inside its own span, so the arrival (the end of the ``gloo:recv`` /
 ``nccl:recv`` event the RECV action started) is cut off the front of that action (``LogJob.wait``). Other
 events are ignored.
+
+GPU runs: with CUDA activities profiled, every ``record_function`` span appears twice, on the CPU (category
+``user_annotation``: when the kernels were launched) and on the GPU stream (``gpu_user_annotation``: from the
+first to the last kernel the action ran, the device time). When a trace has the GPU spans, the jobs are
+those (nothing waits inside a GPU span: the stream starts the action's kernels once its input is there) and
+the CPU ones are dropped, so a job is never counted twice.
+
+Data parallelism (torchtitan's FSDP x PP, any dp x pp run): stages are global, so the ranks that ran the
+same stages form one pipeline rank (``pp_rank`` = the lowest stage they ran) and are its dp replicas
+(``dp_rank`` = their order by global rank); :func:`infer_schedule` reads the plan from the dp-0 replica.
 """
 from __future__ import annotations
 
@@ -115,13 +125,25 @@ def _arrivals(events: list) -> dict[tuple[int, str, int], float]:
     return out
 
 
+GPU_SPAN = "gpu_user_annotation"
+"""the category of a ``record_function`` span on a GPU stream (Kineto)"""
+
+
+def _is_action(name: str) -> bool:
+    return name.startswith("PP:") or bool(_SINGLE.match(name))
+
+
 def _jobs(events: list, pp_rank: int) -> list[tuple[str, int, int, float, float, float]]:
     """(kind, mb, chunk, start s, end s, wait s) of the pipeline actions among ``events``: an action that
     started before the input its RECV action posted arrived waited inside its span; that wait is cut off
-    its start (``LogJob.wait``), as the job-log format asks for compute-only intervals."""
-    arrived = _arrivals(events)
+    its start (``LogJob.wait``), as the job-log format asks for compute-only intervals. A GPU trace's actions
+    are its GPU spans (module docstring)."""
+    gpu = any(ev.get("cat") == GPU_SPAN and _is_action(name) for name, _, _, ev in complete_events(events))
+    arrived = {} if gpu else _arrivals(events)
     out = []
-    for name, t0, dur, _ in complete_events(events):
+    for name, t0, dur, ev in complete_events(events):
+        if gpu and ev.get("cat") != GPU_SPAN:
+            continue
         t0, dur = t0 * 1e-6, dur * 1e-6
         parts = []
         m = _PP_OVERLAP.match(name)
@@ -201,13 +223,28 @@ def read_traces(root: str) -> list[RankLog]:
 
 
 def infer_schedule(ranks: list[RankLog]) -> Schedule:
-    """The plan a torch run followed: each rank's job order in its first profiled step (stages are global,
-    so the placement and the stages per rank are read from where each stage ran)."""
-    pp = len(ranks)
-    for i, r in enumerate(sorted(ranks, key=lambda r: r.rank)):
-        r.pp_rank = i
+    """The plan a torch run followed: each pipeline rank's job order in its first profiled step (stages are
+    global, so the placement and the stages per rank are read from where each stage ran). Ranks that ran the
+    same stages are dp replicas of one pipeline rank (module docstring); their ``pp_rank``/``dp_rank`` are set."""
+    groups: dict[frozenset, list[RankLog]] = {}
+    for r in sorted(ranks, key=lambda r: r.rank):
+        groups.setdefault(frozenset(j.chunk for j in r.jobs), []).append(r)
+    stage_sets = sorted(groups, key=lambda g: min(g, default=0))
+    pp = len(stage_sets)
+    if pp > 1 and any(a & b for i, a in enumerate(stage_sets) for b in stage_sets[i + 1:]):
+        a, b = next((a, b) for i, a in enumerate(stage_sets) for b in stage_sets[i + 1:] if a & b)
+        raise LogError(f"the traces' ranks ran overlapping stage sets {sorted(a)} and {sorted(b)}: neither one "
+                       f"pipeline rank nor two; pipeloom cannot tell the pipeline from the data-parallel ranks")
+    sizes = {len(groups[g]) for g in stage_sets}
+    if len(sizes) > 1:
+        raise LogError(f"the traces hold {', '.join(str(len(groups[g])) for g in stage_sets)} rank(s) per pipeline "
+                       f"rank (stages {', '.join(str(sorted(g)) for g in stage_sets)}): a trace is missing")
+    for i, g in enumerate(stage_sets):
+        for d, r in enumerate(groups[g]):
+            r.pp_rank, r.dp_rank = i, d
     devices = []
-    for r in sorted(ranks, key=lambda r: r.pp_rank):
+    for g in stage_sets:
+        r = groups[g][0]
         first = min((j.step for j in r.jobs), default=0)
         devices.append([j.job() for j in r.jobs if j.step == first])
     home = {j.chunk: d for d, seq in enumerate(devices) for j in seq}
