@@ -1,5 +1,7 @@
 """Run logs and their analysis (no torch).
 
+    formats the trace formats check and trace read: sniff(path) + read(path) into the run model, one
+            registry entry each (op traces, pipeloom's logs, torch profiler traces; ``register`` adds one)
     writer  the job-log format: one JSON line per event, written by the runtime
     reader  read logs of a run (pipeloom's and seed 003's text lines), keep profiled steps, align clocks
     check   measured vs planned bubbles, late jobs, straggler attribution, a verdict
