@@ -182,3 +182,10 @@ def test_every_verdict_carries_its_score(tmp_path):
     assert d["verdict_details"][1]["subject"] == {"dp_rank": 1, "stage": 2}
     scores = [v["score"] for v in d["verdict_details"]]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_the_printed_verdicts_show_their_scores(tmp_path, capsys):
+    logs = _run(tmp_path, slow={3: 1.5}, jitter=0.02)
+    assert main(["check", logs, "--no-pictures", "--out", str(tmp_path / "o")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"what-if verdict: the last stage \(3\) is \d+% longer .* \[score \d\.\d\d\]", out), out

@@ -356,8 +356,10 @@ def _print_whatif(d: dict, con, top: int, verdict: str = "verdict") -> None:
     for w in d["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
     if d["verdicts"]:
+        from rich.markup import escape
+
         for v in d["verdicts"]:
-            con.print(f"[bold red]{verdict}:[/bold red] {v}")
+            con.print(f"[bold red]{verdict}:[/bold red] {escape(v)}")  # "[score 0.82]" is no markup
     else:
         con.print(f"[bold green]{verdict}: OK[/bold green] (no worker, stage or op type slows the step by "
                   f">= {100 * d['threshold']:.0f}%)")

@@ -200,7 +200,7 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
         collective = not _is_p2p(t)
         explained = [w for w in slow_w if (stage_of[w] in slow_groups if collective else dp_of[w] in slow_pipes)]
         if len(explained) == len(slow_w):
-            waits[t] = sorted({f"pp {stage_of[w]}" + (f" / dp {dp_of[w]}" if r.dp > 1 else "") for w in slow_w})
+            waits[t] = slow_w
             continue
         rest = [w for w in slow_w if w not in explained]
         w0 = max(rest, key=lambda w: wr[w])
@@ -234,11 +234,25 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
                     f"their typical speed: a slow link ({hint})")
         dg.slow_optypes.append(t)
         found.append(Verdict("slow_link", text, _share(float(st), S), subject))
-    for t, where in waits.items():  # the slow ranks' own verdicts say who waits for them
-        for v in found:
-            if v.kind in ("slow_rank", "imbalanced_stage"):
-                v.text += f"; the {t} ops of {', '.join(where)} wait for it (not a link)"
+    for t, ws in waits.items():  # the most telling slow rank (stage) whose pipeline waits says so in its verdict
+        collective = not _is_p2p(t)
+        best = None
+        for v in sorted(found, key=lambda v: -v.score):
+            if v.kind == "imbalanced_stage":
+                mine = [w for w in ws if not collective or stage_of[w] == v.subject["stage"]]
+            elif v.kind == "slow_rank":
+                mine = [w for w in ws if (stage_of[w] == v.subject["stage"] if collective
+                                          else dp_of[w] == v.subject["dp_rank"])]
+            else:
+                continue
+            if mine:
+                best = (v, mine)
                 break
+        if best is not None:
+            v, mine = best
+            where = ("every worker" if len(mine) == W else
+                     ", ".join(f"pp {stage_of[w]}" + (f" / dp {dp_of[w]}" if r.dp > 1 else "") for w in mine))
+            v.text += f"; the {t} ops of {where} wait for it (not a link)"
     dg.items = sorted(found, key=lambda v: -v.score)
     if not dg.items:
         slow_steps = np.flatnonzero(r.step_slowdown >= 1 + threshold)
