@@ -97,6 +97,10 @@ def test_the_layer_count_and_split_come_from_the_run_logs(tmp_path):
     assert costs["layers"]["count"] == 20
     # stage 3 holds 5 layers and takes 1.5x the others' 5: its extra, the head, is 2.5 layers' forward
     assert costs["head"]["F"] == pytest.approx(2.5, rel=0.1) and costs["embedding"]["F"] == pytest.approx(0, abs=0.1)
+    d = check_run_whatif(read_logs(os.path.dirname(d["pictures"]["layer_costs"])[: -len(".out")]), pictures=False,
+                         layers=8, out_dir=str(tmp_path / "o8"))  # a count given explicitly wins over the logs'
+    with open(d["pictures"]["layer_costs"]) as fh:
+        assert json.load(fh)["layers"]["count"] == 8
 
 
 def test_the_layer_count_comes_from_layers_or_the_model_config(tmp_path, capsys):

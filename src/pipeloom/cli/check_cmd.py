@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: planned_bubble, measured_bubble, stragglers, late_jobs, verdict, and the "
                         "what-if keys slowdown, mw, ms, by_worker, by_stage, by_optype, imbalanced_stages, verdicts, "
-                        "replay_error, whatif_stragglers, whatif {...}")
+                        "replay_error, whatif_stragglers, whatif {...} (with verdict_details: kind, text, score, "
+                        "subject of each verdict), and format (the input format that read it)")
     p.add_argument("--straggler-threshold", type=number_type(0, 1, hi_open=True), default=0.03, metavar="FRACTION",
                    help="a rank is a straggler when it alone lengthens the step by this share of the planned "
                         "makespan (default: %(default)s)")
@@ -53,8 +54,8 @@ def add_parser(sub) -> None:
                    help="report a worker, stage or op type when it alone slows the step by this share "
                         "(default: %(default)s)")
     g.add_argument("--layers", type=positive_int, default=None,
-                   help="the model's decoder layers, for the rebalancing partition command (default: the layers "
-                        "pipeloom's logs record, else --model's; without any, no command is given)")
+                   help="the model's decoder layers, for the rebalancing partition command (default: --model's, "
+                        "else the layers pipeloom's logs record; without any, no command is given)")
     g.add_argument("--model", default=None, metavar="PRESET|CONFIG",
                    help="the run's model (a preset, a shipped config or a Hugging Face config.json): its layer "
                         "count for the rebalancing partition command")

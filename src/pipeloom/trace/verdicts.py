@@ -110,8 +110,9 @@ def _stage_name(s: int, pp: int) -> str:
 def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = None,
              layers_per_stage: list[int] | None = None, vpp: int = 1, costs_path: str = "layer-costs.json",
              machines: dict[tuple[int, int], int] | None = None) -> Diagnosis:
-    """Apply the rules of the module docstring. ``layers``: the model's layer count (None: unknown, no partition
-    command); ``layers_per_stage``: the layers each stage held in the run (None: an even split assumed);
+    """Apply the rules of the module docstring. ``layers``: the model's layer count (None: the run's, from
+    ``layers_per_stage``; neither: unknown, no partition command); ``layers_per_stage``: the layers each stage
+    held in the run (used when their sum is ``layers`` or ``layers`` is None; else an even split of ``layers``);
     ``machines``: (dp rank, stage) -> machine, when the input tells (run logs)."""
     dg = Diagnosis()
     W, K = r.W, len(r.steps)
@@ -309,7 +310,8 @@ def _partition(r: WhatIf, comp: np.ndarray, layers: int | None, layers_per_stage
     pp = r.pp
     if pp < 2:
         return None, None, "one stage: nothing to rebalance"
-    if layers_per_stage is not None and len(layers_per_stage) == pp and min(layers_per_stage) >= 1:
+    if (layers_per_stage is not None and len(layers_per_stage) == pp and min(layers_per_stage) >= 1
+            and layers in (None, sum(layers_per_stage))):  # the run's own split (a different count given: even)
         n = np.asarray(layers_per_stage, dtype=float)
         L = int(n.sum())
     elif layers is not None:
