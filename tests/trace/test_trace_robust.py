@@ -202,6 +202,16 @@ def test_outputs_never_replace_or_join_the_inputs(tmp_path, capsys):
     assert (d / "workerlog.0").read_bytes() == log0 and sorted(os.listdir(d)) == ["workerlog.0", "workerlog.1"]
 
 
+def test_the_meta_file_is_an_input_too(tmp_path, capsys, csv_trace):
+    out = tmp_path / "out"
+    out.mkdir()
+    meta = out / "layer-costs.json"
+    meta.write_text('{"dp_size": 2, "pp_size": 2}')
+    rc, _, err = run(capsys, "check", csv_trace[0], "--meta", str(meta), "--out", str(out))
+    assert rc == 2 and "layer-costs.json is an input" in one_error_line(err)
+    assert meta.read_text() == '{"dp_size": 2, "pp_size": 2}' and os.listdir(out) == ["layer-costs.json"]
+
+
 def _torch_like_traces(out_dir, pp=2, m=4) -> list[str]:
     """Chrome traces with the spans torch's pipelining runtime records (``PP:<stage><F|I|W|B><mb>``, µs), one per
     rank, timed by the synthetic run of a 1F1B plan."""
