@@ -14,6 +14,7 @@ import resource
 import signal
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -163,27 +164,29 @@ def test_steps_on_run_logs_too(tmp_path, capsys):
     ("start_ts", lambda k, v: "1e300" if k == 7 else v, "spans 1e+300 ms"),
     ("optype", lambda k, v: '"op%d"' % (k % 3), "has no compute ops"),
 ])
-def test_a_degenerate_trace_is_refused_by_what_is_wrong(tmp_path, csv_trace, column, fn, want):
-    """Run as a user would (a fresh process: numpy warnings would reach stderr): one line naming the file and
-    what is wrong; never NaN tables, a 300-digit slowdown or 'scale the costs down'."""
+def test_a_degenerate_trace_is_refused_by_what_is_wrong(tmp_path, capsys, csv_trace, column, fn, want):
+    """One line naming the file and what is wrong, and no numpy warning on the way; never NaN tables, a
+    300-digit slowdown or 'scale the costs down'."""
     path = _edit(tmp_path, csv_trace[1], "bad.csv", column, fn)
     for extra in ([], ["--json"]):
-        p = subprocess.run([PY, "-m", "pipeloom", "check", path, "--no-pictures", *extra], capture_output=True,
-                           text=True, timeout=300, env=dict(os.environ, PYTHONPATH=SRC))
-        line = one_error_line(p.stderr)
-        assert p.returncode == 2 and want in line and "bad.csv" in line and "costs" not in line, p.stderr
-        assert p.stdout == ""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rc, out, err = run(capsys, "check", path, "--no-pictures", *extra)
+        line = one_error_line(err)
+        assert rc == 2 and want in line and "bad.csv" in line and "costs" not in line, err
+        assert out == "" and not [w for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
 # ------------------------------------------------------------------------------- 6. keys beyond int64
 @pytest.mark.parametrize("column,value", [("step", "9223372036854775808"), ("rank", "1e30"),
                                           ("mb_id", "9.2e18"), ("dp_rank", "1e19")])
-def test_a_key_too_large_for_an_index_is_a_malformed_row(tmp_path, csv_trace, column, value):
+def test_a_key_too_large_for_an_index_is_a_malformed_row(tmp_path, capsys, csv_trace, column, value):
     path = _edit(tmp_path, csv_trace[1], "big.csv", column, lambda k, v: value if k == 3 else v)
-    p = subprocess.run([PY, "-m", "pipeloom", "check", path, "--no-pictures", "--json"], capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=SRC))
-    assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
-    d = json.loads(p.stdout)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc, out, err = run(capsys, "check", path, "--no-pictures", "--json")
+    assert rc == 0 and not [w for w in caught if issubclass(w.category, RuntimeWarning)], err
+    d = json.loads(out)
     assert d["malformed_rows"] == 1 and f"{column} above 2147483647" in d["malformed_examples"][0]
 
 
