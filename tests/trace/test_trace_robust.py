@@ -190,6 +190,25 @@ def test_a_key_too_large_for_an_index_is_a_malformed_row(tmp_path, capsys, csv_t
     assert d["malformed_rows"] == 1 and f"{column} above 2147483647" in d["malformed_examples"][0]
 
 
+def test_a_worker_log_key_too_large_for_an_index_is_a_malformed_line(tmp_path, capsys):
+    d = tmp_path / "logs"
+    write_logs(str(d), plan("1f1b", make_spec(pp=2, microbatches=4)), SynthConfig(profile_steps=(1, 4)))
+    for rank, key, value in ((0, "mb", 10 ** 30), (1, "step", 10 ** 25), (1, "chunk", 2 ** 63)):
+        p = d / f"workerlog.{rank}"
+        lines = p.read_text().splitlines()
+        i = next(k for k, line in enumerate(lines) if '"job"' in line and json.loads(line)["step"] == 1
+                 and f'"{key}": {value}' not in line)  # all in step 1: the check leaves that step out
+        ev = json.loads(lines[i])
+        ev[key] = value
+        lines[i] = json.dumps(ev)
+        p.write_text("\n".join(lines) + "\n")
+    (d / ("workerlog." + "9" * 20)).write_text("{}\n")  # a rank too large for an index: not a worker log's name
+    rc, out, err = run(capsys, "check", str(d), "--json", "--no-pictures")
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert rep["malformed_lines"] == 3 and rep["steps"] == [2, 3] and rep["whatif"] is not None
+
+
 # ------------------------------------------------------------------------------- 7. outputs over inputs
 def test_outputs_never_replace_or_join_the_inputs(tmp_path, capsys):
     d = tmp_path / "logs"

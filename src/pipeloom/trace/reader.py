@@ -42,7 +42,7 @@ _TEXT_RE = re.compile(
     r"(?:\s*,\s*chunk\s*=\s*(?P<chunk>\d+))?")
 _TYPE_MAP = {"f": "F", "forward": "F", "b": "B", "backward_b": "B", "w": "W", "backward_w": "W",
              "bw": "BW", "backward": "BW"}
-_FILE_RE = re.compile("^" + re.escape(LOG_NAME.format(rank="@")).replace("@", r"(\d+)")
+_FILE_RE = re.compile("^" + re.escape(LOG_NAME.format(rank="@")).replace("@", r"(\d{1,9})")
                       + "(" + re.escape(PARTIAL_SUFFIX) + ")?$")
 _MACHINE_RE = re.compile(r"^machine(\d+)$")
 MAX_EXAMPLES = 5
@@ -87,9 +87,13 @@ def _num(x) -> float:
     return float(x)
 
 
+MAX_INDEX = (1 << 31) - 1
+"""the largest rank, step, microbatch or chunk a log line may hold (larger is a malformed line: no key overflows)"""
+
+
 def _int(x) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise ValueError("not an integer >= 0")
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0 or x > MAX_INDEX:
+        raise ValueError(f"not an integer in 0..{MAX_INDEX}")
     return x
 
 
@@ -130,8 +134,9 @@ def parse_file(path: str, machine: int | None, file_rank: int) -> RankLog:
                     if not m:
                         raise ValueError("unrecognised Profiler Info line")
                     s, e = float(m.group("s")), float(m.group("e"))
-                    if not (math.isfinite(s) and math.isfinite(e)) or e < s or int(m.group("mb")) < 0:
-                        raise ValueError("bad times or micro batch")
+                    if not (math.isfinite(s) and math.isfinite(e)) or e < s or not 0 <= int(m.group("mb")) <= MAX_INDEX \
+                            or int(m.group("chunk") or 0) > MAX_INDEX:
+                        raise ValueError("bad times, micro batch or chunk")
                 except ValueError as err:
                     log.malformed += 1
                     if len(log.examples) < MAX_EXAMPLES:
