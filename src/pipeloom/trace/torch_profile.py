@@ -38,14 +38,15 @@ import re
 from ..core.ir import Placement, Schedule, device_of
 from .run import LogError, LogJob, RankLog
 
-PP_COMPUTE = re.compile(r"^PP:(\d+)(F|I|W|B)(\d+)$")
-"""a compute action's span: ``PP:<stage><F|I|W|B><microbatch>``"""
-_RECV = re.compile(r"^PP:(\d+)RECV_(F|B)(\d+)$")
+PP_COMPUTE = re.compile(r"^PP:(\d{1,9})(F|I|W|B)(\d{1,9})$")
+"""a compute action's span: ``PP:<stage><F|I|W|B><microbatch>`` (numbers of at most 9 digits: every key fits an
+index; a longer one is no action)"""
+_RECV = re.compile(r"^PP:(\d{1,9})RECV_(F|B)(\d{1,9})$")
 _PP_OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
-_SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
+_SINGLE = re.compile(r"^(Forward|Backward) (\d{1,9})$")
 _KIND = {"F": "F", "I": "B", "W": "W", "B": "BW"}
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
-_ITERATION = re.compile(r"^iteration_(\d+)$")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,9})(?!\d)", re.I)
+_ITERATION = re.compile(r"^iteration_(\d{1,9})$")
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$", re.I)
 
 
@@ -96,7 +97,7 @@ def complete_events(events: list):
 def trace_rank(data: dict, path: str, order: int) -> int:
     """A trace's rank: its ``distributedInfo.rank``, else ``rank<R>`` in the file name, else ``order``."""
     info = data.get("distributedInfo") or {}
-    if isinstance(info.get("rank"), int):
+    if isinstance(info.get("rank"), int) and not isinstance(info["rank"], bool) and 0 <= info["rank"] < 1 << 31:
         return info["rank"]
     m = _RANK_IN_NAME.search(os.path.basename(path))
     return int(m.group(1)) if m else order
