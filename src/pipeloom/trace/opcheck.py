@@ -187,9 +187,51 @@ def check_run_whatif(run, *, steps: str | None = None, threshold: float = 0.05, 
     machines = {(rk.dp_rank, rk.pp_rank if rk.pp_rank is not None else rk.rank % run.pp): rk.machine
                 for rk in run.ranks}
     d = check_ops(tr, steps=steps, threshold=threshold, layers=layers, out_dir=out_dir or default_out_dir(run.root),
-                  pictures=pictures, progress=progress, layers_per_stage=run_layers_per_stage(run), machines=machines)
+                  pictures=pictures, progress=progress, layers_per_stage=run_layers_per_stage(run), machines=machines,
+                  handoffs=handoff_waits(run))
     d["source"] = "run logs"
     return d
+
+
+def handoff_waits(run) -> dict[tuple[int, int, str], float]:
+    """Who waited for whom at each hand-off between ranks: ``(dp rank, stage, "forward" | "backward")`` -> the share
+    of that worker's outputs (of F jobs; of B, BW, W jobs) whose consumer on another rank sat idle until they came
+    (its start after the end of its previous job, ``done`` when logged, by more than a tenth of the median job).
+    A slow link keeps its consumers waiting (share near 1); a sender that only waits for a late receiver to take
+    its output does not (share near 0): the verdicts tell the two apart with it."""
+    import statistics
+    from collections import defaultdict
+
+    from ..sim.replay import dependencies, produces
+
+    sched = run.schedule
+    if sched is None:
+        return {}
+    nc = sched.num_chunks
+    durs = [j.end - j.start for j in run.jobs()]
+    tol = 0.1 * statistics.median(durs) if durs else 0.0
+    prod: dict[tuple, tuple] = {}
+    for r in run.ranks:
+        for j in r.jobs:
+            for ev in produces(j.job()):
+                prod[(r.dp_rank, j.step) + ev] = (r, j)
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for r in run.ranks:
+        jobs = sorted(r.jobs, key=lambda j: (j.start, j.end))
+        for prev, c in zip(jobs, jobs[1:]):
+            if prev.step != c.step or c.chunk >= nc:
+                continue
+            srcs = [prod.get((r.dp_rank, c.step) + ev) for ev in dependencies(c.job(), nc)]
+            srcs = [x for x in srcs if x is not None and x[0] is not r]
+            if not srcs:
+                continue
+            pr, pj = max(srcs, key=lambda x: x[1].done if x[1].done is not None else x[1].end)
+            free = prev.done if prev.done is not None else prev.end
+            key = (pr.dp_rank, pr.pp_rank if pr.pp_rank is not None else pr.rank % run.pp,
+                   "forward" if pj.kind == "F" else "backward")
+            counts[key][0] += int(c.start - c.wait - free > tol)
+            counts[key][1] += 1
+    return {k: w / n for k, (w, n) in counts.items() if n}
 
 
 def run_layers_per_stage(run) -> list[int] | None:
@@ -206,7 +248,8 @@ def run_layers_per_stage(run) -> list[int] | None:
 
 def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05, layers: int | None = None,
               out_dir: str = "whatif", pictures: bool = True, progress=None,
-              layers_per_stage: list[int] | None = None, machines: dict | None = None) -> dict:
+              layers_per_stage: list[int] | None = None, machines: dict | None = None,
+              handoffs: dict | None = None) -> dict:
     """Analyse an op trace already in memory (a file's or a run log's): dependency model, what-if replays,
     verdicts, pictures in ``out_dir``; the JSON-ready dict of ``pipeloom check --json``."""
     def tell(**kw):
@@ -231,7 +274,7 @@ def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05,
     costs_path = os.path.join(out_dir, "layer-costs.json")
     vpp = tr.sizes.get("vpp_size", 1)
     dg = diagnose(res, model, threshold=threshold, layers=layers, layers_per_stage=layers_per_stage, vpp=vpp,
-                  costs_path=costs_path, machines=machines)
+                  costs_path=costs_path, machines=machines, handoffs=handoffs)
     pp, W = res.pp, res.W
     label = [f"dp {w // pp} / pp {w % pp}" for w in range(W)]
     swk = res.worker_slowdown_step()

@@ -103,6 +103,10 @@ def generate(schedule: Schedule, cfg: SynthConfig | None = None) -> dict[int, li
                     if max(abs(a - b) for ra, rb in zip(new, hold) for a, b in zip(ra, rb)) < 1e-9:
                         break
                     hold = new
+                else:  # the holds keep growing: ranks wait for each other's receives in a cycle
+                    raise ValueError(f"handoff: the rendezvous hand-offs of {schedule.name} (pp={pp}, "
+                                     f"vpp={schedule.vpp}) never settle: its ranks would wait for each other's "
+                                     f"receives in a cycle; use handoff=None for this schedule")
                 rp.end = [[s + x for s, x in zip(rs, rd)] for rs, rd in zip(rp.start, durs)]
             for d, seq in enumerate(schedule.devices):
                 rank = dpr * pp + d

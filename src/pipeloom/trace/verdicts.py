@@ -43,6 +43,8 @@ PERSISTENT_SHARE = 0.6
 STAGE_SHARE = 0.75
 LINK_RATIO = 1.5
 """a comm op type is slow on a worker when its ops take this many times their typical time there"""
+HANDOFF_WAITED = 0.5
+"""a worker's slow sends are a link's only when its consumers waited for at least this share of its hand-offs"""
 
 
 @dataclass
@@ -109,11 +111,15 @@ def _stage_name(s: int, pp: int) -> str:
 
 def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = None,
              layers_per_stage: list[int] | None = None, vpp: int = 1, costs_path: str = "layer-costs.json",
-             machines: dict[tuple[int, int], int] | None = None) -> Diagnosis:
+             machines: dict[tuple[int, int], int] | None = None,
+             handoffs: dict[tuple[int, int, str], float] | None = None) -> Diagnosis:
     """Apply the rules of the module docstring. ``layers``: the model's layer count (None: the run's, from
     ``layers_per_stage``; neither: unknown, no partition command); ``layers_per_stage``: the layers each stage
     held in the run (used when their sum is ``layers`` or ``layers`` is None; else an even split of ``layers``);
-    ``machines``: (dp rank, stage) -> machine, when the input tells (run logs)."""
+    ``machines``: (dp rank, stage) -> machine, when the input tells (run logs); ``handoffs``: (dp rank, stage,
+    "forward" | "backward") -> the share of the worker's hand-offs its consumers waited for
+    (:func:`~pipeloom.trace.opcheck.handoff_waits`, run logs), so that a send that only waits for a late receiver
+    is no slow link."""
     dg = Diagnosis()
     W, K = r.W, len(r.steps)
     S = r.slowdown
@@ -204,6 +210,12 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
             waits[t] = slow_w
             continue
         rest = [w for w in slow_w if w not in explained]
+        if handoffs and t in ("forward-send", "backward-send"):  # a send that waits for a late receiver
+            late_rx = [w for w in rest if handoffs.get((int(dp_of[w]), int(stage_of[w]), t.split("-")[0]), 1.0)
+                       < HANDOFF_WAITED]
+            rest = [w for w in rest if w not in late_rx]
+            if not rest:
+                continue
         w0 = max(rest, key=lambda w: wr[w])
         d0, s0 = int(dp_of[w0]), int(stage_of[w0])
         nsteps = int((r.by_optype_step[t] >= 1 + threshold).sum())
