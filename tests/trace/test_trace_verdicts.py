@@ -196,3 +196,10 @@ def test_the_printed_verdicts_show_their_scores(tmp_path, capsys):
     assert main(["check", logs, "--no-pictures", "--out", str(tmp_path / "o")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert re.search(r"what-if verdict: the last stage \(3\) is \d+% longer .* \[score \d\.\d\d\]", out), out
+
+
+def test_rendezvous_hand_offs_that_never_settle_are_refused(tmp_path):
+    """Interleaved 1F1B with blocking hand-offs and receives posted one job ahead: ranks wait for each other in a
+    cycle (why real runtimes post receives early); the generator says so instead of writing absurd times."""
+    with pytest.raises(ValueError, match="never settle"):
+        _run(tmp_path, "interleaved", vpp=2, handoff=0.0005)
