@@ -221,7 +221,7 @@ def _steps_from_text(log: RankLog, jobs: list[tuple[str, int, int | None, float,
 # ---------------------------------------------------------------------------------------- run
 def read_logs(root: str, *, align: bool = True, source: str | None = None) -> RunLog:
     """Read every worker log under ``root`` into a :class:`RunLog` with aligned clocks. ``source``: "pipeloom"
-    (job logs, seed 003's text lines), "torch" (torch profiler traces) or None (whichever ``root`` holds)."""
+    (job logs, "Profiler Info" text lines), "torch" (torch profiler traces) or None (whichever ``root`` holds)."""
     if source == "torch":
         ranks = torch_profile.read_traces(root)
     elif source == "pipeloom":
