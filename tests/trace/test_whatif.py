@@ -165,12 +165,12 @@ def test_meta_sizes_and_inference(tmp_path):
     cfg = OpSynthConfig(dp=2, pp=2, tp=4, vpp=2, steps=3)
     path, meta, _ = _write(tmp_path, cfg)
     tr = read_optrace(path)
-    assert tr.sizes == {"dp_size": 2, "pp_size": 2, "vpp_size": 2, "tp_size": 1, "world_size": 4}
-    assert set(tr.inferred) == {"dp_size", "pp_size", "vpp_size", "tp_size", "world_size"}
+    assert tr.sizes == {"dp_size": 2, "pp_size": 2, "vpp_size": 2, "tp_size": 1, "cp_size": 1, "world_size": 4}
+    assert set(tr.inferred) == {"dp_size", "pp_size", "vpp_size", "tp_size", "cp_size", "world_size"}
     js = tmp_path / "m.json"
     js.write_text(json.dumps({"dp_size": 2, "pp_size": 2, "tp_size": 4, "vpp_size": 2, "world_size": 16}))
     assert read_optrace(path, str(js)).sizes["tp_size"] == 4
-    assert read_optrace(path, meta).inferred == []
+    assert read_optrace(path, meta).inferred == ["cp_size"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("dp_size: -1\n")
     with pytest.raises(OpTraceError, match="dp_size"):

@@ -153,6 +153,9 @@ def analyse(model: Model, *, threshold: float = 0.05, progress=None, max_exact: 
         b.add(("dp", d), "ideal", lambda d=d: m.dpr == d)
     out = b.run(progress)
     tb, ti = out["base"], out["ideal"]
+    if not (np.isfinite(tb).all() and np.isfinite(ti).all() and ti.mean() > 0 and m.measured.mean() > 0):
+        raise WhatIfError("the steps of the trace take no time (or no finite time) when replayed: nothing to "
+                          "compare a slowdown with; no verdict")
     S = float(tb.mean() / ti.mean())
     by_op = {m.optypes[c]: float(out[("op", c)].mean() / ti.mean()) for c in present.tolist()}
     by_op_step = {m.optypes[c]: out[("op", c)] / ti for c in present.tolist()}
