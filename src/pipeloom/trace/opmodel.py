@@ -377,14 +377,20 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     # ---- clock alignment from the collectives
     clock = {"workers_shifted": 0, "max_offset": 0.0}
     if coll.any():
-        idx = np.flatnonzero(coll)
+        # each worker's offset from the widest collectives it takes part in (the global grad-norm all-reduce
+        # relates every clock; a dp group on one machine relates none)
+        pref = np.zeros(W, dtype=np.int64)
+        for tag in (2, 1, 3):
+            has = np.zeros(W, dtype=bool)
+            has[worker[coll & (gtag == tag)]] = True
+            pref[has] = tag
+        idx = np.flatnonzero(coll & (gtag == pref[worker]))
         g = cgid[idx]
         off = np.zeros(W)
         for _ in range(3):
             e = end[idx] - off[worker[idx]]
             dev = e - group_median(g, e, int(g.max()) + 1)[g]
-            step_off = group_median(worker[idx], dev, W)
-            off += np.nan_to_num(step_off)
+            off += np.nan_to_num(group_median(worker[idx], dev, W))
         off -= np.median(off[np.unique(worker[idx])])
         shift = np.abs(off) > 10 * tol
         if shift.any():
