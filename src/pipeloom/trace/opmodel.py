@@ -27,8 +27,10 @@ against its real trace; the code is this project's own):
   first/last chunk of the model (a forward-recv of global chunk 0, a forward-send of the last chunk, the
   reverse for the backward). They are kept, off the lanes, waited for by nothing, and counted.
 * **P2P pairs**: the n-th (launched) forward-send of stage s pairs with the n-th forward-recv of stage
-  (s + 1) mod pp of the same dp rank and step (backward: s - 1); a pair is a rendezvous: it starts when both
-  sides are posted and each side ends its own transfer time later (transfer = end - the later post).
+  (s + 1) mod pp of the same dp rank and step (backward: s - 1). Where sends block (no pair shows a send that
+  ended before its recv was posted, beyond clock noise: :data:`EAGER_SHARE`) a pair is a rendezvous: it starts
+  when both sides are posted and each side ends its own transfer time later (transfer = end - the later post);
+  where they do not, the recv waits for its send (``send -> recv``) and then takes its transfer time.
   Unpaired sends/recvs are counted and stay the worker's own time.
 * **pipeline edges** F(mb, g-1) -> F(mb, g) and B(mb, g+1) -> B(mb, g) over global chunks g (the same dp rank
   and step), for traces without P2P records and as a floor where they are recorded.
@@ -56,19 +58,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .optrace import OpTrace
-
-WEIGHT_GRAD_OP = "backward-weight-compute"
-"""the weight-gradient half of a split backward (zero-bubble W): compute of its worker, no pipeline edge (nothing
-on another stage waits for it)"""
-COMPUTE_OPS = ("forward-compute", "backward-compute", WEIGHT_GRAD_OP)
-SEND_OF_RECV = {"forward-recv": "forward-send", "backward-recv": "backward-send"}
-P2P_OPS = ("forward-send", "forward-recv", "backward-send", "backward-recv")
-DP_COLLECTIVES = ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce")
-PP_EDGE_COLLECTIVES = ("embedding-grads-all-reduce",)
-GLOBAL_COLLECTIVES = ("optimizer-clip-main-grad",)
-KNOWN_OPS = COMPUTE_OPS + tuple(SEND_OF_RECV) + tuple(SEND_OF_RECV.values()) + DP_COLLECTIVES + \
-    PP_EDGE_COLLECTIVES + GLOBAL_COLLECTIVES + ("layernorm-grads-all-reduce", "optimizer", "gc")
+from .optrace import (COMPUTE_OPS, DP_COLLECTIVES, GLOBAL_COLLECTIVES, KNOWN_OPS, P2P_OPS,  # noqa: F401
+                      PP_EDGE_COLLECTIVES, SEND_OF_RECV, WEIGHT_GRAD_OP, OpTrace)
 
 #: dependency kinds (edges) and the waits that are not edges (unit synchronisation, the step start)
 ORDER, PIPELINE, RECV, LAUNCH, STREAM, DPCOLL, EAGER, P2P_SYNC, COLL_SYNC, START = range(10)
@@ -76,6 +67,8 @@ KIND_NAMES = ("worker order", "pipeline", "recv -> compute", "launch", "comm str
               "send -> recv", "p2p pair", "collective", "step start")
 CROSS_KINDS = (PIPELINE, EAGER)
 """edge kinds between workers (their clocks may disagree): dropped when the source ended after the dependant"""
+EAGER_SHARE = 0.01
+"""a trace whose sends ended before their recv was posted in more pairs than this has non-blocking sends"""
 CLOCK_TOL = 1e-5
 """timing tolerance, relative to the median step time (the trace's float precision and launch jitter)"""
 
@@ -85,34 +78,48 @@ class WhatIfError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def _dense(keys: list[np.ndarray]) -> np.ndarray:
-    """One int64 per row, ordered like the tuple of the integer columns ``keys`` and below the row count
-    (re-densified after every column, so no value range can overflow)."""
-    key = np.zeros(keys[0].shape[0], dtype=np.int64)
+def _densify(a: np.ndarray) -> np.ndarray:
+    return np.unique(a, return_inverse=True)[1].astype(np.int64).reshape(-1)
+
+
+def _key(keys: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row, ordered like the tuple of the integer columns ``keys`` (any values: a column or the
+    running key is replaced by its ranks where the product of the value ranges would overflow)."""
+    n = keys[0].shape[0]
+    key = np.zeros(n, dtype=np.int64)
+    if not n:
+        return key
+    total = 1
     for c in keys:
-        _, c = np.unique(np.asarray(c), return_inverse=True)
-        key = key * (int(c.max()) + 1 if c.size else 1) + c
-        _, key = np.unique(key, return_inverse=True)
-        key = key.astype(np.int64).reshape(-1)
+        c = np.asarray(c).astype(np.int64, copy=False)
+        lo, hi = int(c.min()), int(c.max())
+        span = hi - lo + 1
+        if span >= 1 << 31:
+            c, lo, span = _densify(c), 0, 0
+            span = int(c.max()) + 1
+        if total * span >= 1 << 62:
+            key = _densify(key)
+            total = int(key.max()) + 1
+        key = key * span + (c - lo)
+        total *= span
     return key
 
 
-_key = _dense
-
-
 def _lex(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, new-group flags in sorted order, group id per element) for integer keys (primary first)."""
-    key = _dense(keys)
+    """(order, new-group flags in sorted order, dense group id per element) for integer keys (primary first)."""
+    key = _key(keys)
     order = np.argsort(key, kind="stable")
     sk = key[order]
     new = np.ones(len(key), dtype=bool)
     new[1:] = sk[1:] != sk[:-1]
-    return order, new, key
+    gid = np.empty(len(key), dtype=np.int64)
+    gid[order] = np.cumsum(new) - 1
+    return order, new, gid
 
 
 def _cumcount(keys: list[np.ndarray], tiebreak: np.ndarray) -> np.ndarray:
     """Rank of each element within its group of ``keys``, ordered by ``tiebreak``."""
-    key = _dense(keys)
+    key = _key(keys)
     o1 = np.argsort(tiebreak, kind="stable")
     order = o1[np.argsort(key[o1], kind="stable")]
     sk = key[order]
@@ -159,7 +166,7 @@ def _match(keys_a: list[np.ndarray], keys_q: list[np.ndarray], valid_q: np.ndarr
     nq = len(keys_q[0])
     if not na or not nq:
         return np.full(nq, -1, dtype=np.int64)
-    key = _dense([np.concatenate([a, q]) for a, q in zip(keys_a, keys_q)])
+    key = _key([np.concatenate([a, q]) for a, q in zip(keys_a, keys_q)])
     ka, kq = key[:na], key[na:]
     order = np.argsort(ka, kind="stable")
     sk = ka[order]
@@ -338,7 +345,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     W = dp * pp
     # ---- time order within (step, worker)
     o1 = np.lexsort((seq, start))
-    torder = o1[np.argsort(_dense([k, worker])[o1], kind="stable")]
+    torder = o1[np.argsort(_key([k, worker])[o1], kind="stable")]
     dpr, stage, k, op, worker, mb, gmc, mc, pair, var = (a[torder] for a in (dpr, stage, k, op, worker, mb, gmc,
                                                                               mc, pair, var))
     start, end = start[torder].astype(np.float64), end[torder].astype(np.float64)
@@ -464,18 +471,22 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
             ok = j >= 0
             sp, rp = si[ok], ri[j[ok]]
             npairs += int(ok.sum())
-            # a send that ended before its recv was posted did not wait for it (eager): the recv waits for the
-            # send; otherwise the pair is a rendezvous
-            eg = end[sp] <= start[rp] + tol
-            eager_s, eager_r = np.r_[eager_s, sp[eg]], np.r_[eager_r, rp[eg]]
-            ppeer[sp[~eg]] = rp[~eg]
-            ppeer[rp[~eg]] = sp[~eg]
+            eager_s, eager_r = np.r_[eager_s, sp], np.r_[eager_r, rp]
             paired = np.zeros(n, dtype=bool)
             paired[sp] = paired[rp] = True
             for nm, ii in ((sname, si), (rname, ri)):
                 lone = int((~paired[ii]).sum())
                 if lone:
                     unpaired[nm] = unpaired.get(nm, 0) + lone
+        # a send that ended before its recv was posted did not wait for it: where the trace shows that (beyond
+        # clock noise), its sends do not block and every recv waits for its send; otherwise each pair is a
+        # rendezvous (a send that still looks eager is replayed as one)
+        eg = end[eager_s] <= start[eager_r] + tol
+        blocking = bool(eg.mean() <= EAGER_SHARE) if eg.size else True
+        rv = ~eg if blocking else np.zeros(eg.size, dtype=bool)
+        ppeer[eager_s[rv]] = eager_r[rv]
+        ppeer[eager_r[rv]] = eager_s[rv]
+        eager_s, eager_r = eager_s[~rv], eager_r[~rv]
     asyn |= noop
     main = ~asyn
     # ---- edges
@@ -493,8 +504,9 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     # worker order: segments of the main lane (ops that overlap each other run together)
     mi = np.flatnonzero(main)
     if len(mi):
-        s_list, d_list = _segment_edges(gw[mi].tolist(), start[mi].tolist(), end[mi].tolist(), tol)
-        add(mi[np.asarray(s_list, dtype=np.int64)], mi[np.asarray(d_list, dtype=np.int64)], ORDER)
+        org = _group_reduce(np.minimum, k, start, K, np.inf)[k[mi]]
+        s_idx, d_idx = _segment_edges(gw[mi], start[mi] - org, end[mi] - org, tol)
+        add(mi[s_idx], mi[d_idx], ORDER)
     # asynchronous ops: launch point, comm stream, who waits for them
     ai = np.flatnonzero(asyn)
     if len(ai):
@@ -574,7 +586,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
         last = np.r_[dst[o][1:] != dst[o][:-1], True]
         ready[dst[o][last]] = end[src[o][last]]
         bind[dst[o][last]] = kind[o][last]
-        late = end[src] > start[dst] + tol
+        late = (end[src] > start[dst] + tol) & (kind != EAGER)  # a recv is posted before its send ends
     origin = _group_reduce(np.minimum, k, start, K, np.inf)
     step_end = _group_reduce(np.maximum, k, end, K, -np.inf)
     measured = step_end - origin
@@ -699,27 +711,27 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
                  clock=clock, tol=tol)
 
 
-def _segment_edges(g: list, s: list, e: list, tol: float) -> tuple[list[int], list[int]]:
-    """Worker-order edges of the main lane (ops sorted by group, start): consecutive ops that overlap form a
-    segment; every op of a segment depends on every op of the previous segment of its group."""
-    src: list[int] = []
-    dst: list[int] = []
-    prev_seg: list[int] = []
-    cur: list[int] = []
-    cur_end = 0.0
-    cur_g = None
-    for i in range(len(g)):
-        if g[i] != cur_g:
-            prev_seg, cur, cur_g, cur_end = [], [i], g[i], e[i]
-        elif s[i] < cur_end - tol:  # overlaps the current segment
-            cur.append(i)
-            cur_end = max(cur_end, e[i])
-        else:
-            prev_seg, cur, cur_end = cur, [i], e[i]
-        for p in prev_seg:
-            src.append(p)
-            dst.append(i)
-    return src, dst
+def _segment_edges(g: np.ndarray, s: np.ndarray, e: np.ndarray, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Worker-order edges of the main lane (ops sorted by group, start; times relative to the step): consecutive
+    ops that overlap form a segment; every op of a segment depends on every op of the previous segment of its
+    group. Returns (source, dependant) index arrays."""
+    n = len(g)
+    first = np.r_[True, g[1:] != g[:-1]]
+    gi = np.cumsum(first) - 1
+    big = float(max(np.abs(e).max(), np.abs(s).max())) * 2 + 1.0 if n else 1.0
+    runmax = np.maximum.accumulate(e + gi * big) - gi * big  # the latest end so far within the group
+    new = first.copy()
+    new[1:] |= s[1:] >= runmax[:-1] - tol
+    seg = np.cumsum(new) - 1
+    seg_start = np.flatnonzero(new)
+    seg_size = np.diff(np.r_[seg_start, n])
+    has_prev = ~first[seg_start]  # the segment has a previous one in its group
+    cnt = np.where(has_prev[seg], seg_size[np.maximum(seg - 1, 0)], 0)
+    tot = int(cnt.sum())
+    dst = np.repeat(np.arange(n), cnt)
+    base = np.repeat(seg_start[np.maximum(seg - 1, 0)], cnt)
+    within = np.arange(tot) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    return base + within, dst
 
 
 # ------------------------------------------------------------------------------------------ replay

@@ -55,6 +55,18 @@ MAX_ZERO_SHARE = 0.5
 """more of the ops than this lasting exactly 0 is a clock that does not advance"""
 TRACE_EXTS = (".parquet", ".pq", ".csv", ".csv.gz")
 MAX_EXAMPLES = 5
+WEIGHT_GRAD_OP = "backward-weight-compute"
+"""the weight-gradient half of a split backward (zero-bubble W): compute of its worker, no pipeline edge (nothing
+on another stage waits for it)"""
+COMPUTE_OPS = ("forward-compute", "backward-compute", WEIGHT_GRAD_OP)
+SEND_OF_RECV = {"forward-recv": "forward-send", "backward-recv": "backward-send"}
+P2P_OPS = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+DP_COLLECTIVES = ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce")
+PP_EDGE_COLLECTIVES = ("embedding-grads-all-reduce",)
+GLOBAL_COLLECTIVES = ("optimizer-clip-main-grad",)
+KNOWN_OPS = COMPUTE_OPS + tuple(SEND_OF_RECV) + tuple(SEND_OF_RECV.values()) + DP_COLLECTIVES + \
+    PP_EDGE_COLLECTIVES + GLOBAL_COLLECTIVES + ("layernorm-grads-all-reduce", "optimizer", "gc")
+
 
 
 class OpTraceError(ValueError):
@@ -361,8 +373,6 @@ def _extent(v: np.ndarray) -> tuple[int, int | None]:
 
 def check_plausible(tr: OpTrace) -> None:
     """Refuse a trace no real run could have written, with one line naming what is wrong (no verdict on it)."""
-    from .opmodel import COMPUTE_OPS, KNOWN_OPS
-
     present = sorted({tr.optypes[c] for c in np.unique(tr.op).tolist()})
     known = [x for x in present if x in KNOWN_OPS]
     shown = ", ".join(present[:5]) + (f" (+{len(present) - 5} more)" if len(present) > 5 else "")
