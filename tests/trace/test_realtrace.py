@@ -184,6 +184,7 @@ def test_one_row_with_an_absurd_rank_is_a_malformed_row(tmp_path, with_meta):
     ("forward only", lambda c: c.__setitem__("optype", ["forward-compute"] * len(c["optype"])),
      "no backward compute"),
     ("a clock that does not advance", lambda c: c.__setitem__("duration", [0.0] * len(c["duration"])), "last 0"),
+    ("every op at one instant", lambda c: c.__setitem__("start_ts", [1.0] * len(c["start_ts"])), "very instant"),
 ])
 def test_an_impossible_trace_is_refused_in_one_line(tmp_path, capsys, what, mutate, says):
     path, _ = _table(tmp_path, mutate)

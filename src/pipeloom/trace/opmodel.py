@@ -199,6 +199,13 @@ def _last_before(ga: np.ndarray, ta: np.ndarray, gq: np.ndarray, tq: np.ndarray)
     return out
 
 
+def _take(arr: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``arr[j]`` where ``j >= 0``, -1 elsewhere (also when ``arr`` is empty)."""
+    if not len(arr):
+        return np.full(len(j), -1, dtype=np.int64)
+    return np.where(j >= 0, arr[np.maximum(j, 0)], -1)
+
+
 def _first_after(ga: np.ndarray, ta: np.ndarray, gq: np.ndarray, tq: np.ndarray) -> np.ndarray:
     """The candidate of the same group with the smallest time ``ta > tq``; -1 where none."""
     return _last_before(ga, -ta, gq, -tq)
@@ -450,7 +457,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
                 shift = np.where(cnt == cc, 0, np.where((kind == "recv") & (cnt == cc - 1), 1, -1))
                 ok = shift >= 0
                 j = _match([gw[ci], crank], [gw[vi], r + np.maximum(shift, 0)], ok)
-                gm = np.where(j >= 0, gmc[ci[np.maximum(j, 0)]], -1)
+                gm = np.where(j >= 0, gmc[np.maximum(_take(ci, j), 0)] if n else -1, -1)
                 first_chunk, last_chunk = gm == 0, gm == G - 1
                 t2 = (j >= 0) & (gm >= 0) & ((first_chunk if (direction == "forward") == (kind == "recv")
                                               else last_chunk))
@@ -511,7 +518,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     ai = np.flatnonzero(asyn)
     if len(ai):
         lp = _last_before(gw[mi], end[mi], gw[ai], start[ai] + tol)
-        add(np.where(lp >= 0, mi[np.maximum(lp, 0)], -1), ai, LAUNCH)
+        add(_take(mi, lp), ai, LAUNCH)
         live_a = ai[~noop[ai]]
         key = gw[live_a] * (len(names) + 1) + op[live_a]
         so = np.lexsort((live_a, key))
@@ -527,17 +534,17 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
             rr = live_a[op[live_a] == code[rname]]
             ci = np.flatnonzero(cm & main)
             j = _first_after(gw[ci], start[ci], gw[rr], end[rr] - tol)
-            add(rr, np.where(j >= 0, ci[np.maximum(j, 0)], -1), RECV)
+            add(rr, _take(ci, j), RECV)
         if "params-all-gather" in code:
             ag = live_a[op[live_a] == code["params-all-gather"]]
             ci = np.flatnonzero(fwd_c & main)
             j = _first_after(gw[ci], start[ci], gw[ag], end[ag] - tol)
-            add(ag, np.where(j >= 0, ci[np.maximum(j, 0)], -1), DPCOLL)
+            add(ag, _take(ci, j), DPCOLL)
         red = live_a[np.isin(op[live_a], [code[x] for x in DP_COLLECTIVES + PP_EDGE_COLLECTIVES + GLOBAL_COLLECTIVES
                                           if x in code and x != "params-all-gather"])]
         tail = np.flatnonzero(main & ~compute & ~p2p)
         j = _first_after(gw[tail], start[tail], gw[red], end[red] - tol)
-        add(red, np.where(j >= 0, tail[np.maximum(j, 0)], -1), DPCOLL)
+        add(red, _take(tail, j), DPCOLL)
     add(eager_s, eager_r, EAGER)
     # pipeline edges over global chunks (same dp rank and step)
     pipe = 0

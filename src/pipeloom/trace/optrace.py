@@ -27,8 +27,8 @@ analysis covers the dp ranks and stages the rows hold. Ranks may carry a sequenc
 (``cp_size``, also read as ``dsp_size``): ``world_size = dp * pp * tp * cp``.
 
 A trace that cannot be a real run is refused with one line naming what is wrong (:func:`check_plausible`):
-no op type the dependency model knows, no compute op, a duration or step longer than a day, most durations
-zero, no step that takes any time.
+no op type the dependency model knows, no forward or backward compute, a duration or step longer than a day,
+most durations zero or most ops starting at the instant of the previous one, no step that takes any time.
 """
 from __future__ import annotations
 
@@ -395,6 +395,13 @@ def check_plausible(tr: OpTrace) -> None:
     if zero > MAX_ZERO_SHARE * len(tr):
         raise OpTraceError(f"{tr.path}: {zero} of {len(tr)} ops last 0 {tr.time_unit}: these times cannot be real "
                            f"(a clock that does not advance); no verdict")
+    o = np.lexsort((tr.start, tr.rank, tr.stage, tr.dp, tr.step))
+    grp = np.r_[False, (np.diff(tr.step[o]) == 0) & (np.diff(tr.dp[o]) == 0) & (np.diff(tr.stage[o]) == 0)
+                & (np.diff(tr.rank[o]) == 0)]
+    same = int((grp & np.r_[False, np.diff(tr.start[o]) == 0]).sum())
+    if same > MAX_ZERO_SHARE * max(int(grp.sum()), 1) and same > 1:
+        raise OpTraceError(f"{tr.path}: {same} of {len(tr)} ops start at the very instant of the op before them on "
+                           f"their worker: these times cannot be real (a clock that does not advance); no verdict")
     steps, k = np.unique(tr.step, return_inverse=True)
     lo = np.full(len(steps), np.inf)
     hi = np.full(len(steps), -np.inf)
