@@ -110,6 +110,24 @@ def test_real_format_names_each_planted_cause(real):
     assert all("stage 1" in v or "stage 2" in v for v in d["verdicts"])
 
 
+@pytest.mark.parametrize("name", ["clean", "slow_worker", "heavy_stage", "random_slow"])
+def test_overlapped_p2p_on_its_own_streams(tmp_path, name):
+    """Every send/recv launched asynchronously (a recv prefetched one compute ahead, waited for right before the
+    compute that needs its data): the recvs become the `recv -> compute` edges, the cause is still named."""
+    cfg = RealSynthConfig(dp=4, pp=4, cp=2, steps=10, overlap_p2p=True, skew=5.0, seed=4, **REAL[name])
+    res = generate_real(cfg)
+    path, meta = _write(tmp_path, res)
+    d = check_optrace(path, meta=meta, pictures=False, out_dir=str(tmp_path / "o"))
+    assert d["replay"]["error"] < 0.02 and d["slowdown"] == pytest.approx(res.planted_slowdown, rel=0.05)
+    pl = d["model"]["placement"]
+    assert pl["p2p_unpaired"] == {} and pl["p2p_no_op"] == res.noop_rows and pl["async"] > pl["main_lane"]
+    assert d["replay"]["dependencies"]["recv -> compute"]["edges"] > 0
+    want = {"clean": ([], [], False), "slow_worker": ([{"dp_rank": 1, "stage": 2}], [], False),
+            "heavy_stage": ([], [cfg.pp - 1], False), "random_slow": ([], [], True)}[name]
+    assert (d["stragglers"], d["imbalanced_stages"], d["no_fixed_straggler"]) == want
+    assert d["slow_optypes"] == [] and (d["verdicts"] == []) == (name == "clean")
+
+
 def test_unexplained_launch_gaps_flag_the_what_if_as_unreliable(tmp_path):
     """CPU-bound launches (0.25 ms before every op, a quarter of a forward) are waits no dependency explains: the
     replay of the measured durations falls short of the measured step, the figures are flagged, and the

@@ -9,7 +9,8 @@ against its real trace; the code is this project's own):
   (``world = dp * pp * tp * cp``, :mod:`.optrace`): its ranks are not separate workers either.
 * **lanes**: a worker's compute ops (forward, backward, backward-weight) run one at a time on its compute
   stream. A communication or other op that overlaps one of its compute ops ran on another stream: it is
-  *asynchronous*. Every other op is on the worker's *main lane* with the compute, in recorded order: the
+  *asynchronous*, and so is every op of an op type that overlaps compute in more than :data:`ASYNC_SHARE` of
+  its ops. Every other op is on the worker's *main lane* with the compute, in recorded order: the
   trainer launched it there and waited for it (blocking P2P, a non-overlapped DP reduction). Ops of the main
   lane whose intervals overlap each other (a combined ``send_forward_recv_backward``: a forward-send and a
   backward-recv launched together) form one *segment*; every op of a segment starts after every op of the
@@ -67,6 +68,8 @@ KIND_NAMES = ("worker order", "pipeline", "recv -> compute", "launch", "comm str
               "send -> recv", "p2p pair", "collective", "step start")
 CROSS_KINDS = (PIPELINE, EAGER)
 """edge kinds between workers (their clocks may disagree): dropped when the source ended after the dependant"""
+ASYNC_SHARE = 0.1
+"""an op type whose ops overlap their worker's compute more often than this is asynchronous throughout"""
 EAGER_SHARE = 0.01
 """a trace whose sends ended before their recv was posted in more pairs than this has non-blocking sends"""
 CLOCK_TOL = 1e-5
@@ -494,6 +497,12 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
         ppeer[eager_s[rv]] = eager_r[rv]
         ppeer[eager_r[rv]] = eager_s[rv]
         eager_s, eager_r = eager_s[~rv], eager_r[~rv]
+    # an op type that often overlaps compute runs on its own stream: all its ops are asynchronous (one that
+    # happened to fall between two computes did not block either); no-op records do not count
+    for c in np.unique(op[asyn & ~noop]).tolist():
+        m_ = (op == c) & ~noop
+        if ov[m_].mean() > ASYNC_SHARE:
+            asyn |= m_
     asyn |= noop
     main = ~asyn
     # ---- edges

@@ -309,6 +309,9 @@ class RealSynthConfig:
     launch: float = 0.002
     """CPU launch time before each op of the main lane (the replay's launch gaps)"""
     overlap_grad_reduce: bool = True
+    overlap_p2p: bool = False
+    """every P2P op launched asynchronously on its own stream (a recv prefetched one compute ahead), waited for
+    right before the compute that needs it (the recv's data) or at the end of the step (sends)"""
     skew: float = 0.0
     """each machine's clock is off by a uniform draw from [-skew, skew] ms"""
     gpus_per_machine: int = 8
@@ -353,16 +356,44 @@ def _real_program(cfg: RealSynthConfig, d: int, s: int, m: int) -> list[list[tup
             out.append([("grads-reduce-scatter", "launch", ("rs", s, i - m + 2), cfg.reduce_scatter, -1)])
         return out
 
+    if cfg.overlap_p2p:  # every P2P op launched on its own stream, waited for right before the compute needing it
+        def launch(part):
+            return [(part[0], "launch", part[2], part[3], -1)] if part[1] == "rv" else [part]
+
+        def wait(part):  # (a call with no peer is recorded once, when launched)
+            return [("waitfor", "waitfor", part[2], 0.0, -1)] if part[1] == "rv" else []
+
+        if s < pp - 1:
+            prog.append(launch(recv_b(0)))
+        prog.append(launch(recv_f(0)))
+        order = []
+        w = min(pp - s - 1, m)
+        order += [("F", i) for i in range(w)]
+        for j in range(m - w):
+            order += [("F", w + j), ("B", j)]
+        order += [("B", j) for j in range(m - w, m)]
+        for kd, i in order:
+            if kd == "F":
+                prog += [g for g in (wait(recv_f(i)), F(i), launch(send_f(i))) if g]
+                if i + 1 < m:
+                    prog.append(launch(recv_f(i + 1)))
+            else:
+                prog += [g for g in (wait(recv_b(i)),) if g]
+                prog += B(i)
+                prog.append(launch(send_b(i)))
+                if i + 1 < m:
+                    prog.append(launch(recv_b(i + 1)))
+        order = None
     w = min(pp - s - 1, m)
-    for i in range(w):
+    for i in range(w if not cfg.overlap_p2p else 0):
         prog += [[recv_f(i)], F(i), [send_f(i)]]
-    if m > w:
+    if m > w and not cfg.overlap_p2p:
         prog.append([recv_f(w)])
-    for j in range(m - w):
+    for j in range(m - w if not cfg.overlap_p2p else 0):
         prog += [F(w + j), [send_f(w + j), recv_b(j)]]
         prog += B(j)
         prog.append([send_b(j)] if j == m - w - 1 else [send_b(j), recv_f(w + j + 1)])
-    for j in range(m - w, m):
+    for j in range(m - w, m) if not cfg.overlap_p2p else ():
         prog += [[recv_b(j)]]
         prog += B(j)
         prog += [[send_b(j)]]
@@ -406,7 +437,7 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
         progress = False
         left = False
         for w in range(W):
-            q = comm[w]  # the comm stream: one op at a time
+            q = [c for c in comm[w] if c[4] == "grads-reduce-scatter"]  # the reduction stream: one at a time
             for c in q:
                 if c[3] is None:
                     c[3] = max(c[2], tcomm[w])
@@ -415,6 +446,11 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
                 if (w, c[1]) not in ends:
                     break
                 tcomm[w] = max(tcomm[w], ends[(w, c[1])])
+            for c in comm[w]:  # P2P launched asynchronously: each posted at once (a batched isend/irecv)
+                if c[3] is None and c[4] != "grads-reduce-scatter":
+                    c[3] = c[2]
+                    post(w, c[1], c[0], c[3])
+                    progress = True
             prog = progs[w]
             while ptr[w] < len(prog):
                 grp = prog[ptr[w]]
@@ -428,11 +464,13 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
                             post(w, pid, key, t[w] + launch)
                             waiting[w].add((w, pid))
                         elif kind == "launch":
-                            comm[w].append([key, pid, t[w], None])
+                            comm[w].append([key, pid, t[w] + launch, None, name])
                     progress = True
                 if any(p not in ends for p in waiting[w]):
                     break
                 if grp[0][1] == "wait" and any((w, c[1]) not in ends for c in comm[w]):
+                    break
+                if grp[0][1] == "waitfor" and any(c[0] == grp[0][2] and (w, c[1]) not in ends for c in comm[w]):
                     break
                 t0 = t[w]
                 for j, part in enumerate(grp):
@@ -450,6 +488,8 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
                         t[w] = max(t[w], ends[(w, pid)])
                     elif kind == "wait":
                         t[w] = max([t[w]] + [ends[(w, c[1])] for c in comm[w]])
+                    elif kind == "waitfor":
+                        t[w] = max([t[w]] + [ends[(w, c[1])] for c in comm[w] if c[0] == part[2]])
                 waiting[w] = None
                 ptr[w] += 1
                 progress = True
@@ -459,7 +499,7 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
             raise RuntimeError("synthetic real-format trace deadlocked (an op order the generator cannot time)")
     for w in range(W):  # the comm stream's records
         for c in comm[w]:
-            recs[w].append(("grads-reduce-scatter", c[3], ends[(w, c[1])] - c[3], -1, "rv"))
+            recs[w].append((c[4], c[3], ends[(w, c[1])] - c[3], -1, "rv"))
     return recs
 
 
