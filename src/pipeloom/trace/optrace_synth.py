@@ -279,7 +279,8 @@ REAL_CAUSES = ("none", "slow_worker", "heavy_stage", "random_slow", "slow_link")
 
 @dataclass(kw_only=True)
 class RealSynthConfig:
-    """A trace in the format a Megatron-style trainer's profiler writes (1F1B, vpp 1), with its quirks: P2P calls
+    """A trace in the format a Megatron-style trainer's profiler writes (1F1B; interleaved for vpp > 1), with its
+    quirks: P2P calls
     that block until their peer is there (send_forward_recv_backward and send_backward_recv_forward as two records
     over one interval), no-op records of the calls with no peer (the first stage's forward-recv, the last stage's
     forward-send, ...) and of records never launched at the start/end of a step, the gradient reduce-scatter
@@ -290,6 +291,8 @@ class RealSynthConfig:
     dp: int = 4
     pp: int = 4
     cp: int = 2
+    vpp: int = 1
+    """> 1: the interleaved schedule (pipeloom's plan), every job's P2P launched one job ahead on its own stream"""
     microbatches: int | None = None
     """default: 2 * pp"""
     steps: int = 20
@@ -323,7 +326,7 @@ class RealSynthConfig:
     t0: float = 1.0e6
 
 
-def _real_program(cfg: RealSynthConfig, d: int, s: int, m: int) -> list[list[tuple]]:
+def _real_program(cfg: RealSynthConfig, d: int, s: int, m: int, sched=None) -> list[list[tuple]]:
     """The main lane of worker (d, s) as launch groups; part: (optype, kind, key, base, mb, launch_comm) with
     kind compute/local/rv (rendezvous: P2P pair or collective)/noop/wait (wait for the comm stream)."""
     pp = cfg.pp
@@ -356,13 +359,46 @@ def _real_program(cfg: RealSynthConfig, d: int, s: int, m: int) -> list[list[tup
             out.append([("grads-reduce-scatter", "launch", ("rs", s, i - m + 2), cfg.reduce_scatter, -1)])
         return out
 
-    if cfg.overlap_p2p:  # every P2P op launched on its own stream, waited for right before the compute needing it
-        def launch(part):
-            return [(part[0], "launch", part[2], part[3], -1)] if part[1] == "rv" else [part]
+    def launch(part):
+        return [(part[0], "launch", part[2], part[3], -1)] if part[1] == "rv" else [part]
 
-        def wait(part):  # (a call with no peer is recorded once, when launched)
-            return [("waitfor", "waitfor", part[2], 0.0, -1)] if part[1] == "rv" else []
+    def wait(part):  # (a call with no peer is recorded once, when launched)
+        return [("waitfor", "waitfor", part[2], 0.0, -1)] if part[1] == "rv" else []
 
+    if sched is not None:  # interleaved: P2P of every job launched one job ahead on its own stream (Megatron's
+        G = pp * cfg.vpp  # overlap_p2p_comm); a call for the model's first/last chunk has no peer (a no-op)
+        jobs = list(sched.devices[s])
+        nb = sum(1 for j in jobs if j.kind.value != "F")
+
+        def recv(j):
+            if j.kind.value == "F":
+                return (("forward-recv", "rv", ("F", d, j.chunk - 1, j.mb), cfg.p2p, -1) if j.chunk > 0
+                        else ("forward-recv", "noop", None, 0.0, -1))
+            return (("backward-recv", "rv", ("B", d, j.chunk + 1, j.mb), cfg.p2p, -1) if j.chunk < G - 1
+                    else ("backward-recv", "noop", None, 0.0, -1))
+
+        def send(j):
+            if j.kind.value == "F":
+                return (("forward-send", "rv", ("F", d, j.chunk, j.mb), cfg.p2p, -1) if j.chunk < G - 1
+                        else ("forward-send", "noop", None, 0.0, -1))
+            return (("backward-send", "rv", ("B", d, j.chunk, j.mb), cfg.p2p, -1) if j.chunk > 0
+                    else ("backward-send", "noop", None, 0.0, -1))
+
+        prog.append(launch(recv(jobs[0])))
+        ib = 0
+        for i, j in enumerate(jobs):
+            prog += [g for g in (wait(recv(j)),) if g]
+            fwd = j.kind.value == "F"
+            prog.append([("forward-compute" if fwd else "backward-compute", "compute", None,
+                          cfg.fwd if fwd else cfg.bwd, j.mb, j.chunk)])
+            if not fwd:
+                ib += 1
+                if cfg.overlap_grad_reduce and ib > nb - 2:
+                    prog.append([("grads-reduce-scatter", "launch", ("rs", s, ib - nb + 1), cfg.reduce_scatter, -1)])
+            prog.append(launch(send(j)))
+            if i + 1 < len(jobs):
+                prog.append(launch(recv(jobs[i + 1])))
+    elif cfg.overlap_p2p:  # every P2P op launched on its own stream, waited for right before the compute needing it
         if s < pp - 1:
             prog.append(launch(recv_b(0)))
         prog.append(launch(recv_f(0)))
@@ -385,19 +421,20 @@ def _real_program(cfg: RealSynthConfig, d: int, s: int, m: int) -> list[list[tup
                     prog.append(launch(recv_b(i + 1)))
         order = None
     w = min(pp - s - 1, m)
-    for i in range(w if not cfg.overlap_p2p else 0):
+    blocking = sched is None and not cfg.overlap_p2p
+    for i in range(w if blocking else 0):
         prog += [[recv_f(i)], F(i), [send_f(i)]]
-    if m > w and not cfg.overlap_p2p:
+    if m > w and blocking:
         prog.append([recv_f(w)])
-    for j in range(m - w if not cfg.overlap_p2p else 0):
+    for j in range(m - w if blocking else 0):
         prog += [F(w + j), [send_f(w + j), recv_b(j)]]
         prog += B(j)
         prog.append([send_b(j)] if j == m - w - 1 else [send_b(j), recv_f(w + j + 1)])
-    for j in range(m - w, m) if not cfg.overlap_p2p else ():
+    for j in range(m - w, m) if blocking else ():
         prog += [[recv_b(j)]]
         prog += B(j)
         prog += [[send_b(j)]]
-    if s < pp - 1:
+    if s < pp - 1 and sched is None:
         prog.append([("backward-recv", "noop", None, 0.0, -1)])  # recorded at the end, never launched
     prog.append([("layernorm-grads-all-reduce", "local", None, cfg.layernorm, -1)])
     if pp > 1 and s in (0, pp - 1):
@@ -479,12 +516,12 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
                     if kind in ("compute", "local"):
                         st = t[w] + launch
                         t[w] = st + dur[(w, pid)]
-                        recs[w].append((name, st, dur[(w, pid)], part[4], kind))
+                        recs[w].append((name, st, dur[(w, pid)], part[4], kind, part[5] if len(part) > 5 else None))
                     elif kind == "noop":
-                        recs[w].append((name, t0 + launch, dur[(w, pid)], -1, kind))
+                        recs[w].append((name, t0 + launch, dur[(w, pid)], -1, kind, None))
                     elif kind == "rv":
                         a = next(x[2] for x in posted[part[2]] if x[0] == w and x[1] == pid)
-                        recs[w].append((name, a, ends[(w, pid)] - a, -1, kind))
+                        recs[w].append((name, a, ends[(w, pid)] - a, -1, kind, None))
                         t[w] = max(t[w], ends[(w, pid)])
                     elif kind == "wait":
                         t[w] = max([t[w]] + [ends[(w, c[1])] for c in comm[w]])
@@ -499,7 +536,7 @@ def _simulate_real(progs: list[list[list[tuple]]], dur: dict, gsize: dict, launc
             raise RuntimeError("synthetic real-format trace deadlocked (an op order the generator cannot time)")
     for w in range(W):  # the comm stream's records
         for c in comm[w]:
-            recs[w].append((c[4], c[3], ends[(w, c[1])] - c[3], -1, "rv"))
+            recs[w].append((c[4], c[3], ends[(w, c[1])] - c[3], -1, "rv", None))
     return recs
 
 
@@ -511,7 +548,8 @@ def generate_real(cfg: RealSynthConfig | None = None) -> SynthResult:
     m = cfg.microbatches or 2 * cfg.pp
     rng = random.Random(cfg.seed)
     workers = [(d, s) for d in range(cfg.dp) for s in range(cfg.pp)]
-    progs = [_real_program(cfg, d, s, m) for d, s in workers]
+    sched = plan("interleaved", make_spec(pp=cfg.pp, microbatches=m, vpp=cfg.vpp)) if cfg.vpp > 1 else None
+    progs = [_real_program(cfg, d, s, m, sched) for d, s in workers]
     gsize: dict = {}
     for prog in progs:
         for grp in prog:
@@ -542,23 +580,24 @@ def generate_real(cfg: RealSynthConfig | None = None) -> SynthResult:
                     if kind == "compute" and ((d, s) == slow or (cfg.cause == "heavy_stage" and s == stage)):
                         f = cfg.factor
                     if cfg.cause == "slow_link" and kind == "rv" and key[0] in ("F", "B") and \
-                            (key[0] == "F" and key[2] == stage or key[0] == "B" and key[2] == stage + 1):
+                            (key[0] == "F" and key[2] % cfg.pp == stage or key[0] == "B" and key[2] % cfg.pp == stage + 1):
                         f = cfg.factor
                     planted[(w, (i, j))] = x * f
         recs = _simulate_real(progs, planted, gsize, cfg.launch)
-        end = max(st + du for r in recs for _, st, du, _, _ in r)
+        end = max(x[1] + x[2] for r in recs for x in r)
         if cfg.cause == "none":
             c_end = end
         else:
             crecs = _simulate_real(progs, clean, gsize, cfg.launch)
-            c_end = max(st + du for r in crecs for _, st, du, _, _ in r)
+            c_end = max(x[1] + x[2] for r in crecs for x in r)
         res.step_ms.append(end)
         res.clean_step_ms.append(c_end)
         for w, (d, s) in enumerate(workers):
             rank = (s * cfg.dp + d) * cfg.cp
             off = offset[rank // cfg.gpus_per_machine]
             seq: dict = {}
-            for name, st, du, mbi, kind in sorted(recs[w], key=lambda r: r[1]):
+            local = {c: i for i, c in enumerate(sched.chunks_of(s))} if sched is not None else {s: 0}
+            for name, st, du, mbi, kind, chunk in sorted(recs[w], key=lambda r: r[1]):
                 res.noop_rows += kind == "noop"
                 n = seq.get(name, 0)
                 seq[name] = n + 1
@@ -571,12 +610,14 @@ def generate_real(cfg: RealSynthConfig | None = None) -> SynthResult:
                 cols["start_ts"].append(t0 + st + off)
                 cols["duration"].append(du)
                 cols["seq_id"].append(n)
-                cols["mc"].append(0 if compute or name in ("params-all-gather", "grads-reduce-scatter") else -1)
-                cols["gmc"].append(s if compute else -1)
+                g = s if chunk is None else chunk
+                cols["mc"].append(local[g] if compute else 0 if name in ("params-all-gather", "grads-reduce-scatter")
+                                  else -1)
+                cols["gmc"].append(g if compute else -1)
                 cols["mb_id"].append(mbi if compute else -1)
         t0 += end + 1.0
     res.columns = {k: (np.asarray(v, dtype=object) if k == "optype" else np.asarray(v)) for k, v in cols.items()}
-    res.meta = {"dp_size": cfg.dp, "pp_size": cfg.pp, "tp_size": 1, "vpp_size": 1, "cp_size": cfg.cp,
+    res.meta = {"dp_size": cfg.dp, "pp_size": cfg.pp, "tp_size": 1, "vpp_size": cfg.vpp, "cp_size": cfg.cp,
                 "world_size": cfg.dp * cfg.pp * cfg.cp, "time_unit": "ms"}
     res.planted_slowdown = float(np.mean(res.step_ms) / np.mean(res.clean_step_ms))
     return res
@@ -639,9 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     d, s = (int(x) for x in a.where.split(","))
     if a.real:
-        if a.cause not in REAL_CAUSES or a.vpp != 1 or a.tp != 1:
-            p.error(f"--real takes vpp 1, tp 1 and a cause of {', '.join(REAL_CAUSES)}")
-        rcfg = RealSynthConfig(dp=a.dp, pp=a.pp, cp=a.cp, steps=a.steps, seed=a.seed, microbatches=a.microbatches,
+        if a.cause not in REAL_CAUSES or a.tp != 1:
+            p.error(f"--real takes tp 1 and a cause of {', '.join(REAL_CAUSES)}")
+        rcfg = RealSynthConfig(dp=a.dp, pp=a.pp, cp=a.cp, vpp=a.vpp, steps=a.steps, seed=a.seed, microbatches=a.microbatches,
                                cause=a.cause, factor=a.factor, where=(d, s), jitter=a.jitter, skew=a.skew)
         res = generate_real(rcfg)
         stem = a.out[: -len(".csv.gz")] if a.out.endswith(".csv.gz") else os.path.splitext(a.out)[0]
