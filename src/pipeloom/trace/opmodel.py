@@ -432,6 +432,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     eager_s = np.zeros(0, dtype=np.int64)
     eager_r = np.zeros(0, dtype=np.int64)
     unpaired: dict[str, int] = {}
+    one_sided: dict[str, int] = {}
     npairs = 0
     if p2p.any():
         for direction, cmask in (("forward", fwd_c), ("backward", bwd_c)):
@@ -467,10 +468,10 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
                 noop[vi[t2]] = True
         live = p2p & ~noop
         for rname, sname in SEND_OF_RECV.items():
-            if rname not in code or sname not in code:
+            if rname not in code or sname not in code:  # the trace records one side only (a run log's sends)
                 for nm in (rname, sname):
                     if nm in code and (live & (op == code[nm])).any():
-                        unpaired[nm] = unpaired.get(nm, 0) + int((live & (op == code[nm])).sum())
+                        one_sided[nm] = one_sided.get(nm, 0) + int((live & (op == code[nm])).sum())
                 continue
             ri = np.flatnonzero(live & (op == code[rname]))
             si = np.flatnonzero(live & (op == code[sname]))
@@ -702,7 +703,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     if merged:
         warnings.append(f"{merged} rows of further TP ranks merged into their (dp, stage) worker")
     placement = {"main_lane": int(main.sum()), "async": int((asyn & ~noop).sum()), "p2p_no_op": int(noop.sum()),
-                 "p2p_unpaired": unpaired, "collective_alone": {}, "opaque": {}}
+                 "p2p_unpaired": unpaired, "p2p_one_sided": one_sided, "collective_alone": {}, "opaque": {}}
     alone = grouped & ~coll
     for c in np.unique(op[alone]).tolist():
         placement["collective_alone"][names[c]] = int((alone & (op == c)).sum())
