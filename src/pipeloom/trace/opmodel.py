@@ -317,8 +317,9 @@ class Model:
         return self.dp * self.pp
 
 
-def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
-    """Rebuild every analysed step's dependency graph from the op table (see the module docstring)."""
+def build_model(tr: OpTrace, steps: list[int] | None = None, *, align: bool = True) -> Model:
+    """Rebuild every analysed step's dependency graph from the op table (see the module docstring); ``align``:
+    estimate and remove the clock offsets of the workers from their collectives."""
     warnings: list[str] = []
     keep = np.ones(len(tr), dtype=bool) if steps is None else np.isin(tr.step, np.asarray(steps, dtype=np.int64))
     if not keep.any():
@@ -393,7 +394,7 @@ def build_model(tr: OpTrace, steps: list[int] | None = None) -> Model:
     coll = grouped & (csize[np.maximum(cgid, 0)] > 1 if csize.size else False)
     # ---- clock alignment from the collectives
     clock = {"workers_shifted": 0, "max_offset": 0.0}
-    if coll.any():
+    if coll.any() and align:
         # each worker's offset from the widest collectives it takes part in (the global grad-norm all-reduce
         # relates every clock; a dp group on one machine relates none)
         pref = np.zeros(W, dtype=np.int64)
