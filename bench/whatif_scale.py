@@ -3,7 +3,8 @@
 Writes (once, cached in --dir) a synthetic trace of 128 ranks (dp 16 x pp 8 x tp 1, vpp 2, 16 microbatches,
 40 steps, one slow worker planted), the same run with every TP rank of dp 4 x pp 8 x tp 4 recorded, and a
 trace of 128 ranks in the real trainer format (dp 16 x pp 4 x cp 2, 16 microbatches, blocking P2P pairs, no-op
-records, an overlapped reduce-scatter, clocks of 4 ms spread); then runs `python -m pipeloom check TRACE --json` in a fresh process --runs times and reports
+records, an overlapped reduce-scatter, clocks of 4 ms spread); then runs `python -m pipeloom check TRACE --json`
+in a fresh process --runs times and reports
 the median wall time and CPU time (user + system) of that process, its peak RSS, and the load average
 of the machine when it started (wall times on a shared machine are only comparable at similar load; the
 analysis is single-threaded, so on an idle machine wall ~ CPU time).
@@ -89,7 +90,8 @@ def main() -> int:
                      d["replay"]["error"], info["planted_slowdown"], d["slowdown"],
                      f"dp {top['dp_rank']} / pp {top['stage']}",
                      d["model"]["scenarios"]))
-    lines = ["| trace | rows | ops after TP merge | steps | wall s | CPU s | peak RSS MiB | load avg | replay error (no launch gaps) | "
+    lines = ["| trace | rows | ops after TP merge | steps | wall s | CPU s | peak RSS MiB | load avg | "
+             "replay error (no launch gaps) | "
              "planted | S found | straggler named | replays |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r[0]} | {r[1]:,} | {r[2]:,} | {r[3]} | {r[4]:.1f} | {r[5]:.1f} | {r[6]:.0f} | {r[7]:.1f} | "

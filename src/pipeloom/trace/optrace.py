@@ -69,7 +69,7 @@ PP_EDGE_COLLECTIVES = ("embedding-grads-all-reduce",)
 GLOBAL_COLLECTIVES = ("optimizer-clip-main-grad",)
 KNOWN_OPS = COMPUTE_OPS + tuple(SEND_OF_RECV) + tuple(SEND_OF_RECV.values()) + DP_COLLECTIVES + \
     PP_EDGE_COLLECTIVES + GLOBAL_COLLECTIVES + ("layernorm-grads-all-reduce", "optimizer", "gc")
-
+"""the op types the dependency model (:mod:`.opmodel`) knows; any other is an opaque op of its worker"""
 
 
 class OpTraceError(ValueError):

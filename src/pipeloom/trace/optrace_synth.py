@@ -579,8 +579,9 @@ def generate_real(cfg: RealSynthConfig | None = None) -> SynthResult:
                     f = 1.0
                     if kind == "compute" and ((d, s) == slow or (cfg.cause == "heavy_stage" and s == stage)):
                         f = cfg.factor
-                    if cfg.cause == "slow_link" and kind == "rv" and key[0] in ("F", "B") and \
-                            (key[0] == "F" and key[2] % cfg.pp == stage or key[0] == "B" and key[2] % cfg.pp == stage + 1):
+                    link = key is not None and key[0] in ("F", "B") and \
+                        key[2] % cfg.pp == (stage if key[0] == "F" else stage + 1)
+                    if cfg.cause == "slow_link" and kind == "rv" and link:
                         f = cfg.factor
                     planted[(w, (i, j))] = x * f
         recs = _simulate_real(progs, planted, gsize, cfg.launch)
@@ -682,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.real:
         if a.cause not in REAL_CAUSES or a.tp != 1:
             p.error(f"--real takes tp 1 and a cause of {', '.join(REAL_CAUSES)}")
-        rcfg = RealSynthConfig(dp=a.dp, pp=a.pp, cp=a.cp, vpp=a.vpp, steps=a.steps, seed=a.seed, microbatches=a.microbatches,
+        rcfg = RealSynthConfig(dp=a.dp, pp=a.pp, cp=a.cp, vpp=a.vpp, steps=a.steps, seed=a.seed,
+                               microbatches=a.microbatches,
                                cause=a.cause, factor=a.factor, where=(d, s), jitter=a.jitter, skew=a.skew)
         res = generate_real(rcfg)
         stem = a.out[: -len(".csv.gz")] if a.out.endswith(".csv.gz") else os.path.splitext(a.out)[0]
