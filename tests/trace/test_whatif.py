@@ -240,7 +240,7 @@ def test_unknown_optypes_stay_as_opaque_ops_and_tiny_shapes_work(tmp_path):
     pq.write_table(pa.table(cols), path)
     d = check_optrace(path, pictures=False)
     assert any(o["optype"] == "my-custom-op" for o in d["by_optype"])
-    assert d["model"]["placement"]["opaque"] == {"my-custom-op": 3}  # counted and named, not dropped
+    assert d["model"]["placement"]["opaque"] == {"my-custom-op": 2 * 3}  # counted and named, not dropped
     assert d["ops"] == n + 2 * 3 and d["verdicts"] == []
     one = generate(OpSynthConfig(dp=1, pp=1, steps=2))
     p1 = str(tmp_path / "one.parquet")
