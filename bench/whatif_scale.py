@@ -1,8 +1,10 @@
 """Scale of the what-if straggler analysis: `pipeloom check` on a ~10^6-op op trace, wall time and peak memory.
 
 Writes (once, cached in --dir) a synthetic trace of 128 ranks (dp 16 x pp 8 x tp 1, vpp 2, 16 microbatches,
-40 steps, one slow worker planted) and, optionally, the same run with every TP rank of dp 4 x pp 8 x tp 4
-recorded; then runs `python -m pipeloom check TRACE --json` in a fresh process --runs times and reports
+40 steps, one slow worker planted), the same run with every TP rank of dp 4 x pp 8 x tp 4 recorded, and a
+trace of 128 ranks in the real trainer format (dp 16 x pp 4 x cp 2, 16 microbatches, blocking P2P pairs, no-op
+records, an overlapped reduce-scatter, clocks of 4 ms spread); then runs `python -m pipeloom check TRACE --json`
+in a fresh process --runs times and reports
 the median wall time and CPU time (user + system) of that process, its peak RSS, and the load average
 of the machine when it started (wall times on a shared machine are only comparable at similar load; the
 analysis is single-threaded, so on an idle machine wall ~ CPU time).
@@ -25,6 +27,8 @@ CASES = {
     "128 workers (dp16 pp8 vpp2), 1 rank each": ["--dp", "16", "--pp", "8", "--vpp", "2", "-m", "16"],
     "32 workers (dp4 pp8 tp4 vpp2), all 128 ranks": ["--dp", "4", "--pp", "8", "--tp", "4", "--vpp", "2", "-m", "16",
                                                      "--all-tp-ranks"],
+    "128 ranks in the real format (dp16 pp4 cp2), skewed clocks": ["--real", "--dp", "16", "--pp", "4", "--cp", "2",
+                                                                    "-m", "16", "--skew", "2"],
 }
 
 
@@ -83,10 +87,11 @@ def main() -> int:
         top = max(sw, key=lambda x: x["slowdown"])
         rows.append((name, info["ops"], d["ops"], len(d["steps"]), statistics.median(walls), statistics.median(cpus),
                      max(peaks), statistics.median(loads),
-                     d["replay_error"], info["planted_slowdown"], d["slowdown"],
+                     d["replay"]["error"], info["planted_slowdown"], d["slowdown"],
                      f"dp {top['dp_rank']} / pp {top['stage']}",
                      d["model"]["scenarios"]))
-    lines = ["| trace | rows | ops after TP merge | steps | wall s | CPU s | peak RSS MiB | load avg | replay error | "
+    lines = ["| trace | rows | ops after TP merge | steps | wall s | CPU s | peak RSS MiB | load avg | "
+             "replay error (no launch gaps) | "
              "planted | S found | straggler named | replays |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r[0]} | {r[1]:,} | {r[2]:,} | {r[3]} | {r[4]:.1f} | {r[5]:.1f} | {r[6]:.0f} | {r[7]:.1f} | "

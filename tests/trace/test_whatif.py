@@ -166,12 +166,12 @@ def test_meta_sizes_and_inference(tmp_path):
     cfg = OpSynthConfig(dp=2, pp=2, tp=4, vpp=2, steps=3)
     path, meta, _ = _write(tmp_path, cfg)
     tr = read_optrace(path)
-    assert tr.sizes == {"dp_size": 2, "pp_size": 2, "vpp_size": 2, "tp_size": 1, "world_size": 4}
-    assert set(tr.inferred) == {"dp_size", "pp_size", "vpp_size", "tp_size", "world_size"}
+    assert tr.sizes == {"dp_size": 2, "pp_size": 2, "vpp_size": 2, "tp_size": 1, "cp_size": 1, "world_size": 4}
+    assert set(tr.inferred) == {"dp_size", "pp_size", "vpp_size", "tp_size", "cp_size", "world_size"}
     js = tmp_path / "m.json"
     js.write_text(json.dumps({"dp_size": 2, "pp_size": 2, "tp_size": 4, "vpp_size": 2, "world_size": 16}))
     assert read_optrace(path, str(js)).sizes["tp_size"] == 4
-    assert read_optrace(path, meta).inferred == []
+    assert read_optrace(path, meta).inferred == ["cp_size"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("dp_size: -1\n")
     with pytest.raises(OpTraceError, match="dp_size"):
@@ -241,6 +241,7 @@ def test_unknown_optypes_stay_as_opaque_ops_and_tiny_shapes_work(tmp_path):
     pq.write_table(pa.table(cols), path)
     d = check_optrace(path, pictures=False)
     assert any(o["optype"] == "my-custom-op" for o in d["by_optype"])
+    assert d["model"]["placement"]["opaque"] == {"my-custom-op": 2 * 3}  # counted and named, not dropped
     assert d["ops"] == n + 2 * 3 and d["verdicts"] == []
     one = generate(OpSynthConfig(dp=1, pp=1, steps=2))
     p1 = str(tmp_path / "one.parquet")

@@ -331,7 +331,8 @@ def _print_whatif(d: dict, con, top: int, verdict: str = "verdict") -> None:
     u = d["time_unit"]
     con.print(f"step time: measured {d['step_time_measured']:.4g} {u}, replayed {d['step_time_replayed']:.4g} {u} "
               f"(replay error {100 * d['replay_error']:.2f}%), without launch gaps {d['step_time_no_launch_gaps']:.4g}"
-              f" {u}, what-if ideal {d['step_time_ideal']:.4g} {u}")
+              f" {u} ({100 * d['replay']['error']:.2f}% off: the replay accuracy), what-if ideal "
+              f"{d['step_time_ideal']:.4g} {u}")
     con.print(f"slowdown S = [bold]{d['slowdown']:.3f}x[/bold]   M_W (top workers fixed) = {100 * d['mw']:.0f}%   "
               f"M_S (last stage fixed) = {100 * d['ms']:.0f}%")
     t = Table(title="what alone slows the step (S_x = ideal with x as measured / ideal)", box=box.SIMPLE_HEAD,

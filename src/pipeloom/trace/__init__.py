@@ -8,7 +8,9 @@
     synth   synthetic logs of a schedule with injected trouble (tests, demos)
     sweep   how small a slowdown the check finds (``python -m pipeloom.trace.sweep``)
     optrace         op traces of any trainer (Parquet/CSV, dp x tp x pp): columns, sizes, malformed rows
-    whatif          dependency model of an op trace, vectorised what-if replay, S / S_t / S_w / M_W / M_S
+    opmodel         the dependency model of an op trace as real trainers write it (lanes, P2P pairs, no-op
+                    records, collectives, clock alignment) and its vectorised replay
+    whatif          what-if scenarios on that model: S / S_t / S_w / M_W / M_S, replay accuracy
     verdicts        actionable verdicts from a what-if analysis (straggler, imbalanced stage, ...)
     opcheck         the whole op-trace check (analysis, verdicts, pictures, JSON) behind ``pipeloom check``
     runops          run logs (pipeloom's, seed 003's, torch profiler traces) as op traces: one input for the what-if

@@ -150,6 +150,30 @@ def _by_rank(tr: OpTrace, steps: list[int] | None, scores: np.ndarray, pp: int) 
             for x in pairs]
 
 
+def _replay_block(res) -> dict:
+    """The replay accuracy of :func:`~pipeloom.trace.whatif.replay_accuracy`, JSON-ready."""
+    acc = dict(res.replay)
+    acc["per_step"] = [{"step": s, "measured": float(res.t_measured[i]), "replayed": float(res.t_base[i]),
+                        "error": _num(acc["per_step"][i])} for i, s in enumerate(res.steps)]
+    acc["error"] = _num(acc["error"])
+    acc["error_max_step"] = _num(acc["error_max_step"])
+    acc["with_launch_gaps_error"] = _num(acc["with_launch_gaps_error"])
+    return acc
+
+
+def _replay_warning(res) -> list[str]:
+    """One line when the what-if figures cannot be trusted (the replay of the measured durations is off)."""
+    acc = res.replay
+    if acc["reliable"]:
+        return []
+    worst = acc["disagrees_most"]
+    how = ("shorter: waits the dependency model does not explain" if acc["replay_shorter"]
+           else "longer: dependencies that ended after their dependant started")
+    return [f"the what-if figures are unreliable: the replay of the measured durations is "
+            f"{100 * acc['error']:.1f}% off the measured step (tolerance {100 * acc['tolerance']:.0f}%; {how})"
+            + (f"; the dependency kind that disagrees most: {worst}" if worst else "")]
+
+
 MIN_STEPS = 3
 """fewer analysed steps than this get a warning: the persistence rules of the verdicts need several steps"""
 
@@ -305,8 +329,12 @@ def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05,
         "by_stage": [{"stage": s, "slowdown": float(res.by_stage[s])} for s in range(pp)],
         "by_dp_rank": [{"dp_rank": x, "slowdown": float(res.by_dp[x])} for x in range(res.dp)],
         "by_optype": [{"optype": t, "slowdown": v} for t, v in sorted(res.by_optype.items(), key=lambda kv: -kv[1])],
+        "replay": _replay_block(res),
+        "whatif_reliable": res.replay["reliable"],
         "per_step": [{"step": s, "measured": float(res.t_measured[i]), "replayed": float(res.t_replay[i]),
-                      "ideal": float(res.t_ideal[i]), "slowdown": float(res.step_slowdown[i]),
+                      "replayed_no_launch_gaps": float(res.t_base[i]),
+                      "replay_error": _num(res.replay["per_step"][i]), "ideal": float(res.t_ideal[i]),
+                      "slowdown": float(res.step_slowdown[i]),
                       "mw": _num(res.mw_step[i]), "ms": _num(res.ms_step[i]),
                       "slowest_worker": {"dp_rank": int(np.argmax(swk[:, i])) // pp,
                                          "stage": int(np.argmax(swk[:, i])) % pp}}
@@ -322,8 +350,9 @@ def check_ops(tr: OpTrace, *, steps: str | None = None, threshold: float = 0.05,
         "threshold": threshold,
         "model": {"pipeline_edges": model.pipeline_edges, "p2p_pairs": model.p2p_pairs,
                   "collectives": model.collectives, "levels": len(model.levels),
-                  "tp_rows_merged": model.merged_tp_rows, "scenarios": res.scenarios},
-        "warnings": tr.warnings + model.warnings + ([
+                  "tp_rows_merged": model.merged_tp_rows, "scenarios": res.scenarios,
+                  "placement": model.placement, "clock_alignment": model.clock},
+        "warnings": tr.warnings + model.warnings + _replay_warning(res) + ([
             f"only {len(res.steps)} step(s) analysed: whether a slow worker is slow in every step (a straggler) or "
             f"only in some (no fixed straggler) rests on {len(res.steps)} step(s); analyse {MIN_STEPS} or more"]
             if len(res.steps) < MIN_STEPS else []),

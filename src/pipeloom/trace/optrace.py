@@ -19,6 +19,16 @@ here, when such a file is read). Sizes (``dp_size, pp_size, tp_size, vpp_size, w
 meta file (YAML or JSON, ``--meta``; ``META.yaml`` beside the trace is not guessed) or are inferred from
 the table. Rows with a missing or non-numeric required field, a negative or non-finite duration or
 time, or a rank outside the sizes are malformed: counted, a few shown, dropped; never fatal.
+
+Sizes come from what the table holds, checked against the meta, with caps (:data:`SIZE_CAPS`): a meta size
+beyond its cap is refused; a dp_rank or stage far beyond the other rows' (more than twice the number of
+distinct values below it, plus 16) is a malformed row, not a reason to model millions of empty workers; the
+analysis covers the dp ranks and stages the rows hold. Ranks may carry a sequence/context dimension
+(``cp_size``, also read as ``dsp_size``): ``world_size = dp * pp * tp * cp``.
+
+A trace that cannot be a real run is refused with one line naming what is wrong (:func:`check_plausible`):
+no op type the dependency model knows, no forward or backward compute, a duration or step longer than a day,
+most durations zero or nearly all ops starting at the instant of the previous one, no step that takes any time.
 """
 from __future__ import annotations
 
@@ -31,9 +41,35 @@ import numpy as np
 REQUIRED = ("dp_rank", "stage", "step", "optype", "start_ts", "duration")
 OPTIONAL = ("rank", "seq_id", "mc", "gmc", "mb_id")
 COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "gmc", "mb_id")
-SIZE_KEYS = ("dp_size", "pp_size", "tp_size", "vpp_size", "world_size")
+SIZE_KEYS = ("dp_size", "pp_size", "tp_size", "vpp_size", "cp_size", "world_size")
+SIZE_ALIASES = {"dsp_size": "cp_size"}
+"""other names of a size in meta files (the published traces' ``dsp_size``: a two-way sequence split)"""
+SIZE_CAPS = {"dp_size": 1 << 20, "pp_size": 4096, "tp_size": 4096, "vpp_size": 1024, "cp_size": 4096,
+             "world_size": 1 << 24}
+"""the largest size a meta file may give (and a trace's table may imply)"""
+SPARSE_SLACK = 16
+"""a rank value is 'far beyond' the others when it exceeds twice the count of distinct values below it + this"""
+MAX_DAY = {"s": 86_400.0, "ms": 86_400e3, "us": 86_400e6, "ns": 86_400e9}
+"""a day in each time unit: no op or step of a real run lasts longer"""
+MAX_ZERO_SHARE = 0.5
+"""more of the ops than this lasting exactly 0 is a clock that does not advance"""
+MAX_SAME_SHARE = 0.9
+"""more of the ops than this starting at the very instant of the op before them on their worker, likewise
+(a batch of asynchronous sends and recvs launched together shares an instant, so half of them can)"""
 TRACE_EXTS = (".parquet", ".pq", ".csv", ".csv.gz")
 MAX_EXAMPLES = 5
+WEIGHT_GRAD_OP = "backward-weight-compute"
+"""the weight-gradient half of a split backward (zero-bubble W): compute of its worker, no pipeline edge (nothing
+on another stage waits for it)"""
+COMPUTE_OPS = ("forward-compute", "backward-compute", WEIGHT_GRAD_OP)
+SEND_OF_RECV = {"forward-recv": "forward-send", "backward-recv": "backward-send"}
+P2P_OPS = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+DP_COLLECTIVES = ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce")
+PP_EDGE_COLLECTIVES = ("embedding-grads-all-reduce",)
+GLOBAL_COLLECTIVES = ("optimizer-clip-main-grad",)
+KNOWN_OPS = COMPUTE_OPS + tuple(SEND_OF_RECV) + tuple(SEND_OF_RECV.values()) + DP_COLLECTIVES + \
+    PP_EDGE_COLLECTIVES + GLOBAL_COLLECTIVES + ("layernorm-grads-all-reduce", "optimizer", "gc")
+"""the op types the dependency model (:mod:`.opmodel`) knows; any other is an opaque op of its worker"""
 
 
 class OpTraceError(ValueError):
@@ -115,11 +151,17 @@ def load_meta(path: str) -> dict:
     if not isinstance(data, dict):
         raise OpTraceError(f"meta file {path} must hold a mapping with {', '.join(SIZE_KEYS)}")
     out = {}
+    for alias, k in SIZE_ALIASES.items():
+        if alias in data and k not in data:
+            data = dict(data, **{k: data[alias]})
     for k in SIZE_KEYS:
         if k in data and data[k] is not None:
             v = data[k]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise OpTraceError(f"meta file {path}: {k} must be a positive integer, got {v!r}")
+            if v > SIZE_CAPS[k]:
+                raise OpTraceError(f"meta file {path}: {k} {v} is beyond what pipeloom analyses (at most "
+                                   f"{SIZE_CAPS[k]})")
             out[k] = v
     if "time_unit" in data:
         if data["time_unit"] not in ("s", "ms", "us", "ns"):
@@ -236,53 +278,64 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
         flag(np.isfinite(v) & ((v < 0) | (v != np.floor(v))), f"{c} not a non-negative integer")
     for c in ("dp_rank", "stage", "rank", "step", "seq_id", "mc", "gmc", "mb_id"):  # int64 keys: no overflow
         flag(np.abs(np.nan_to_num(cols[c])) > (1 << 31) - 1, f"{c} above {(1 << 31) - 1} (not an index)")
-    # sizes: from the meta, else from the table (only well-formed rows count)
+    # sizes: from what the table holds (only well-formed rows count), checked against the meta, with caps
     ok = ~bad
-    sizes, inferred = {}, []
-    dp_size = given.get("dp_size") or (int(cols["dp_rank"][ok].max()) + 1 if ok.any() else 1)
-    pp_size = given.get("pp_size") or (int(cols["stage"][ok].max()) + 1 if ok.any() else 1)
-    flag(cols["dp_rank"] >= dp_size, f"dp_rank >= dp_size {dp_size}")
-    flag(cols["stage"] >= pp_size, f"stage >= pp_size {pp_size}")
-    ok = ~bad
-    for k, v in (("dp_size", dp_size), ("pp_size", pp_size)):
+    sizes, inferred, warnings = {}, [], []
+    for c, key in (("dp_rank", "dp_size"), ("stage", "pp_size")):
+        ext, beyond = _extent(cols[c][ok])
+        cap = min(given.get(key, SIZE_CAPS[key]), SIZE_CAPS[key])
+        if beyond is not None or ext > cap:
+            lim = min(ext, cap)
+            flag(cols[c] >= lim, f"{c} far beyond the other rows' (0..{lim - 1})" if key not in given or lim < cap
+                 else f"{c} >= {key} {cap}")
+        ok = ~bad
+    dp_rows = int(cols["dp_rank"][ok].max()) + 1 if ok.any() else 1
+    pp_rows = int(cols["stage"][ok].max()) + 1 if ok.any() else 1
+    dp_size, pp_size = given.get("dp_size", dp_rows), given.get("pp_size", pp_rows)
+    for k, v, have in (("dp_size", dp_size, dp_rows), ("pp_size", pp_size, pp_rows)):
         sizes[k] = v
         if k not in given:
             inferred.append(k)
+        elif have < v:
+            warnings.append(f"the trace holds {k.split('_')[0]} ranks 0..{have - 1} of the meta's {k} {v}: the "
+                            f"analysis covers those")
     if "vpp_size" in given:
         sizes["vpp_size"] = given["vpp_size"]
     else:
-        mc = cols["mc"][ok]
-        gmc = cols["gmc"][ok]
         v = 1
-        if np.isfinite(mc).any():
-            v = max(v, int(np.nanmax(mc)) + 1)
-        if np.isfinite(gmc).any():
-            v = max(v, -(-(int(np.nanmax(gmc)) + 1) // pp_size))
-        sizes["vpp_size"] = v
+        for c in ("mc", "gmc"):
+            a = cols[c][ok]
+            a = a[np.isfinite(a) & (a >= 0)]
+            if a.size:
+                ext, _ = _extent(a)
+                v = max(v, ext if c == "mc" else -(-ext // pp_size))
+        sizes["vpp_size"] = min(v, SIZE_CAPS["vpp_size"])
         inferred.append("vpp_size")
     rk = cols["rank"][ok]
     per_worker = 1
-    if np.isfinite(rk).any():
-        w = (cols["dp_rank"][ok] * pp_size + cols["stage"][ok])
-        fin = np.isfinite(rk)
-        wi, ri = w[fin].astype(np.int64), rk[fin].astype(np.int64)
-        pairs = np.unique(wi * (int(ri.max()) + 1) + ri) if wi.size else wi
-        per_worker = int(np.bincount(pairs // (int(ri.max()) + 1)).max()) if pairs.size else 1
+    fin = np.isfinite(rk) & (rk >= 0)
+    if fin.any():
+        w = (cols["dp_rank"][ok] * pp_size + cols["stage"][ok])[fin]
+        pairs = np.unique(np.stack([w, rk[fin]], axis=1), axis=0)
+        per_worker = int(np.unique(pairs[:, 0], return_counts=True)[1].max())
+    cp = given.get("cp_size", 1)
+    sizes["cp_size"] = cp
+    if "cp_size" not in given:
+        inferred.append("cp_size")
     if "tp_size" in given:
         sizes["tp_size"] = given["tp_size"]
-    elif "world_size" in given and given["world_size"] % (dp_size * pp_size) == 0:
-        sizes["tp_size"] = given["world_size"] // (dp_size * pp_size)
+    elif "world_size" in given and given["world_size"] % (dp_size * pp_size * cp) == 0:
+        sizes["tp_size"] = given["world_size"] // (dp_size * pp_size * cp)
         inferred.append("tp_size")
     else:
-        sizes["tp_size"] = per_worker
+        sizes["tp_size"] = max(1, per_worker // cp) if per_worker % cp == 0 else per_worker
         inferred.append("tp_size")
-    sizes["world_size"] = given.get("world_size") or dp_size * pp_size * sizes["tp_size"]
+    sizes["world_size"] = given.get("world_size") or dp_size * pp_size * sizes["tp_size"] * cp
     if "world_size" not in given:
         inferred.append("world_size")
-    warnings = []
-    if sizes["world_size"] != dp_size * pp_size * sizes["tp_size"]:
-        warnings.append(f"world_size {sizes['world_size']} != dp_size*pp_size*tp_size = "
-                        f"{dp_size * pp_size * sizes['tp_size']} (other parallel dimensions are not modelled)")
+    if sizes["world_size"] != dp_size * pp_size * sizes["tp_size"] * cp:
+        warnings.append(f"world_size {sizes['world_size']} != dp_size*pp_size*tp_size*cp_size = "
+                        f"{dp_size * pp_size * sizes['tp_size'] * cp} (other parallel dimensions are not modelled)")
     examples = []
     if skipped:
         examples.append(f"line {skipped[0]}: wrong number of fields ({len(skipped)} row(s))")
@@ -306,4 +359,63 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
         tr.warnings.append(f"{path}: {tr.malformed} malformed row(s) skipped ({'; '.join(examples[:2])})")
     if not len(tr):
         raise OpTraceError(f"{path}: no well-formed op rows ({tr.malformed} malformed)")
+    check_plausible(tr)
     return tr
+
+
+def _extent(v: np.ndarray) -> tuple[int, int | None]:
+    """(size the values support, the first value far beyond the others or None) of non-negative integers:
+    value u_i (the i-th distinct, ascending) is far beyond when u_i >= 2 * i + SPARSE_SLACK."""
+    u = np.unique(v)
+    if not u.size:
+        return 1, None
+    far = u >= 2 * np.arange(u.size) + SPARSE_SLACK
+    if not far.any():
+        return int(u[-1]) + 1, None
+    i = int(np.argmax(far))
+    return (int(u[i - 1]) + 1 if i else 1), int(u[i])
+
+
+def check_plausible(tr: OpTrace) -> None:
+    """Refuse a trace no real run could have written, with one line naming what is wrong (no verdict on it)."""
+    present = sorted({tr.optypes[c] for c in np.unique(tr.op).tolist()})
+    known = [x for x in present if x in KNOWN_OPS]
+    shown = ", ".join(present[:5]) + (f" (+{len(present) - 5} more)" if len(present) > 5 else "")
+    if not known:
+        raise OpTraceError(f"{tr.path}: none of its op types ({shown}) is one the dependency model knows "
+                           f"({', '.join(KNOWN_OPS[:4])}, ...): no verdict")
+    if not any(x in COMPUTE_OPS for x in present):
+        raise OpTraceError(f"{tr.path}: no compute op ({', '.join(COMPUTE_OPS)}) among its op types ({shown}): "
+                           f"nothing to compare a slowdown with; no verdict")
+    if "forward-compute" not in present or not any(x in COMPUTE_OPS[1:] for x in present):
+        half = "forward" if "forward-compute" not in present else "backward"
+        raise OpTraceError(f"{tr.path}: no {half} compute among its op types ({shown}): a training step has both "
+                           f"forward-compute and backward-compute; no verdict")
+    day = MAX_DAY.get(tr.time_unit, MAX_DAY["ms"])
+    i = int(np.argmax(tr.dur))
+    if tr.dur[i] > day:
+        raise OpTraceError(f"{tr.path}: a {tr.optypes[tr.op[i]]} op of step {tr.step[i]} lasts {tr.dur[i]:.3g} "
+                           f"{tr.time_unit}, more than a day: not a real time; no verdict")
+    zero = int((tr.dur <= 0).sum())
+    if zero > MAX_ZERO_SHARE * len(tr):
+        raise OpTraceError(f"{tr.path}: {zero} of {len(tr)} ops last 0 {tr.time_unit}: these times cannot be real "
+                           f"(a clock that does not advance); no verdict")
+    o = np.lexsort((tr.start, tr.rank, tr.stage, tr.dp, tr.step))
+    grp = np.r_[False, (np.diff(tr.step[o]) == 0) & (np.diff(tr.dp[o]) == 0) & (np.diff(tr.stage[o]) == 0)
+                & (np.diff(tr.rank[o]) == 0)]
+    same = int((grp & np.r_[False, np.diff(tr.start[o]) == 0]).sum())
+    if same > MAX_SAME_SHARE * max(int(grp.sum()), 1) and same > 1:
+        raise OpTraceError(f"{tr.path}: {same} of {len(tr)} ops start at the very instant of the op before them on "
+                           f"their worker: these times cannot be real (a clock that does not advance); no verdict")
+    steps, k = np.unique(tr.step, return_inverse=True)
+    lo = np.full(len(steps), np.inf)
+    hi = np.full(len(steps), -np.inf)
+    np.minimum.at(lo, k, tr.start)
+    np.maximum.at(hi, k, tr.start + tr.dur)
+    span = hi - lo
+    j = int(np.argmax(span))
+    if not np.isfinite(span[j]) or span[j] > day:
+        raise OpTraceError(f"{tr.path}: step {steps[j]} spans {span[j]:.3g} {tr.time_unit} from its first op to its "
+                           f"last, more than a day: not a real time (one clock far off?); no verdict")
+    if not (span > 0).any():
+        raise OpTraceError(f"{tr.path}: no step takes any time (every op starts and ends at once); no verdict")
