@@ -13,7 +13,11 @@ Importing this package imports torch. Main pieces:
   gradients summed over a group of the ranks holding them, before the optimizer step.
 * :mod:`.data`: token files for ``pipeloom run --data`` (no torch).
 * :mod:`.launch`: spawn local ranks or join torchrun.
-* :mod:`.example`: the ``llama-tiny`` example behind ``pipeloom run``.
+* :mod:`.config`: :class:`~.config.RunConfig`, what one run is, and :func:`~.config.prepare` (plans or validates
+  its schedule once; no torch).
+* :mod:`.driver`: the orchestration behind ``pipeloom run``: spawn or join the ranks, build each rank's chunks
+  (the built-in ``llama-tiny`` example or a model of your own), run the steps, gather the result.
+* :mod:`.verify`: ``--verify``, the first step against a single-process reference.
 """
 from .commplan import build_comm_plan
 from .executor import NonFiniteLossError, PipelineExecutor, ScheduleRuntimeError, reference_step

@@ -1,10 +1,9 @@
-"""The built-in ``llama-tiny`` example: train a small Llama decoder on synthetic data with any schedule.
+"""The run's orchestration: spawn or join the ranks, build each rank's chunks, run the steps, gather the result.
 
-:func:`run` is what ``pipeloom run --example llama-tiny`` calls: it spawns ``pp*dp`` ranks on
-127.0.0.1 (gloo) or, under torchrun, runs this rank. Every rank builds only its chunks (the
-weights are deterministic, see :mod:`pipeloom.models.llama`), runs ``steps`` optimizer steps and,
-with ``verify``, compares the first step's loss and every parameter gradient with a
-single-process reference on the same global batch.
+:func:`run` is what ``pipeloom run`` calls: it spawns ``pp*dp`` ranks on 127.0.0.1 (gloo) or, under
+torchrun, runs this rank. Every rank builds only its chunks (the weights are deterministic, see
+:mod:`pipeloom.models.llama`), runs ``steps`` optimizer steps and, with ``verify``, compares the first
+step (:mod:`.verify`). What a run is (:class:`RunConfig`, :func:`prepare`) lives in :mod:`.config`.
 """
 from __future__ import annotations
 
@@ -14,223 +13,18 @@ import statistics
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..schedule import planning
 from ..core.ir import Schedule
-from ..core.costs import Costs
-from ..core.errors import ScheduleError
-from ..schedule.registry import PlanSpec
-from .executor import PipelineExecutor, reference_step
-from ..trace.writer import JobLog, parse_profile_steps
-from .launch import RankFailure, default_device, init_process_group, one_line, spawn, under_torchrun
-from ..models.slicing import even_layer_split
 from ..schedule import io as schedule_io
-
-EXAMPLES = ("llama-tiny",)
-
-
-@dataclass(kw_only=True, slots=True)
-class RunConfig:
-    """One training run of the example model."""
-
-    schedule: str | Schedule = "1f1b"
-    """registry name (planned once by :func:`prepare`), or a built :class:`Schedule` (ignored when ``plan``
-    is given)"""
-    pp: int = 2
-    """pipeline stages"""
-    vpp: int | None = None
-    """chunks per stage (None: the schedule's default)"""
-    dp: int = 1
-    """data-parallel replicas (world size = pp * dp)"""
-    microbatches: int = 4
-    """microbatches per step"""
-    steps: int = 1
-    """optimizer steps"""
-    microbatch_size: int = 2
-    """sequences per microbatch"""
-    seq_len: int = 16
-    """tokens per sequence"""
-    n_layers: int | None = None
-    """decoder blocks (None: max(8, number of chunks))"""
-    dim: int = 64
-    """model width"""
-    seed: int = 0
-    """weights and data seed"""
-    lr: float = 1e-3
-    """AdamW learning rate"""
-    verify: bool = False
-    """compare the first step with a single-process reference"""
-    log_dir: str | None = None
-    """per-rank job logs (workerlog.<rank>)"""
-    profile_steps: str | None = None
-    """profiler window START:STOP (default with log_dir: every step)"""
-    inject_delay: tuple[int, float] | None = None
-    """(global rank, seconds): sleep in every job of that rank"""
-    plan: Schedule | dict | None = None
-    """a schedule file's content (a Schedule, or Schedule.to_dict() from --plan FILE) instead of building one"""
-    mem_limit: str | None = None
-    """memory limit for memory-aware builders (none, 1p, 1.5p, 2p, ...); ignored when ``spec`` is given"""
-    spec: PlanSpec | None = None
-    """what a registry ``schedule`` is planned with (costs, memory model and limit, builder options;
-    its pp/vpp/microbatches win over the fields above); None: unit costs at ``mem_limit``"""
-    layers_per_chunk: tuple[int, ...] | None = None
-    """decoder layers of every global chunk (a layer partition's seg_layer_num); None: an even split"""
-    measure_costs: bool = False
-    """plan with measured costs: run ``calibrate_steps`` logged steps of a first plan, fit per-chunk
-    F/B/W and comm (:func:`pipeloom.trace.check.fit_chunk_costs`), plan again, then run"""
-    calibrate_steps: int = 3
-    """timed steps of the calibration run (after one warm-up step)"""
-    planned_costs: Costs | None = None
-    """the costs the schedule was planned with (set by :func:`prepare`; written to the job logs)"""
-    builder: str | None = None
-    """the registry name the schedule was planned with (set by :func:`prepare`; None: a given schedule)"""
-    checked: bool = False
-    """set by :func:`prepare`: ``schedule`` is a planned or validated Schedule (ranks only check its shape)"""
-    timeout_s: float = 120.0
-    """longest wait on a peer"""
-    dtype: str = "fp32"
-    """fp32, or bf16 (bf16 parameters, fp32 master weights and grads)"""
-    strict_p2p: bool | None = None
-    """link-ordered P2P for both directions (default: only on NCCL)"""
-    fault_nan_mb: int | None = None
-    """testing: make the loss of this microbatch NaN in the first step"""
-    fault_exit_rank: int | None = None
-    """testing: this global rank dies (os._exit) at its first job"""
-    model: object | None = None
-    """a model of your own instead of the example (e.g. :class:`pipeloom.integrations.hf.HFRunModel`):
-    attributes ``name``, ``layers``, ``vocab``, ``max_seq``; ``chunks(split, which, seed, device) ->
-    (modules, ties)``, ``reference_step(seed, loss_fn, xs, ys) -> (loss, grads by name)`` and
-    ``canonical(name)`` (a chunk's parameter name -> the reference's); picklable (sent to the ranks)"""
-    data: str | None = None
-    """a token file (flat uint16/uint32 ids, see :mod:`pipeloom.runtime.data`); None: synthetic data"""
-    data_dtype: str = "uint16"
-    """the token file's integer type"""
-    overlap_grad_reduce: bool = False
-    """dp > 1: start each chunk's gradient reduction asynchronously right after its last W/BW on the rank
-    (overlapped with the pipeline drain) instead of one blocking all-reduce after the step. Off by default:
-    measured on gloo/CPU it does not help (the reduction competes with compute for the same cores); turn it
-    on where the reduction has its own link and engine (NCCL)"""
-    zero: int = 0
-    """1: ZeRO-1 (reduce-scatter the gradients, AdamW states and, with bf16, the fp32 master weights sharded
-    over dp, all-gather the parameters); 0: every dp rank keeps the whole optimizer"""
-    rank_order: str = "dp-pp"
-    """how global ranks map onto (dp, pp): ``dp-pp`` (dp outer: ranks 0..pp-1 are one whole pipeline) or
-    ``pp-dp`` (pp outer: ranks 0..dp-1 are the replicas of stage 0, so with one node per stage the pipeline
-    crosses nodes and the dp reduction stays inside a node)"""
-    return_params: bool = False
-    """testing: rank 0's result carries every parameter after the first optimizer step (``params``, name ->
-    flat list of floats, from dp replica 0) and the largest difference between dp replicas (``replica_param_diff``)"""
-    fault_hang_rank: int | None = None
-    """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
-    measure_links: bool = False
-    """after the steps, time an all-reduce of this rank's gradient bytes over its dp group (dp > 1) and put
-    it, the device and the layers of every chunk in the result (``pipeloom run --calibrate``)"""
-
-    def __post_init__(self) -> None:
-        for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if self.model is None and self.dim % 8:  # the example model has 4 heads, and rotary embeddings need an even head size
-            raise ValueError(f"--dim {self.dim}: the example model needs a multiple of 8 (4 attention heads of an "
-                             f"even size), e.g. {max(8, self.dim // 8 * 8)}")
-        if self.dtype not in ("fp32", "bf16"):
-            raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
-        if self.rank_order not in ("dp-pp", "pp-dp"):
-            raise ValueError(f"rank order must be dp-pp or pp-dp, got {self.rank_order!r}")
-        if self.zero not in (0, 1):
-            raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
-        window = parse_profile_steps(self.profile_steps)
-        if window and self.log_dir is None:
-            raise ValueError(f"--profile-steps {self.profile_steps} needs --log-dir DIR (where the job logs go)")
-        if window and window[0] >= self.steps:
-            raise ValueError(f"--profile-steps {self.profile_steps} starts after the last step: the run has steps "
-                             f"0..{self.steps - 1}, so nothing would be logged")
-
-
-def prepare(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with ``schedule`` a checked :class:`Schedule` (planned or validated here, once) and pp, vpp,
-    microbatches taken from it, ``checked`` set. A checked config is returned as it is (the ranks of a
-    spawned run get it so and only check the schedule's shape)."""
-    if cfg.checked:
-        return cfg
-    from ..schedule.validate import summary, validate
-    costs = None
-    if cfg.plan is not None or isinstance(cfg.schedule, Schedule):
-        src = cfg.plan if cfg.plan is not None else cfg.schedule
-        sched = schedule_io.from_dict(src) if isinstance(src, dict) else src
-        v = validate(sched)
-        if v:
-            raise ScheduleError(f"plan {sched.name!r} is invalid: {summary(v)}")
-    else:
-        from ..schedule import registry
-        spec = cfg.spec
-        if spec is None:
-            vpp = cfg.vpp if cfg.vpp is not None else registry.default_vpp(cfg.schedule)
-            spec = planning.make_spec(pp=cfg.pp, microbatches=cfg.microbatches, vpp=vpp, mem_limit=cfg.mem_limit)
-        sched, costs = planning.plan(cfg.schedule, spec), spec.costs
-    if cfg.layers_per_chunk is not None and len(cfg.layers_per_chunk) != sched.num_chunks:
-        raise ValueError(f"layers_per_chunk has {len(cfg.layers_per_chunk)} entries but the schedule has "
-                         f"{sched.num_chunks} chunks (pp*vpp)")
-    builder = cfg.schedule if isinstance(cfg.schedule, str) and cfg.plan is None else None
-    if sched.witness is not None:  # the validator's shortcut (may hold memoryviews): not for pickling to ranks
-        sched = dataclasses.replace(sched, witness=None)
-    return dataclasses.replace(cfg, schedule=sched, plan=None, pp=sched.pp, vpp=sched.vpp, builder=builder,
-                               microbatches=sched.microbatches, planned_costs=costs, checked=True)
-
-
-def resolve_schedule(cfg: RunConfig) -> tuple[Schedule, dict | None]:
-    """The schedule to run and the costs it was planned with (None for a given schedule), as a dict."""
-    p = prepare(cfg)
-    return p.schedule, None if p.planned_costs is None else p.planned_costs.to_dict()
-
-
-def _check_shape(cfg: RunConfig, sched: Schedule) -> None:
-    """The cheap per-rank check of a schedule planned and validated by the parent."""
-    if sched.pp != cfg.pp or len(sched.devices) != sched.pp:
-        raise ValueError(f"schedule {sched.name!r} is for pp={sched.pp} with {len(sched.devices)} device lists, "
-                         f"the run has pp={cfg.pp}")
-
-
-def _split(cfg: RunConfig, mcfg, num_chunks: int) -> list[list[int]]:
-    """Global layer indices of every chunk: ``layers_per_chunk`` or an even split."""
-    if cfg.layers_per_chunk is None:
-        return even_layer_split(mcfg.layers, num_chunks)
-    out, start = [], 0
-    for n in cfg.layers_per_chunk:
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
-def model_config(cfg: RunConfig, num_chunks: int):
-    from ..models.llama import LlamaConfig
-    if cfg.layers_per_chunk is not None:
-        if any(n < 1 for n in cfg.layers_per_chunk):
-            raise ValueError(f"layers_per_chunk {list(cfg.layers_per_chunk)}: every chunk needs >= 1 layer")
-        if cfg.n_layers is not None and cfg.n_layers != sum(cfg.layers_per_chunk):
-            raise ValueError(f"n_layers {cfg.n_layers} != {sum(cfg.layers_per_chunk)} layers in layers_per_chunk")
-    n_layers = sum(cfg.layers_per_chunk) if cfg.layers_per_chunk is not None else \
-        cfg.n_layers if cfg.n_layers is not None else max(8, num_chunks)
-    if n_layers < num_chunks:
-        raise ValueError(f"{n_layers} layers cannot fill {num_chunks} chunks (pp*vpp); use more layers")
-    if cfg.model is not None:  # a model of its own: its layers are fixed (the shape is all the run needs here)
-        m = cfg.model
-        if n_layers != m.layers and (cfg.layers_per_chunk is not None or cfg.n_layers is not None):
-            raise ValueError(f"model {m.name} has {m.layers} layers; the run asks for {n_layers}")
-        if m.layers < num_chunks:
-            raise ValueError(f"model {m.name} has {m.layers} layers, too few for {num_chunks} chunks (pp*vpp)")
-        if cfg.seq_len > m.max_seq:
-            raise ValueError(f"--seq-len {cfg.seq_len} exceeds model {m.name}'s {m.max_seq} positions")
-        from types import SimpleNamespace
-        return SimpleNamespace(layers=m.layers, vocab=m.vocab, seq=m.max_seq, name=m.name)
-    return LlamaConfig(n_layers=n_layers, dim=cfg.dim, max_seq_len=cfg.seq_len)
+from ..schedule import planning
+from ..trace.writer import JobLog, parse_profile_steps
+from .config import EXAMPLES, RunConfig, _check_shape, _split, model_config, prepare, resolve_schedule
+from .executor import PipelineExecutor
+from .launch import RankFailure, default_device, init_process_group, one_line, spawn, under_torchrun
+from .verify import _gather_params, _named_fp32, _verify, _verify_params
 
 
 def _batch(mcfg, cfg: RunConfig, sched: Schedule, step: int, replica: int):
@@ -355,7 +149,12 @@ def worker(cfg: RunConfig) -> dict:
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
             if cfg.verify and step == 0:
-                verify, ref = _verify(ex, cfg, mcfg, sched, loss, build_reference)
+                xs, ys = [], []  # the global batch of the first step: every replica's microbatches
+                for r in range(cfg.dp):
+                    x0, y0 = _batch(mcfg, cfg, sched, 0, r)
+                    xs += x0
+                    ys += y0
+                verify, ref = _verify(ex, cfg, mcfg, loss, build_reference, xs, ys)
             opt.step()
             opt.zero_grad(set_to_none=True)
             ex.sync_params()
@@ -462,19 +261,6 @@ def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
     return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
 
 
-def _gather_params(named: list, dp_rank: int) -> dict | None:
-    """Testing: every rank's fp32 parameters (``named``: :func:`_named_fp32`) to rank 0 (see
-    ``RunConfig.return_params``)."""
-    mine = {n: p.detach().float().cpu().clone() for n, p in named}
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (dp_rank, mine))
-    if dist.get_rank() != 0:
-        return None
-    first = {n: t for r, ps in every if r == 0 for n, t in ps.items()}
-    diff = max([(t - first[n]).abs().max().item() for r, ps in every if r != 0 for n, t in ps.items()] or [0.0])
-    # plain lists: tensors would go back through the spawn queue as shared memory of an exiting process
-    return {"params": {n: t.flatten().tolist() for n, t in first.items()}, "replica_param_diff": diff}
-
 
 def _bound_world_waits(timeout_s: float) -> None:
     """After setup (every rank has built its model: one barrier with the setup allowance), let the world
@@ -521,15 +307,6 @@ def _static_bytes(ex: PipelineExecutor, opt) -> dict:
     return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": nb(state) + nb(m.detach() for m in masters)}
 
 
-def _named_fp32(ex: PipelineExecutor, opt) -> list:
-    """(name, fp32 value) of every parameter of this rank: the parameters, the executor's master
-    copies, or (bf16 + ZeRO-1) the master shards all-gathered for the check (a dp collective)."""
-    from .grads import Zero1Optimizer
-    if not (isinstance(opt, Zero1Optimizer) and opt.sharded_master):
-        return ex.named_parameters()
-    full = opt.full_master()  # (the executor's master map is empty then: its names map to the bf16 parameters)
-    return [(n, full[p]) for n, p in ex.named_parameters()]
-
 
 def _hang_before_reduction(ex: PipelineExecutor) -> None:
     """Fault testing: this rank stops for good before its first data-parallel reduction."""
@@ -541,71 +318,6 @@ def _hang_before_reduction(ex: PipelineExecutor) -> None:
             setattr(red, name, stuck)
             return
 
-
-def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, loss: float, build_reference):
-    """Each rank runs the (tiny) reference itself and compares its own chunks; MAX over ranks. Returns
-    the comparison and the reference model after one AdamW step (for :func:`_verify_params`). With
-    ZeRO-1 the reduced gradients are the shards: each rank compares its shards."""
-    from ..models.llama import loss_fn
-    from .grads import ZeroReduceScatter
-    xs, ys = [], []
-    for r in range(cfg.dp):
-        x, y = _batch(mcfg, cfg, sched, 0, r)
-        xs += x
-        ys += y
-    if cfg.model is not None:  # the unsplit model; a chunk's name of a tied weight -> the reference's
-        ref_loss, ref_grads = cfg.model.reference_step(cfg.seed, loss_fn, xs, ys)
-        ref, canon = cfg.model.reference, cfg.model.canonical
-    else:
-        ref = build_reference(mcfg, cfg.seed)
-        ref_loss, ref_grads = reference_step(ref, loss_fn, xs, ys)
-        canon = str
-    gd, missing = 0.0, 0
-    if isinstance(ex.reducer, ZeroReduceScatter):
-        names = {p: canon(n) for k in sorted(ex.modules) for n, p in ex.modules[k].named_parameters()}
-        buf = ex.grads
-        flat = torch.zeros(buf.flat.numel(), dtype=torch.float32)
-        for seg in buf.segments:
-            off = seg.start
-            for p in seg.params:
-                g = ref_grads.get(names[p])
-                if g is None:
-                    missing += 1
-                else:
-                    flat[off:off + p.numel()] = g.flatten()
-                off += p.numel()
-        for seg, sh in zip(buf.segments, ex.reducer.shard_grads()):
-            lo, hi = ex.reducer.shard(seg)
-            gd = max(gd, (sh.detach().float().cpu() - flat[lo:hi]).abs().max().item() if hi > lo else 0.0)
-    else:
-        for name, p in ex.named_parameters():
-            name = canon(name)
-            if p.grad is None or name not in ref_grads:
-                missing += 1
-                continue
-            gd = max(gd, (p.grad.detach().float().cpu() - ref_grads[name]).abs().max().item())
-    t = torch.tensor([abs(loss - ref_loss), gd, float(missing)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    ropt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr)
-    ropt.step()
-    return {"max_loss_diff": t[0].item(), "max_grad_diff": t[1].item(), "reference_loss": ref_loss,
-            "params_missing_grad": int(t[2].item())}, (ref, canon)
-
-
-def _verify_params(named: list, ref_and_names) -> dict:
-    """After the first optimizer step: max |parameter - reference parameter after one AdamW step|
-    (``named``: the fp32 values from :func:`_named_fp32`: parameters, or master weights with bf16),
-    MAX over ranks."""
-    ref, canon = ref_and_names
-    want = dict(ref.named_parameters())
-    d = 0.0
-    for name, p in named:
-        name = canon(name)
-        if name in want:
-            d = max(d, (p.detach().float().cpu() - want[name].detach()).abs().max().item())
-    t = torch.tensor([d], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return {"max_param_diff": t[0].item()}
 
 
 def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
@@ -707,4 +419,6 @@ def cases_worker(cases: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["RunConfig", "run", "worker", "cases_worker", "prepare", "calibrate", "resolve_schedule", "EXAMPLES"]
+# RunConfig, prepare, resolve_schedule, model_config, EXAMPLES: defined in .config, importable from here as before
+__all__ = ["RunConfig", "run", "worker", "cases_worker", "prepare", "calibrate", "resolve_schedule", "model_config",
+           "EXAMPLES"]
