@@ -1,0 +1,497 @@
+"""Settings files: the schedule, partition, run and tune settings as nested, typed sections that load from and
+save to TOML or JSON (no torch).
+
+One file, ``pipeloom.toml`` (``pipeloom tune --out DIR`` writes one), read by ``pipeloom plan --config FILE``
+and ``pipeloom run --config FILE``; a flag given on the command line wins over the file. The sections, in
+torchtitan's style (keyword-only dataclasses, one docstring per field, checked when made)::
+
+    [schedule]    what to plan: builder, pp, vpp, microbatches, memory limit, costs, builder options
+    [partition]   how the model's layers are cut into the pp*vpp chunks
+    [model]       what `pipeloom run` trains
+    [training]    data parallelism, steps, batch, optimizer, dtype
+    [job]         checking, logs and timeouts of a run
+    [tune]        what `pipeloom tune` was asked and what it predicted for this plan (a record)
+
+A field left out of the file is the field's default; ``None`` means "not set" (the command's own default
+applies) and is left out when saving, since TOML has no null. An error names the field as
+``section.field`` and says what is allowed::
+
+    >>> cfg = PipeloomConfig(schedule=ScheduleSection(name="zbv", pp=4, microbatches=8, mem_limit="1p"))
+    >>> PipeloomConfig.from_toml(cfg.to_toml()) == cfg
+    True
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+#: the file ``pipeloom tune --out DIR`` writes into DIR
+CONFIG_NAME = "pipeloom.toml"
+
+
+class ConfigError(ValueError):
+    """A settings file or value that is not allowed; the message names the field (``section.field``)."""
+
+
+def _int(sec: str, name: str, v, lo: int = 1, *, none: bool = False) -> None:
+    if v is None and none:
+        return
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ConfigError(f"{sec}.{name} must be an integer >= {lo}{' (or left out)' if none else ''}, got {v!r}")
+
+
+def _num(sec: str, name: str, v, lo: float = 0.0, *, strict: bool = True, none: bool = False) -> None:
+    if v is None and none:
+        return
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    if not ok:
+        raise ConfigError(f"{sec}.{name} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
+
+
+def _str(sec: str, name: str, v, *, none: bool = True, choices: tuple | None = None) -> None:
+    if v is None and none:
+        return
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(f"{sec}.{name} must be a non-empty string{' (or left out)' if none else ''}, got {v!r}")
+    if choices is not None and v not in choices:
+        raise ConfigError(f"{sec}.{name} must be one of {', '.join(map(str, choices))}; got {v!r}")
+
+
+def _bool(sec: str, name: str, v) -> None:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{sec}.{name} must be true or false, got {v!r}")
+
+
+def _ints(sec: str, name: str, v) -> None:
+    if v is None:
+        return
+    if not isinstance(v, tuple) or not v or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v):
+        raise ConfigError(f"{sec}.{name} must be a list of integers >= 1 (or left out), got {v!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ScheduleSection:
+    """What to plan (``pipeloom plan``'s and ``run``'s planning options)."""
+
+    SECTION: ClassVar[str] = "schedule"
+    name: str = "1f1b"
+    """schedule builder from the registry (``pipeloom compare`` lists them), e.g. zbv, interleaved"""
+    pp: int = 2
+    """pipeline stages (devices)"""
+    vpp: int | None = None
+    """chunks per device (None: the builder's default: 2 for interleaved and V-shape schedules, else 1)"""
+    microbatches: int = 4
+    """microbatches per step"""
+    mem_limit: str | None = None
+    """peak activation memory per device: none, 1p (1F1B's peak), 1.5p, Xp or units (None: the builder's
+    default)"""
+    costs: str | None = None
+    """F=..,B=..,W=..,comm=.. per chunk pass (None: unit costs)"""
+    mem: str | None = None
+    """activation memory model a=..,b=.. per chunk pass (None: a = 1/vpp, b = a/2)"""
+    runtime: str | None = None
+    """the runtime that executes the plan, for its memory model: pipeloom or torch (None: pipeloom)"""
+    options: dict = field(default_factory=dict)
+    """builder options (``-O KEY=VALUE``), e.g. {time_limit = 30}"""
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        _str(s, "name", self.name, none=False)
+        _int(s, "pp", self.pp)
+        _int(s, "vpp", self.vpp, none=True)
+        _int(s, "microbatches", self.microbatches)
+        for k in ("mem_limit", "costs", "mem"):
+            _str(s, k, getattr(self, k))
+        _str(s, "runtime", self.runtime, choices=("pipeloom", "torch"))
+        if self.mem_limit is not None:
+            from .costs import parse_mem_limit
+            try:
+                parse_mem_limit(self.mem_limit, self.pp)
+            except ValueError as e:
+                raise ConfigError(f"{s}.mem_limit {self.mem_limit!r}: {e}") from None
+        if self.costs is not None:
+            from .costs import Costs
+            try:
+                Costs.parse(self.costs)
+            except ValueError as e:
+                raise ConfigError(f"{s}.costs {self.costs!r}: {e}") from None
+        if not isinstance(self.options, dict) or not all(isinstance(k, str) for k in self.options):
+            raise ConfigError(f"{s}.options must be a table of KEY = VALUE, got {self.options!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class PartitionSection:
+    """How the model's layers are cut into the pp*vpp chunks (``pipeloom partition``'s options). Without any
+    field set every chunk costs ``schedule.costs``."""
+
+    SECTION: ClassVar[str] = "partition"
+    layers: int | None = None
+    """transformer layers, split uniformly (counts differ by at most one, extras on the first chunks)"""
+    layers_per_device: tuple[int, ...] | None = None
+    """layers of each device, dealt round-robin over its chunks"""
+    layers_per_chunk: tuple[int, ...] | None = None
+    """layers of every global chunk (the split itself, e.g. the one ``tune`` chose); the costs follow it"""
+    layer_costs: str | None = None
+    """a per-layer cost file (.json or .csv)"""
+    balance: str | None = None
+    """choose the per-chunk counts by cost: bottleneck, makespan or auto"""
+    model: str | None = None
+    """cost the layers from a model: a preset or a Hugging Face config.json"""
+    vocab: int | None = None
+    """vocabulary size (costs the head, with ``hidden``)"""
+    hidden: int | None = None
+    """hidden size (with ``vocab``)"""
+    seq: int | None = None
+    """sequence length (the attention term of the head/layer ratio)"""
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        for k in ("layers", "vocab", "hidden", "seq"):
+            _int(s, k, getattr(self, k), none=True)
+        for k in ("layers_per_device", "layers_per_chunk"):
+            v = getattr(self, k)
+            if isinstance(v, list):
+                v = tuple(v)
+                object.__setattr__(self, k, v)
+            _ints(s, k, v)
+        _str(s, "layer_costs", self.layer_costs)
+        _str(s, "model", self.model)
+        _str(s, "balance", self.balance, choices=("auto", "bottleneck", "makespan"))
+        given = [k for k in ("layers_per_device", "layers_per_chunk", "balance") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"{s}: {' and '.join(f'{s}.{k}' for k in given)} each choose the split; give one")
+        if self.layers_per_chunk is not None and self.layers is not None and sum(self.layers_per_chunk) != self.layers:
+            raise ConfigError(f"{s}.layers_per_chunk sums to {sum(self.layers_per_chunk)} layers but {s}.layers is "
+                              f"{self.layers}; make them agree (or leave out {s}.layers)")
+
+    def given(self) -> bool:
+        """True when any field is set (then the chunks' costs come from the layers)."""
+        return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSection:
+    """What ``pipeloom run`` trains."""
+
+    SECTION: ClassVar[str] = "model"
+    name: str | None = None
+    """llama-tiny (the built-in example), or a path to a transformers config.json or its directory (None:
+    llama-tiny)"""
+    dim: int | None = None
+    """width of the example model, a multiple of 8 (None: 64)"""
+    weights: bool = False
+    """load the weights from the *.safetensors files next to config.json (a transformers model only)"""
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        _str(s, "name", self.name)
+        _int(s, "dim", self.dim, none=True)
+        if self.dim is not None and self.dim % 8:
+            raise ConfigError(f"{s}.dim must be a multiple of 8 (4 attention heads of an even size), got {self.dim}")
+        _bool(s, "weights", self.weights)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingSection:
+    """Data parallelism, steps, batch, optimizer and dtype of a run."""
+
+    SECTION: ClassVar[str] = "training"
+    dp: int = 1
+    """data-parallel replicas; world size = pp * dp"""
+    steps: int = 3
+    """optimizer steps"""
+    microbatch_size: int = 2
+    """sequences per microbatch"""
+    seq_len: int = 16
+    """tokens per sequence"""
+    lr: float = 1e-3
+    """AdamW learning rate"""
+    seed: int = 0
+    """weights and data seed"""
+    dtype: str = "fp32"
+    """fp32, or bf16 (bf16 parameters, fp32 master weights and gradients)"""
+    zero: int = 0
+    """1: ZeRO-1 (gradients reduce-scattered, optimizer states sharded over dp); 0: replicated optimizer"""
+    overlap_grad_reduce: bool = False
+    """start each chunk's gradient reduction right after its last W/BW (dp > 1)"""
+    rank_order: str = "dp-pp"
+    """global rank -> (dp, pp): dp-pp (ranks 0..pp-1 are one pipeline) or pp-dp"""
+    data: str | None = None
+    """a token file (flat uint16/uint32 ids; None: synthetic data)"""
+    data_dtype: str = "uint16"
+    """the token file's integer type: uint16 or uint32"""
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        for k in ("dp", "steps", "microbatch_size", "seq_len"):
+            _int(s, k, getattr(self, k))
+        _int(s, "seed", self.seed, lo=0)
+        _num(s, "lr", self.lr)
+        _str(s, "dtype", self.dtype, none=False, choices=("fp32", "bf16"))
+        if self.zero not in (0, 1) or isinstance(self.zero, bool):
+            raise ConfigError(f"{s}.zero must be 0 (replicated optimizer) or 1 (ZeRO-1), got {self.zero!r}")
+        _bool(s, "overlap_grad_reduce", self.overlap_grad_reduce)
+        _str(s, "rank_order", self.rank_order, none=False, choices=("dp-pp", "pp-dp"))
+        _str(s, "data", self.data)
+        _str(s, "data_dtype", self.data_dtype, none=False, choices=("uint16", "uint32"))
+
+
+@dataclass(kw_only=True, slots=True)
+class JobSection:
+    """Checking, logs and timeouts of a run."""
+
+    SECTION: ClassVar[str] = "job"
+    verify: bool = False
+    """compare the first step with a single-process reference"""
+    log_dir: str | None = None
+    """write per-rank job logs DIR/workerlog.<rank>"""
+    profile_steps: str | None = None
+    """with log_dir: log the jobs of steps A..B-1 only (A:B)"""
+    timeout_s: float = 120.0
+    """fail when a rank waits longer than this on a peer (seconds)"""
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        _bool(s, "verify", self.verify)
+        _str(s, "log_dir", self.log_dir)
+        _str(s, "profile_steps", self.profile_steps)
+        _num(s, "timeout_s", self.timeout_s)
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneSection:
+    """What ``pipeloom tune`` was asked and what it predicted for this plan (a record; plan and run read the
+    other sections)."""
+
+    SECTION: ClassVar[str] = "tune"
+    model: str | None = None
+    """the model tuned for: a preset or a config.json"""
+    gpus: int | None = None
+    """GPUs of the run"""
+    gpu: str | None = None
+    """the GPU preset"""
+    global_batch: int | None = None
+    """sequences per optimizer step (= dp x microbatch size x microbatches)"""
+    seq: int | None = None
+    """tokens per sequence"""
+    tp: int | None = None
+    """tensor-parallel degree chosen"""
+    recompute: str | None = None
+    """activation recompute chosen: none, selective or full"""
+    step_time_s: float | None = None
+    """predicted step time (seconds)"""
+    mfu: float | None = None
+    """predicted model FLOPs utilisation (0..1)"""
+    tokens_per_s: float | None = None
+    """predicted throughput"""
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        for k in ("gpus", "global_batch", "seq", "tp"):
+            _int(s, k, getattr(self, k), none=True)
+        _str(s, "model", self.model)
+        _str(s, "gpu", self.gpu)
+        _str(s, "recompute", self.recompute, choices=("none", "selective", "full"))
+        for k in ("step_time_s", "tokens_per_s"):
+            _num(s, k, getattr(self, k), none=True)
+        _num(s, "mfu", self.mfu, strict=False, none=True)
+
+
+_SECTIONS = {"schedule": ScheduleSection, "partition": PartitionSection, "model": ModelSection,
+             "training": TrainingSection, "job": JobSection, "tune": TuneSection}
+
+
+@dataclass(kw_only=True, slots=True)
+class PipeloomConfig:
+    """A whole settings file: one typed section each."""
+
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    """what to plan"""
+    partition: PartitionSection = field(default_factory=PartitionSection)
+    """how the layers are cut into chunks"""
+    model: ModelSection = field(default_factory=ModelSection)
+    """what a run trains"""
+    training: TrainingSection = field(default_factory=TrainingSection)
+    """data parallelism, steps, batch, optimizer, dtype"""
+    job: JobSection = field(default_factory=JobSection)
+    """checking, logs and timeouts"""
+    tune: TuneSection = field(default_factory=TuneSection)
+    """the tuner's record"""
+
+    def __post_init__(self) -> None:
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+
+    # ------------------------------------------------------------------ dicts
+    def to_dict(self) -> dict:
+        """Nested plain values: ``{section: {field: value}}``, None fields and empty sections left out."""
+        out = {}
+        for name in _SECTIONS:
+            sec = getattr(self, name)
+            d = {}
+            for f in dataclasses.fields(sec):
+                v = getattr(sec, f.name)
+                if v is None or (isinstance(v, dict) and not v):
+                    continue
+                d[f.name] = list(v) if isinstance(v, tuple) else v
+            if d:
+                out[name] = d
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, *, where: str = "config") -> "PipeloomConfig":
+        """The config of nested plain values (as :meth:`to_dict` makes); unknown sections or fields are
+        errors naming them and listing the allowed ones."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a table of sections ({', '.join(_SECTIONS)}), got "
+                              f"{type(data).__name__}")
+        unknown = [k for k in data if k not in _SECTIONS]
+        if unknown:
+            raise ConfigError(f"{where}: unknown section {unknown[0]!r}; sections: {', '.join(_SECTIONS)}")
+        kw = {}
+        for name, sec_cls in _SECTIONS.items():
+            d = data.get(name, {})
+            if not isinstance(d, dict):
+                raise ConfigError(f"{where}: [{name}] must be a table of fields, got {d!r}")
+            names = [f.name for f in dataclasses.fields(sec_cls)]
+            bad = [k for k in d if k not in names]
+            if bad:
+                raise ConfigError(f"{where}: {name}.{bad[0]} is not a field; [{name}] has: {', '.join(names)}")
+            vals = {}
+            for k, v in d.items():
+                hint = _HINTS[name][k]
+                if isinstance(v, list) and "tuple" in hint:
+                    v = tuple(v)
+                if isinstance(v, int) and not isinstance(v, bool) and "float" in hint and "int" not in hint:
+                    v = float(v)
+                vals[k] = v
+            try:
+                kw[name] = sec_cls(**vals)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        return cls(**kw)
+
+    @staticmethod
+    def fields_in(data: dict) -> frozenset[str]:
+        """``section.field`` of every field a file's nested values set (what a command line may override)."""
+        return frozenset(f"{s}.{k}" for s, d in data.items() if isinstance(d, dict) for k in d)
+
+    # ------------------------------------------------------------------ files
+    def to_json(self) -> str:
+        """Strict JSON text (no NaN/Infinity)."""
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = "config") -> "PipeloomConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(data, where=where)
+
+    def to_toml(self, header: str = "") -> str:
+        """TOML text: one ``[section]`` table each (``header``: comment lines put first)."""
+        lines = [f"# {h}" if h else "#" for h in header.splitlines()] if header else []
+        for name, d in self.to_dict().items():
+            if lines:
+                lines.append("")
+            lines.append(f"[{name}]")
+            for k, v in d.items():
+                lines.append(f"{k} = {_toml_value(v, f'{name}.{k}')}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str, *, where: str = "config") -> "PipeloomConfig":
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{where}: not valid TOML ({e})") from None
+        return cls.from_dict(data, where=where)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PipeloomConfig":
+        """Read a .toml or .json settings file; every error names the file."""
+        return read_config(path)[0]
+
+    def save(self, path: str | os.PathLike, header: str = "") -> None:
+        """Write .toml or .json (by the name) whole or not at all."""
+        from .files import write_text
+
+        path = os.fspath(path)
+        if path.lower().endswith(".json"):
+            write_text(path, self.to_json())
+        elif path.lower().endswith(".toml"):
+            write_text(path, self.to_toml(header))
+        else:
+            raise ConfigError(f"{path}: a settings file ends in .toml or .json")
+
+
+def read_config(path: str | os.PathLike) -> tuple[PipeloomConfig, frozenset[str]]:
+    """A .toml or .json settings file and the ``section.field`` names it sets; every error names the file."""
+    path = os.fspath(path)
+    if not path.lower().endswith((".toml", ".json")):
+        raise ConfigError(f"{path}: a settings file ends in .toml or .json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected TOML or JSON settings)") from None
+    if path.lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    else:
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    cfg = PipeloomConfig.from_dict(data, where=path)
+    return cfg, PipeloomConfig.fields_in(data)
+
+
+_HINTS = {name: {f.name: str(f.type) for f in dataclasses.fields(cls)} for name, cls in _SECTIONS.items()}
+
+
+def _toml_value(v, where: str) -> str:
+    """A TOML value: bool, int, finite float, string (basic, escaped), array, inline table."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ConfigError(f"{where} = {v}: not a finite number (TOML and strict JSON have none)")
+        return repr(v)
+    if isinstance(v, str):
+        # JSON's escapes are TOML's (\" \\ \b \f \n \r \t \uXXXX); DEL must be escaped in TOML too
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x, f'{where}.{k}')}" for k, x in v.items()) + "}"
+    if v is None:
+        raise ConfigError(f"{where}: TOML has no null (leave the field out)")
+    raise ConfigError(f"{where} = {v!r}: cannot write a {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    import re
+
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(str(k), "key")
+
+
+__all__ = ["PipeloomConfig", "ScheduleSection", "PartitionSection", "ModelSection", "TrainingSection", "JobSection",
+           "TuneSection", "ConfigError", "CONFIG_NAME", "read_config"]
