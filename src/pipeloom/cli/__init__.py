@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "config", None) is not None:  # --config FILE: the file's fields fill the flags not given
+            from .config_opts import apply_config
+
+            words = list(sys.argv[1:] if argv is None else argv)
+            apply_config(args, args._subparsers.choices[args.command], words[words.index(args.command) + 1:],
+                         args._config_flags)
         with _progress(args):
             rc = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away is seen now (a BrokenPipeError below)

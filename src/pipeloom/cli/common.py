@@ -199,7 +199,7 @@ def model_from_args(args):
 
 
 # ---------------------------------------------------------------------- layer partition
-PARTITION_KEYS = ("layers", "layers_per_device", "layer_costs", "balance")
+PARTITION_KEYS = ("layers", "layers_per_device", "layers_per_chunk", "layer_costs", "balance")
 
 
 def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) -> None:
@@ -218,6 +218,9 @@ def add_partition_options(p: argparse.ArgumentParser, *, layers: bool = True) ->
     g.add_argument("--layers-per-device", default=None, metavar="N0,N1,..",
                    help="layers of each device (e.g. 7,8,8,9), dealt round-robin over the device's chunks; "
                         "each needs >= vpp")
+    g.add_argument("--layers-per-chunk", default=None, metavar="N0,N1,..",
+                   help="layers of every global chunk, pp*vpp counts (e.g. the split 'pipeloom tune' chose: its "
+                        "pipeloom.toml's partition.layers_per_chunk)")
     if layers:
         g.add_argument("--model", default=None, metavar="PRESET|CONFIG",
                        help="cost the layers from a model: its layer count (--layers defaults to it), the head's time "
@@ -264,7 +267,8 @@ def partition_from_args(args, spec: PlanSpec, schedule: str | None = None, progr
         objective = "makespan" if schedule else "bottleneck"
     model = model_from_args(args) if getattr(args, "_partition_model", False) else None
     return make_partition(pp=spec.pp, vpp=spec.vpp, placement=placement, layers=args.layers if layers is None else layers,
-                          layers_per_device=args.layers_per_device, layer_costs=args.layer_costs,
+                          layers_per_device=args.layers_per_device,
+                          layers_per_chunk=getattr(args, "layers_per_chunk", None), layer_costs=args.layer_costs,
                           base_costs=spec.costs, vocab=args.vocab, hidden=args.hidden, seq=args.seq, model=model,
                           balance=objective, schedule=schedule, microbatches=spec.microbatches,
                           mem_limit=spec.mem_limit if schedule else None,

@@ -6,6 +6,7 @@ import time
 
 from ..schedule.planning import evaluate
 from .common import add_planning_options, check_out_path, fmt, plan_inputs, plan_named, print_json
+from .config_opts import PLAN_FLAGS, add_config_option
 from ..schedule import io as schedule_io
 
 
@@ -14,17 +15,27 @@ def add_parser(sub) -> None:
                        description="Build a schedule, validate it and write it out (CSV rows device,step,job "
                                    "or JSON). Without --out the job lists are printed.")
     add_planning_options(p)
+    for a in p._actions:  # required unless a --config file gives them (checked in run)
+        if a.dest in ("schedule", "pp", "microbatches"):
+            a.required = False
+    add_config_option(p)
     p.add_argument("--out", "-o", default=None, metavar="FILE.csv|FILE.json", help="where to write the schedule (missing directories are created)")
     p.add_argument("--format", choices=schedule_io.FORMATS, default="pipeloom",
                    help="file format of --out: pipeloom (CSV or JSON by the name) or torch (torch.distributed."
                         "pipelining's compute-only CSV, for _PipelineScheduleRuntime._load_csv and torchtitan's "
                         "--parallelism.pipeline_parallel_schedule_csv; plans with --runtime torch unless told otherwise)")
     p.add_argument("--json", action="store_true", help="print the simulate-style JSON summary")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _config_flags=PLAN_FLAGS)
 
 
 def run(args) -> int:
     import os
+
+    missing = [f for f, v in (("--schedule", args.schedule), ("--pp", args.pp), ("--microbatches", args.microbatches))
+               if v is None]
+    if missing:
+        raise ValueError(f"plan needs {', '.join(missing)} (or a --config FILE whose [schedule] section sets "
+                         f"{', '.join(m.lstrip('-').replace('schedule', 'name') for m in missing)})")
 
     if args.out is not None:  # before planning: the exact solver may take minutes
         check_out_path("--out", args.out, (".csv",) if args.format == "torch" else (".csv", ".json"),

@@ -10,6 +10,7 @@ from .common import (add_builder_options, add_costs_option, add_mem_limit_option
                      add_schedule_option, add_shape_options, fmt, layers_int, number_type, partition_given,
                      plan_inputs, positive_int, print_json)
 from ..schedule import io as schedule_io
+from .config_opts import RUN_FLAGS, add_config_option
 
 # defaults of the options that a --plan file replaces (None in argparse, to tell "not given" from the default)
 _DEFAULTS = {"schedule": "1f1b", "pp": 2, "microbatches": 4}
@@ -73,6 +74,7 @@ def add_parser(sub) -> None:
                         "weights from --seed, cut into the schedule's chunks by the layer partition")
     p.add_argument("--weights", action="store_true",
                    help="with --model PATH: load the weights from the *.safetensors files next to config.json")
+    add_config_option(p)
     add_schedule_option(p, required=False,
                         help=f"schedule builder from the registry (see 'pipeloom compare'); default: "
                              f"{_DEFAULTS['schedule']}")
@@ -152,7 +154,7 @@ def add_parser(sub) -> None:
                         "deferred_wgrad_share (per chunk with W jobs: share of its weight-gradient FLOPs deferred "
                         "to W; null without W jobs) (+ max_loss_diff, max_grad_diff with --verify; model, "
                         "tied_across_stages, tied_weight_diff with --model PATH)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _config_flags=RUN_FLAGS)
 
 
 def run(args) -> int:
@@ -266,7 +268,12 @@ def run_config(args):
                   overlap_grad_reduce=args.overlap_grad_reduce, zero=args.zero, rank_order=args.rank_order)
     if args.plan:
         sched = schedule_io.load(args.plan)
-        return RunConfig(plan=sched, pp=sched.pp, microbatches=sched.microbatches, n_layers=args.layers, **common)
+        split = getattr(args, "layers_per_chunk", None)  # the layer split of the plan (e.g. the tuner's)
+        if split:
+            from ..partition.layout import parse_counts
+            split = tuple(parse_counts(split))
+        return RunConfig(plan=sched, pp=sched.pp, microbatches=sched.microbatches, n_layers=args.layers,
+                         layers_per_chunk=split, **common)
     schedule = args.schedule or _DEFAULTS["schedule"]
     from ..schedule import registry
 

@@ -74,7 +74,8 @@ def add_parser(sub) -> None:
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write the best plan: schedule JSON, Gantt PNG, launch commands, torchtitan and "
-                        "Megatron-Core arguments")
+                        "Megatron-Core arguments, and DIR/pipeloom.toml for 'pipeloom run --config' and "
+                        "'pipeloom plan --config'")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {configs, searched, pruned, ...}")
     p.set_defaults(func=run)
@@ -173,6 +174,9 @@ def run(args) -> int:
         from ..tune.launch import write_plan
 
         written = write_plan(res, args.out)
+        from ..tune.settings import write_config
+
+        written.append(write_config(res, args.out, model_path=args.model))
     if args.json:
         out = res.to_dict()
         if args.explain:

@@ -98,10 +98,14 @@ class ScheduleSection:
     """the runtime that executes the plan, for its memory model: pipeloom or torch (None: pipeloom)"""
     options: dict = field(default_factory=dict)
     """builder options (``-O KEY=VALUE``), e.g. {time_limit = 30}"""
+    plan: str | None = None
+    """a schedule file (relative to this settings file) to use instead of planning, e.g. the tuner's exact
+    plan.json; used while no planning flag is given on the command line"""
 
     def __post_init__(self) -> None:
         s = self.SECTION
         _str(s, "name", self.name, none=False)
+        _str(s, "plan", self.plan)
         _int(s, "pp", self.pp)
         _int(s, "vpp", self.vpp, none=True)
         _int(s, "microbatches", self.microbatches)
@@ -459,6 +463,8 @@ def read_config(path: str | os.PathLike) -> tuple[PipeloomConfig, frozenset[str]
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML ({e})") from None
     cfg = PipeloomConfig.from_dict(data, where=path)
+    if cfg.schedule.plan is not None and not os.path.isabs(cfg.schedule.plan):  # relative to the settings file
+        cfg.schedule.plan = os.path.join(os.path.dirname(path), cfg.schedule.plan)
     return cfg, PipeloomConfig.fields_in(data)
 
 

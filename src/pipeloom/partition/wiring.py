@@ -11,7 +11,7 @@ from ..core.limits import MAX_EVALS, MAX_LAYERS, check_at_most
 from ..models.config import ModelConfig
 from .balance import BalanceResult, balance as _balance
 from .layer_costs import LayerCosts, default_layer_costs, load_layer_costs
-from .layout import Partition, PartitionError, from_layers_per_device, parse_counts, uniform
+from .layout import Partition, PartitionError, from_counts, from_layers_per_device, parse_counts, uniform
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class PartitionPlan:
 
 def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placement.INTERLEAVED,
                    layers: int | None = None, layers_per_device: Sequence[int] | str | None = None,
-                   layer_costs: LayerCosts | str | None = None, base_costs: Costs | None = None,
+                   layers_per_chunk: Sequence[int] | str | None = None, layer_costs: LayerCosts | str | None = None, base_costs: Costs | None = None,
                    vocab: int | None = None, hidden: int | None = None, seq: int | None = None,
                    model: ModelConfig | None = None, balance: str | None = None, schedule: str | None = None, microbatches: int | None = None,
                    mem_limit: float | None = None, embedding: bool = True, head: bool = True,
@@ -49,13 +49,24 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
     Layer count: ``layers``, else the length of ``layers_per_device``' sum, else of the cost file.
     Layer costs: the file, else :func:`default_layer_costs` from ``base_costs`` (+ vocab/hidden, or
     ``model``: a :class:`~pipeloom.models.config.ModelConfig` whose layer count is the default).
-    Split: ``layers_per_device`` (seed 002 round-robin), ``balance`` ('bottleneck' or
-    'makespan', see :mod:`.balance`), else uniform (seed 002's seg_layer_num rule).
+    Split: ``layers_per_chunk`` (every global chunk's count, e.g. the split ``tune`` chose),
+    ``layers_per_device`` (dealt round-robin over each device's chunks), ``balance`` ('bottleneck' or
+    'makespan', see :mod:`.balance`), else uniform (counts differ by at most one, extras first).
     """
     placement = Placement(placement)
     nc = pp * vpp
     if isinstance(layers_per_device, str):
         layers_per_device = parse_counts(layers_per_device)
+    if isinstance(layers_per_chunk, str):
+        layers_per_chunk = parse_counts(layers_per_chunk)
+    if layers_per_chunk is not None:
+        if layers_per_device is not None or balance:
+            raise PartitionError("--layers-per-chunk gives the split itself; drop --layers-per-device and --balance")
+        if len(layers_per_chunk) != nc:
+            raise PartitionError(f"--layers-per-chunk gives {len(layers_per_chunk)} counts but pp*vpp = {pp}*{vpp} = "
+                                 f"{nc} chunks; give one count per global chunk")
+        if layers is None and layer_costs is None and model is None:
+            layers = sum(layers_per_chunk)
     if isinstance(layer_costs, str):
         layer_costs = load_layer_costs(layer_costs)
     if model is not None:
@@ -110,6 +121,12 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
                        microbatches=microbatches, comm=base.comm, overlap=base.overlap, mem_limit=mem_limit,
                        embedding=embedding, head=head, max_evals=max_evals, options=options, progress=progress)
         return PartitionPlan(res.partition, layer_costs, f"balanced ({balance})", res)
+    if layers_per_chunk is not None:
+        if sum(layers_per_chunk) != layers:
+            raise PartitionError(f"--layers-per-chunk sums to {sum(layers_per_chunk)} layers but the model has "
+                                 f"{layers}; make them agree")
+        part = from_counts(layers_per_chunk, pp, vpp, placement, embedding=embedding, head=head)
+        return PartitionPlan(part, layer_costs, "layers-per-chunk")
     if layers_per_device is not None:
         part = from_layers_per_device(layers_per_device, pp, vpp, placement, num_layers=layers,
                                       embedding=embedding, head=head)

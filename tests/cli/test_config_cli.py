@@ -1,0 +1,124 @@
+"""--config FILE: plan and run take a settings file; the command line wins; tune --out writes one."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeloom.cli import build_parser, main
+from pipeloom.core.config import PipeloomConfig, read_config
+from pipeloom.schedule.io import load
+
+
+def _main(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _jobs(path) -> list:
+    s = load(str(path))
+    return [[str(j) for j in d] for d in s.devices]
+
+
+def test_plan_config_equals_the_same_flags(tmp_path, capsys):
+    cfg = tmp_path / "a.toml"
+    cfg.write_text('[schedule]\nname = "zbv"\npp = 4\nmicrobatches = 8\nmem_limit = "0.75p"\n'
+                   'costs = "F=1,B=1,W=1,comm=0.5"\noptions = {}\n')
+    assert _main(capsys, "plan", "--config", str(cfg), "-o", str(tmp_path / "c.json"))[0] == 0
+    assert _main(capsys, "plan", "-s", "zbv", "--pp", "4", "-m", "8", "--mem-limit", "0.75p",
+                 "--costs", "F=1,B=1,W=1,comm=0.5", "-o", str(tmp_path / "f.json"))[0] == 0
+    assert _jobs(tmp_path / "c.json") == _jobs(tmp_path / "f.json")
+    assert load(str(tmp_path / "c.json")).meta["mem_limit"] == 3.0
+
+
+def test_flags_win_over_the_file(tmp_path, capsys):
+    cfg = tmp_path / "a.json"
+    PipeloomConfig.from_dict({"schedule": {"name": "zbv", "pp": 4, "microbatches": 8}}).save(cfg)
+    rc, out, _ = _main(capsys, "plan", "--config", str(cfg), "--pp", "2", "-m", "6", "--json")
+    d = json.loads(out)
+    assert rc == 0 and (d["schedule"], d["pp"], d["microbatches"]) == ("zbv", 2, 6)
+
+
+def test_plan_without_shape_names_the_fields(tmp_path, capsys):
+    cfg = tmp_path / "a.toml"
+    cfg.write_text('[schedule]\nname = "zbv"\n')
+    rc, _, err = _main(capsys, "plan", "--config", str(cfg), "--microbatches", "4")
+    # schedule.pp is left out of the file: the default of the section applies only where the file sets it
+    assert rc == 2 and err.startswith("pipeloom: error: plan needs --pp") and "[schedule]" in err
+
+
+@pytest.mark.parametrize("text, words", [
+    ('[schedule]\npp = 0\n', "schedule.pp must be an integer >= 1, got 0"),
+    ('[training]\ndp = 2\nzero = 3\n', "training.zero must be 0"),
+    ('[schedul]\n', "unknown section 'schedul'"),
+])
+def test_bad_file_is_one_line_naming_the_field(tmp_path, capsys, text, words):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    rc, _, err = _main(capsys, "run", "--config", str(cfg))
+    assert rc == 2 and err.startswith(f"pipeloom: error: {cfg}: ") and words in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _run_config(argv):
+    """The RunConfig 'pipeloom run ARGV' would start (nothing spawned)."""
+    from pipeloom.cli.config_opts import apply_config
+    from pipeloom.cli.run_cmd import run_config
+
+    args = build_parser().parse_args(["run", *argv])
+    if args.config:
+        apply_config(args, args._subparsers.choices["run"], argv, args._config_flags)
+    return run_config(args)
+
+
+def test_run_config_maps_every_section(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[schedule]\nname = "zbv"\npp = 4\nmicrobatches = 8\nmem_limit = "1p"\n'
+                   '[model]\ndim = 32\n'
+                   '[training]\ndp = 2\nsteps = 5\nmicrobatch_size = 1\nseq_len = 8\nlr = 0.01\nseed = 3\n'
+                   'dtype = "bf16"\nzero = 1\nrank_order = "pp-dp"\n'
+                   '[job]\nverify = true\ntimeout_s = 30\nlog_dir = "logs"\nprofile_steps = "1:3"\n')
+    rc = _run_config(["--config", str(cfg), "--steps", "4"])
+    assert (rc.schedule, rc.pp, rc.microbatches, rc.mem_limit) == ("zbv", 4, 8, "1p")
+    assert (rc.dp, rc.microbatch_size, rc.seq_len, rc.lr, rc.seed, rc.dtype, rc.zero, rc.rank_order, rc.dim) == \
+        (2, 1, 8, 0.01, 3, "bf16", 1, "pp-dp", 32)
+    assert (rc.verify, rc.timeout_s, rc.log_dir, rc.profile_steps) == (True, 30.0, "logs", "1:3")
+    assert rc.steps == 4  # the command line wins
+    assert rc.spec.mem_limit == 4.0
+
+
+def test_tune_out_config_runs_the_exact_plan_and_plans_again(tmp_path, capsys):
+    out = tmp_path / "plan"
+    rc, _, err = _main(capsys, "tune", "--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4",
+                       "--gpu-flops", "2e9", "--gpu-memory", "24MiB", "--reserve", "0", "--global-batch", "16",
+                       "--schedules", "zbv,interleaved", "--max-microbatch-size", "2", "--json", "--out", str(out))
+    assert rc == 0, err
+    cfg, fields = read_config(out / "pipeloom.toml")
+    best = json.loads((out / "launch.json").read_text())["config"]
+    assert (cfg.schedule.name, cfg.schedule.pp, cfg.schedule.vpp, cfg.schedule.microbatches) == \
+        (best["schedule"], best["pp"], best["vpp"], best["microbatches"])
+    assert list(cfg.partition.layers_per_chunk) == best["seg_layer_num"]
+    assert (cfg.training.dp, cfg.training.zero, cfg.training.microbatch_size) == \
+        (best["dp"], best["zero"], best["microbatch_size"])
+    # run --config: the tuner's exact plan file and its layer split
+    rc_ = _run_config(["--config", str(out / "pipeloom.toml")])
+    planned = load(str(out / "plan.json"))
+    assert rc_.plan.devices == planned.devices and list(rc_.layers_per_chunk) == best["seg_layer_num"]
+    assert rc_.dp == best["dp"] and rc_.zero == best["zero"] and rc_.dtype == "bf16"
+    # plan --config: the same builder, shape and split planned again
+    rc2, o, e = _main(capsys, "plan", "--config", str(out / "pipeloom.toml"), "--json")
+    d = json.loads(o)
+    assert rc2 == 0, e
+    assert (d["schedule"], d["pp"], d["vpp"], d["microbatches"], d["valid"]) == \
+        (best["schedule"], best["pp"], best["vpp"], best["microbatches"], True)
+    assert d["partition"]["seg_layer_num"] == best["seg_layer_num"]
+
+
+def test_layers_per_chunk_flag(capsys):
+    rc, out, _ = _main(capsys, "plan", "-s", "interleaved", "--pp", "2", "--vpp", "2", "-m", "4",
+                       "--layers-per-chunk", "3,1,2,2", "--json")
+    assert rc == 0 and json.loads(out)["partition"]["seg_layer_num"] == [3, 1, 2, 2]
+    rc, _, err = _main(capsys, "plan", "-s", "interleaved", "--pp", "2", "--vpp", "2", "-m", "4",
+                       "--layers-per-chunk", "3,1,2")
+    assert rc == 2 and "gives 3 counts but pp*vpp = 2*2 = 4 chunks" in err
