@@ -131,4 +131,7 @@ def run(args) -> int:
             con.print(f"  {r['schedule']} (vpp {r['vpp']}): {r['error']}", overflow="ellipsis", no_wrap=True, soft_wrap=False,
                       width=max(60, con.width))
     con.print("[dim]peak mem in full-stage microbatch activations (1p = pp); bubble = idle / (pp x makespan)[/dim]")
+    if args.costs_per == "stage" and not partition_given(args):
+        con.print("[dim]makespan in --costs units per full-stage pass: 'pipeloom simulate' costs each chunk pass "
+                  "(vpp 2 doubles it there); 'pipeloom simulate --costs-per stage' gives these numbers[/dim]")
     return 0

@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
                       m_help="microbatches per step (required with --schedule)")
     add_mem_limit_option(p)
     add_costs_option(p)
+    p.add_argument("--costs-per", choices=["chunk", "stage"], default="chunk",
+                   help="'chunk' (default): --costs F/B/W are per chunk pass, so a schedule with vpp 2 does twice "
+                        "the passes of vpp 1; 'stage': per full-stage pass, split over the vpp chunks, as "
+                        "'pipeloom compare' does by default (then the makespans agree with its table)")
     add_mem_option(p)
     add_builder_options(p)
     add_partition_options(p)
@@ -52,7 +56,7 @@ def run(args) -> int:
                    if v is None]
         if missing:
             raise ValueError(f"simulate needs {', '.join(missing)} (or --plan FILE to simulate a schedule file)")
-        spec = spec_from_args(args, args.schedule)
+        spec = _spec(args)
         sched = plan_named(args.schedule, spec, check=False)
     res = evaluate(sched, spec)
     if dp_wanted(args) and res["makespan"] is not None:
@@ -73,8 +77,39 @@ def run(args) -> int:
     if args.json:
         print_json(res)
     else:
-        print_result(res)
+        print_result(res, costs=costs_text(spec.costs, args.costs, args.costs_per, sched.vpp))
     return 0 if res["valid"] else 1
+
+
+def _spec(args):
+    """The PlanSpec of the options; with --costs-per stage the F/B/W of --costs are divided over the vpp chunks."""
+    if args.costs_per == "chunk":
+        return spec_from_args(args, args.schedule)
+    from .common import partition_given, plan_inputs
+    from .compare_cmd import _stage_costs
+    from ..schedule import registry
+
+    if partition_given(args):
+        raise ValueError("--costs-per stage splits --costs over the vpp chunks; with the layer partition options "
+                         "every chunk is costed from its layers: drop --costs-per stage")
+    vpp = args.vpp or (registry.default_vpp(args.schedule) if not args.schedule.startswith("torch:") else None)
+    if vpp is None:
+        raise ValueError("--costs-per stage with a torch: schedule needs --vpp")
+    return plan_inputs(args, args.schedule, vpp=vpp, costs=_stage_costs(args, vpp))[0]
+
+
+def costs_text(costs, given: str | None, per: str, vpp: int) -> tuple[str, str, str | None]:
+    """(row label, value, note under the table): the costs the makespan is measured in, and in which convention."""
+    c = costs.to_dict()
+    exact = f"F={c['F']:g},B={c['B']:g},W={c['W']:g},comm={c['comm']:g}" if costs.is_uniform() else given
+    if per == "stage" and vpp > 1:
+        return ("costs per full-stage pass", given or "F=1,B=1,W=1,comm=0",
+                f"costs per full-stage pass split over the {vpp} chunks ({exact} per chunk pass), as 'pipeloom "
+                f"compare' costs them by default")
+    note = None if vpp == 1 else (f"costs per chunk pass: each of the {vpp} chunks of a device costs the full F/B/W; "
+                                  f"'pipeloom compare' costs a full stage (split over the chunks): --costs-per stage "
+                                  f"gives its numbers")
+    return "costs per chunk pass", exact or "per-chunk F/B/W lists", note
 
 
 def _from_file(args):
@@ -90,7 +125,11 @@ def _from_file(args):
         raise ValueError(f"--plan takes pp, vpp and microbatches from the file and plans nothing: drop "
                          f"{', '.join(given)} (--costs, --mem, --runtime and --mem-limit apply)")
     sched = schedule_io.load(args.plan)
-    spec = make_spec(pp=sched.pp, vpp=sched.vpp, microbatches=sched.microbatches, costs=args.costs,
+    costs = args.costs
+    if args.costs_per == "stage":
+        from .compare_cmd import _stage_costs
+        costs = _stage_costs(args, sched.vpp)
+    spec = make_spec(pp=sched.pp, vpp=sched.vpp, microbatches=sched.microbatches, costs=costs,
                      mem=mem_model_from_args(args), mem_limit=args.mem_limit)
     nc = sched.pp * sched.vpp
     try:
@@ -101,13 +140,15 @@ def _from_file(args):
     return sched, spec
 
 
-def print_result(res: dict) -> None:
+def print_result(res: dict, costs: tuple[str, str, str | None] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{res['schedule']}  pp={res['pp']} vpp={res['vpp']} m={res['microbatches']}")
     t.add_column("metric")
     t.add_column("value", justify="right")
+    if costs:
+        t.add_row(costs[0], costs[1])
     t.add_row("makespan", fmt(res["makespan"]))
     t.add_row("bubble (idle / pp*makespan)", fmt(res["bubble"]))
     t.add_row("stage bubble (max over devices)", fmt(res["stage_bubble"]))
@@ -121,5 +162,7 @@ def print_result(res: dict) -> None:
     t.add_row("valid", "yes" if res["valid"] else "[red]NO[/red]")
     con = Console()
     con.print(t)
+    if costs and costs[2]:
+        con.print(f"[dim]{costs[2]}[/dim]")
     for v in res["violations"]:
         con.print(f"[red]violation:[/red] {v}")
