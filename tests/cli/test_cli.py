@@ -43,8 +43,8 @@ def test_simulate_table(capsys):
 @pytest.mark.parametrize("ext", ["csv", "json"])
 def test_plan_then_show(tmp_path, capsys, ext):
     f = tmp_path / f"s.{ext}"
-    rc, _, err = run(capsys, "plan", "-s", "1f1b", "--pp", "3", "-m", "5", "--out", str(f))
-    assert rc == 0 and f.exists() and "wrote" in err
+    rc, out, err = run(capsys, "plan", "-s", "1f1b", "--pp", "3", "-m", "5", "--out", str(f))
+    assert rc == 0 and f.exists() and out.startswith(f"wrote {f}") and err == ""
     rc, out, _ = run(capsys, "show", str(f))
     assert rc == 0
     rows = [line for line in out.splitlines() if line.startswith("d")]
@@ -335,3 +335,20 @@ def test_simulate_costs_per_stage_agrees_with_compare(capsys):
     assert json.loads(out)["makespan"] > 1.5 * by_name["zbv"]
     _, out, _ = run(capsys, "simulate", "-s", "1f1b", *base, "--costs-per", "stage", "--json")
     assert json.loads(out)["makespan"] == by_name["1f1b"]  # vpp 1: the conventions are the same
+
+
+def test_messages_arrive_in_the_order_of_the_commands(tmp_path):
+    """plan's 'wrote ...' went to stderr: in a log of stdout (or a notebook cell showing stdout first) it came
+    after the next command's output. Both commands' lines now share stdout, in order."""
+    f = tmp_path / "s.json"
+    py = f"{sys.executable} -m pipeloom"
+    script = (f"{py} plan -s 1f1b --pp 2 -m 4 --layers 6 -o {f}; {py} convert {f} {tmp_path / 't.csv'} --to torch; "
+              f"{py} show {f} --width 60")
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    lines = r.stdout.splitlines()
+    wrote = next(i for i, x in enumerate(lines) if x.startswith(f"wrote {f}"))
+    layers = next(i for i, x in enumerate(lines) if x.startswith("layers per global chunk"))
+    converted = next(i for i, x in enumerate(lines) if x.startswith(f"wrote {tmp_path / 't.csv'}"))
+    drawn = next(i for i, x in enumerate(lines) if x.startswith("d0"))
+    assert wrote < layers < converted < drawn

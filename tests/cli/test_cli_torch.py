@@ -17,9 +17,9 @@ def _run(capsys, argv):
 
 def test_plan_for_torch_writes_a_file_torchs_loader_accepts(tmp_path, capsys):
     out = tmp_path / "zbv.csv"
-    rc, _, err = _run(capsys, ["plan", "-s", "zbv", "--pp", "2", "-m", "8", "--mem-limit", "1p", "--format", "torch",
-                               "--out", str(out)])
-    assert rc == 0 and "wrote" in err
+    rc, printed, err = _run(capsys, ["plan", "-s", "zbv", "--pp", "2", "-m", "8", "--mem-limit", "1p", "--format",
+                                     "torch", "--out", str(out)])
+    assert rc == 0 and "wrote" in printed
     rows = [line.split(",") for line in out.read_text().splitlines()]
     actions = {r: [ts._Action.from_str(c) for c in row] for r, row in enumerate(rows)}
     assert ts._validate_schedule(actions, 2, 4, 8) == {0: 0, 1: 1, 2: 1, 3: 0}

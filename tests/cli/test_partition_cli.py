@@ -103,5 +103,5 @@ def test_plan_names_the_layer_split_it_planned_for(capsys, tmp_path):
     out = tmp_path / "p.csv"
     assert main(["plan", "-s", "zbv", "--pp", "2", "-m", "4", "--layer-costs", str(f), "--balance", "--format",
                  "torch", "--out", str(out)]) == 0
-    assert f"layers per global chunk ({d['partition']['how']}): {split}" in capsys.readouterr().err
+    assert f"layers per global chunk ({d['partition']['how']}): {split}" in capsys.readouterr().out
     assert "partition" not in _json(capsys, ["plan", "-s", "zbv", "--pp", "2", "-m", "4", "--json"])

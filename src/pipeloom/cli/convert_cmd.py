@@ -1,7 +1,6 @@
 """pipeloom convert: a schedule file from one format into another (pipeloom CSV/JSON <-> torch's CSV)."""
 from __future__ import annotations
 
-import sys
 
 from ..schedule import io as schedule_io
 from ..schedule.validate import summary, validate
@@ -30,5 +29,5 @@ def run(args) -> int:
         raise ValueError(f"{args.input}: the schedule is invalid, not converted: {summary(problems)}")
     schedule_io.save(sched, args.output, args.to)
     print(f"wrote {args.output} ({args.to}): pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
-          f"{sched.placement.value} placement, {sched.num_jobs} jobs", file=sys.stderr)
+          f"{sched.placement.value} placement, {sched.num_jobs} jobs", flush=True)
     return 0

@@ -1,7 +1,6 @@
 """pipeloom plan: build a schedule and save it as CSV or JSON."""
 from __future__ import annotations
 
-import sys
 import time
 
 from ..schedule.planning import evaluate
@@ -58,13 +57,14 @@ def run(args) -> int:
             res["partition"] = {"how": pplan.how, **pplan.partition.to_dict()}
         print_json(res)
     elif args.out:
+        # on stdout, the command's result (stdout and stderr reach a log or a notebook in their own order)
         print(f"wrote {args.out}: {sched.name} pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
-              f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s", file=sys.stderr)
+              f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s", flush=True)
         if "status" in sched.meta:  # the exact solver says whether it proved optimality
             print(f"solver: {sched.meta['status']}, makespan {fmt(sched.meta.get('objective'))}, "
-                  f"proven lower bound {fmt(sched.meta.get('best_bound'))}", file=sys.stderr)
+                  f"proven lower bound {fmt(sched.meta.get('best_bound'))}", flush=True)
     else:
         print(sched.to_text())
     if pplan is not None and not args.json:  # the plan is for this split of the layers: build the stages so
-        print(f"layers per global chunk ({pplan.how}): {pplan.partition.seg_layer_num}", file=sys.stderr)
+        print(f"layers per global chunk ({pplan.how}): {pplan.partition.seg_layer_num}", flush=True)
     return 0

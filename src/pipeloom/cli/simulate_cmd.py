@@ -71,7 +71,9 @@ def run(args) -> int:
             check_out_path("--dp-gantt", args.dp_gantt, (".png", ".svg", ".pdf"))
             tl = from_sim(sim, mem=spec.mem)
             tl.dp_bands = dpr.intervals
-            print(f"wrote {draw_gantt(tl, args.dp_gantt)}", file=__import__("sys").stderr)
+            # stdout holds the JSON object with --json; else the line is part of the command's output
+            print(f"wrote {draw_gantt(tl, args.dp_gantt)}", file=__import__("sys").stderr if args.json else None,
+                  flush=True)
     elif getattr(args, "dp_gantt", None):
         raise ValueError("--dp-gantt draws the dp reduction: give --dp N with --model or --param-bytes")
     if args.json:
