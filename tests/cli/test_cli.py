@@ -352,3 +352,34 @@ def test_messages_arrive_in_the_order_of_the_commands(tmp_path):
     converted = next(i for i, x in enumerate(lines) if x.startswith(f"wrote {tmp_path / 't.csv'}"))
     drawn = next(i for i, x in enumerate(lines) if x.startswith("d0"))
     assert wrote < layers < converted < drawn
+
+
+def _fake_tune_result(n_cfg: int = 3):
+    """A tune result as the table reads it, with the widest values a large run gives."""
+    from types import SimpleNamespace as NS
+
+    gpu = NS(name="h100-sxm5-80gb", memory=80 * 2 ** 30)
+    prob = NS(model=NS(name="meta-llama/Llama-3.1-405B-Instruct"), gpus=16384, gpu=gpu, global_batch=16384,
+              seq=131072, calibration=NS(efficiency=0.4375), top=n_cfg, reserve=2 * 2 ** 30)
+    cfg = NS(fits=True, tp=8, pp=128, vpp=16, dp=16, microbatch_size=128, microbatches=1024,
+             schedule="interleaved", mem_limit=1234.56, recompute="selective", zero=1, partition="balanced",
+             tokens_per_s=123456789012.0, mfu=0.291234, step_time_s=12345.678, bubble=0.123, exposed_comm_s=1234.5,
+             peak_bytes=71.25 * 2 ** 30)
+    return NS(problem=prob, configs=[cfg] * n_cfg, searched=123456789, simulations=1234567, cache_hits=7654321,
+              seconds=1234.5, pruned={"bound: step-time lower bound above the top results": 123456789,
+                                      "memory: weights + optimizer + one microbatch over the GPU": 7},
+              best=NS(to_dict=lambda: {"megatron_layout": None}), explain={})
+
+
+def test_tune_table_never_cuts_numbers_in_a_pipe(capsys, monkeypatch):
+    """Not on a terminal rich lays tables out in 80 (here 160) columns: the MFU column was cut to '29.…'."""
+    from pipeloom.cli.tune_cmd import _print
+
+    monkeypatch.setenv("COLUMNS", "80")
+    _print(_fake_tune_result(), explain=False, written=[])
+    out = capsys.readouterr().out
+    assert "…" not in out
+    for cell in ("29.1%", "123,456,789,012", "12345.678", "1.23e+03", "selective", "interleaved", "123456789"):
+        assert cell in out, cell
+    row = next(line for line in out.splitlines() if "29.1%" in line)
+    assert "123,456,789,012" in row and "12345.678" in row  # one row, one line
