@@ -51,7 +51,9 @@ def test_plan_file_json_matches_the_simulator(capsys, saved, name):
     obj = json.loads(out)  # strict: one JSON object and nothing else
     assert set(obj) == SIM_KEYS
     assert (obj["pp"], obj["vpp"], obj["microbatches"]) == (4, 2, 6)
-    assert obj["valid"] is True and obj["violations"] == [] and obj["memory_limit"] is None
+    assert obj["valid"] is True and obj["violations"] == []
+    # zbvpp plans under its default limit 1p = 4 units; the file remembers it (a torch CSV beside it)
+    assert obj["memory_limit"] == 4.0
     ref = simulate(sched, Costs.parse(costs))  # the schedule object, not the file
     assert obj["makespan"] == pytest.approx(ref.makespan)
     assert obj["peak_memory"] == pytest.approx(ref.peak_memory)
@@ -61,8 +63,12 @@ def test_plan_file_runtime_torch_and_limit(capsys, saved):
     sched, paths = saved
     f = str(paths["p.json"])
     peaks = simulate(sched, Costs(), runtime_mem_model("torch")).peak_memory
-    rc, out, _ = run(capsys, "simulate", "--plan", f, "--runtime", "torch", "--json")
+    rc, out, _ = run(capsys, "simulate", "--plan", f, "--runtime", "torch", "--mem-limit", "none", "--json")
     assert rc == 0 and json.loads(out)["peak_memory"] == pytest.approx(peaks)
+    # without --mem-limit the file's own limit applies: planned at 1p (4 units) for pipeloom's runtime, it goes
+    # over that under torch's, which frees nothing at B
+    rc, out, _ = run(capsys, "simulate", "--plan", f, "--runtime", "torch", "--json")
+    assert rc == 1 and json.loads(out)["memory_limit"] == 4.0 and max(peaks) > 4.0
     # under a limit below its torch peak the file is reported invalid (exit 1), with the memory violations
     rc, out, _ = run(capsys, "simulate", "--plan", f, "--runtime", "torch", "--mem-limit", str(max(peaks) - 0.5),
                      "--json")

@@ -27,7 +27,11 @@ def run(args) -> int:
     problems = validate(sched)
     if problems:
         raise ValueError(f"{args.input}: the schedule is invalid, not converted: {summary(problems)}")
-    schedule_io.save(sched, args.output, args.to)
-    print(f"wrote {args.output} ({args.to}): pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
-          f"{sched.placement.value} placement, {sched.num_jobs} jobs", flush=True)
+    written = schedule_io.save(sched, args.output, args.to)
+    lim = sched.meta.get("mem_limit", "unknown")
+    print(f"wrote {args.output} ({args.to}): {sched.name} pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
+          f"{sched.placement.value} placement, {sched.num_jobs} jobs, planned for memory limit "
+          f"{'none' if lim is None else lim if isinstance(lim, str) else f'{lim:g}'}"
+          + "".join(f" (+ {w}: the name and memory limit torch's CSV has no room for)" for w in written[1:]),
+          flush=True)
     return 0

@@ -1,6 +1,7 @@
 """pipeloom plan: build a schedule and save it as CSV or JSON."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..schedule.planning import evaluate
@@ -45,9 +46,12 @@ def run(args) -> int:
     t0 = time.perf_counter()
     sched = plan_named(args.schedule, spec)
     dt = time.perf_counter() - t0
+    # the file remembers what the plan was made for ('simulate --plan' checks it against that limit)
+    sched = dataclasses.replace(sched, meta={"builder": args.schedule, "mem_limit": spec.mem_limit, **sched.meta})
+    written = []
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        schedule_io.save(sched, args.out, args.format)
+        written = schedule_io.save(sched, args.out, args.format)
     if args.json:
         res = evaluate(sched, spec)
         res["plan_time_s"] = dt
@@ -59,7 +63,9 @@ def run(args) -> int:
     elif args.out:
         # on stdout, the command's result (stdout and stderr reach a log or a notebook in their own order)
         print(f"wrote {args.out}: {sched.name} pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}, "
-              f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s", flush=True)
+              f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s"
+              + "".join(f" (+ {w}: the name and memory limit torch's CSV has no room for)" for w in written[1:]),
+              flush=True)
         if "status" in sched.meta:  # the exact solver says whether it proved optimality
             print(f"solver: {sched.meta['status']}, makespan {fmt(sched.meta.get('objective'))}, "
                   f"proven lower bound {fmt(sched.meta.get('best_bound'))}", flush=True)

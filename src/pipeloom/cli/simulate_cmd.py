@@ -28,7 +28,9 @@ def add_parser(sub) -> None:
                             "hand-written) instead of planning one; its pp, vpp and microbatches are used")
     add_shape_options(p, required=False, pp_help="pipeline degree (number of devices; required with --schedule)",
                       m_help="microbatches per step (required with --schedule)")
-    add_mem_limit_option(p)
+    add_mem_limit_option(p, default=None, help="peak activation memory per device: none, 1p (1F1B's peak = pp "
+                         "units), 1.5p, 2p, Xp, or a number of units (default: none; with --plan the limit the file "
+                         "was planned for, when it says)")
     add_costs_option(p)
     p.add_argument("--costs-per", choices=["chunk", "stage"], default="chunk",
                    help="'chunk' (default): --costs F/B/W are per chunk pass, so a schedule with vpp 2 does twice "
@@ -79,7 +81,8 @@ def run(args) -> int:
     if args.json:
         print_json(res)
     else:
-        print_result(res, costs=costs_text(spec.costs, args.costs, args.costs_per, sched.vpp))
+        print_result(res, costs=costs_text(spec.costs, args.costs, args.costs_per, sched.vpp),
+                     limit_note=" (the plan's)" if getattr(args, "limit_from_plan", False) else "")
     return 0 if res["valid"] else 1
 
 
@@ -131,8 +134,12 @@ def _from_file(args):
     if args.costs_per == "stage":
         from .compare_cmd import _stage_costs
         costs = _stage_costs(args, sched.vpp)
+    limit = args.mem_limit
+    if limit is None and sched.meta.get("mem_limit") is not None:  # the limit the plan was made for
+        limit = float(sched.meta["mem_limit"])
+        args.limit_from_plan = True
     spec = make_spec(pp=sched.pp, vpp=sched.vpp, microbatches=sched.microbatches, costs=costs,
-                     mem=mem_model_from_args(args), mem_limit=args.mem_limit)
+                     mem=mem_model_from_args(args), mem_limit=limit)
     nc = sched.pp * sched.vpp
     try:
         spec.costs.per_chunk(nc)
@@ -142,7 +149,7 @@ def _from_file(args):
     return sched, spec
 
 
-def print_result(res: dict, costs: tuple[str, str, str | None] | None = None) -> None:
+def print_result(res: dict, costs: tuple[str, str, str | None] | None = None, limit_note: str = "") -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -160,7 +167,7 @@ def print_result(res: dict, costs: tuple[str, str, str | None] | None = None) ->
         t.add_row(f"step time with dp={res['dp']} reduction", fmt(res["step_time"]))
         t.add_row("dp exposed (un-hidden tail)", fmt(res["dp_exposed"]))
         t.add_row("dp hidden share", "-" if res["dp_hidden_share"] is None else f"{res['dp_hidden_share']:.1%}")
-    t.add_row("memory limit", fmt(res["memory_limit"]) if res["memory_limit"] is not None else "none")
+    t.add_row("memory limit", (fmt(res["memory_limit"]) + limit_note) if res["memory_limit"] is not None else "none")
     t.add_row("valid", "yes" if res["valid"] else "[red]NO[/red]")
     con = Console()
     con.print(t)

@@ -4,6 +4,11 @@
     .csv with pipeloom's header   pipeloom CSV (``# pipeloom schedule ...`` or a ``device,step,job`` header)
     .csv of torch actions         torch.distributed.pipelining's CSV (``1F3,1I3,...`` per rank)
 
+A plan remembers what it was made with (``meta``: the builder and the memory limit in units): JSON in its
+``meta`` object, pipeloom CSV in its header line. torch's CSV cannot hold a comment (torch's
+``_load_csv`` reads every row as a rank's actions and fails on a ``#`` line), so :func:`save` writes that
+beside it as ``NAME.csv.meta.json`` and :func:`load` reads it back from there.
+
 Every error names the file; files are written whole or not at all.
 """
 from __future__ import annotations
@@ -17,6 +22,8 @@ from . import native
 
 #: the formats :func:`save` writes
 FORMATS = ("pipeloom", "torch")
+#: the file beside a torch CSV that holds what the plan was made with (torch's CSV has no room for it)
+META_SUFFIX = ".meta.json"
 
 
 def read_text(path: str) -> str:
@@ -40,8 +47,45 @@ def parse(text: str, name: str = "") -> Schedule:
     from . import torch_csv  # only when a CSV is read: keeps `pipeloom --help` and plain plans quick to start
 
     if torch_csv.looks_like_torch_csv(text):
-        return torch_csv.from_torch_csv(text)
+        return _with_sidecar(torch_csv.from_torch_csv(text), name)
     return native.from_csv(text)
+
+
+def sidecar_text(schedule: Schedule) -> str:
+    """The ``NAME.csv.meta.json`` of a torch CSV: the schedule's name, shape and ``meta`` (builder, limit)."""
+    import json
+
+    return json.dumps({"format": "pipeloom-torch-csv-meta/1", "name": schedule.name, "pp": schedule.pp,
+                       "vpp": schedule.vpp, "microbatches": schedule.microbatches,
+                       "meta": {k: v for k, v in schedule.meta.items() if k in ("builder", "mem_limit")}},
+                      indent=1, allow_nan=False) + "\n"
+
+
+def _with_sidecar(sched: Schedule, path: str) -> Schedule:
+    """``sched`` (read from torch's CSV at ``path``) with the name and meta of ``path + META_SUFFIX``, if there."""
+    import dataclasses
+    import json
+    import os
+
+    side = str(path) + META_SUFFIX
+    if not path or not os.path.isfile(side):
+        return sched
+    try:
+        with open(side, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ScheduleFormatError(f"{side} (what the plan was made with) is unreadable: {e}; delete it or write the "
+                                  f"CSV again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("meta", {}), dict):
+        raise ScheduleFormatError(f"{side}: expected a JSON object with name, pp, vpp, microbatches and meta")
+    shape = (data.get("pp"), data.get("vpp"), data.get("microbatches"))
+    if shape != (sched.pp, sched.vpp, sched.microbatches):
+        raise ScheduleFormatError(f"{side} describes pp={shape[0]} vpp={shape[1]} m={shape[2]} but the CSV holds "
+                                  f"pp={sched.pp} vpp={sched.vpp} m={sched.microbatches}: it belongs to another plan; "
+                                  f"delete it or write both again")
+    meta = native.plan_meta({k: ("none" if v is None else str(v)) for k, v in data.get("meta", {}).items()})
+    name = data.get("name") if isinstance(data.get("name"), str) and data.get("name") else sched.name
+    return dataclasses.replace(sched, name=name, meta={**sched.meta, **meta})
 
 
 def load(path: str) -> Schedule:
@@ -70,6 +114,11 @@ def render(schedule: Schedule, path: str = ".json", fmt: str = "pipeloom") -> st
     return native.to_csv(schedule) if str(path).lower().endswith(".csv") else native.to_json(schedule)
 
 
-def save(schedule: Schedule, path: str, fmt: str = "pipeloom") -> None:
-    """Write ``schedule`` to ``path`` whole or not at all (see :func:`render` for the formats)."""
+def save(schedule: Schedule, path: str, fmt: str = "pipeloom") -> list[str]:
+    """Write ``schedule`` to ``path`` whole or not at all (see :func:`render` for the formats); a torch CSV gets
+    its ``path + META_SUFFIX`` beside it. Returns the paths written."""
     write_text(path, render(schedule, path, fmt))
+    if fmt != "torch":
+        return [str(path)]
+    write_text(str(path) + META_SUFFIX, sidecar_text(schedule))
+    return [str(path), str(path) + META_SUFFIX]

@@ -1,7 +1,8 @@
 """pipeloom's own schedule files: JSON (``pipeloom-schedule/1``) and CSV (no torch).
 
-CSV: a ``# pipeloom schedule key=value ...`` header line (optional in a hand-written file), then
-``device,step,job,overlap`` rows (``overlap`` optional). JSON: one object with the shape fields and
+CSV: a ``# pipeloom schedule key=value ...`` header line (optional in a hand-written file; ``builder`` and
+``mem_limit``, in units, say what a planned schedule was made with), then ``device,step,job,overlap`` rows
+(``overlap`` optional). JSON: one object with the shape fields and
 one list of job strings per device. Every reading error is a :class:`ScheduleFormatError` (files are read and
 written by :mod:`.files`, which names the file in each).
 """
@@ -108,7 +109,7 @@ def to_csv(schedule: Schedule) -> str:
     buf = io.StringIO()
     buf.write(
         f"# pipeloom schedule name={schedule.name} pp={schedule.pp} vpp={schedule.vpp} "
-        f"microbatches={schedule.microbatches} placement={schedule.placement.value}\n"
+        f"microbatches={schedule.microbatches} placement={schedule.placement.value}{_limit_tokens(schedule.meta)}\n"
     )
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["device", "step", "job", "overlap"])
@@ -116,6 +117,38 @@ def to_csv(schedule: Schedule) -> str:
     for d, seq in enumerate(schedule.devices):
         w.writerows([(d, i, job, 1 if (d, i) in ov else 0) for i, job in enumerate(job_strings(seq))])
     return buf.getvalue()
+
+
+def _limit_tokens(meta: dict) -> str:
+    """`` builder=NAME mem_limit=UNITS`` of a planned schedule: what it was planned with (see :func:`plan_meta`)."""
+    out = ""
+    if isinstance(meta.get("builder"), str) and meta["builder"].strip() and " " not in meta["builder"]:
+        out += f" builder={meta['builder']}"
+    if "mem_limit" in meta:
+        lim = meta["mem_limit"]
+        out += f" mem_limit={'none' if lim is None else f'{float(lim):g}'}"
+    return out
+
+
+def plan_meta(header: dict) -> dict:
+    """``builder`` and ``mem_limit`` (units, None = no limit) from ``key=value`` header fields; a bad limit is an
+    error naming it."""
+    meta: dict = {}
+    if header.get("builder"):
+        meta["builder"] = header["builder"]
+    if "mem_limit" in header:
+        v = header["mem_limit"]
+        if v == "none":
+            meta["mem_limit"] = None
+        else:
+            try:
+                lim = float(v)
+            except ValueError:
+                lim = -1.0
+            if not (lim > 0 and lim < float("inf")):
+                raise ScheduleFormatError(f"header: mem_limit must be a number of units > 0 or none, got {v!r}")
+            meta["mem_limit"] = lim
+    return meta
 
 
 def from_csv(text: str) -> Schedule:
@@ -193,6 +226,7 @@ def from_csv(text: str) -> Schedule:
             placement=Placement(header.get("placement", inferred[2])),
             devices=tuple(tuple(s) for s in devices),
             overlapped=frozenset(overlapped),
+            meta=plan_meta(header),
         )
     except ScheduleFormatError:
         raise
