@@ -11,7 +11,7 @@ from .common import (add_costs_option, add_mem_limit_option, add_partition_optio
 _EPILOG = """\
 where the layers go:
   uniform            per-chunk counts differ by at most one; the L % (pp*vpp) extra layers go to the
-                     first global chunks (seed 002: seg_layer_num[j % num_chunks] += 1)
+                     first global chunks (seg_layer_num[j % num_chunks] += 1)
   --layers-per-device each device's count is dealt round-robin over its chunks (device s's i-th layer
                      -> its local chunk i % vpp; interleaved: global chunk (i % vpp)*pp + s); layer
                      indices stay contiguous in global chunk order

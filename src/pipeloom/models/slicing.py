@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def even_layer_split(n_layers: int, n_chunks: int) -> list[list[int]]:
     """Contiguous split of ``n_layers`` into ``n_chunks``; sizes filled round-robin
-    (``size[j % n_chunks] += 1``, MISSION capability 5), so earlier chunks get the extra layers."""
+    (``size[j % n_chunks] += 1``, the uniform rule of :mod:`pipeloom.partition.layout`), so earlier chunks get the extra layers."""
     if n_chunks < 1 or n_layers < n_chunks:
         raise ValueError(f"cannot split {n_layers} layers into {n_chunks} chunks of at least one layer each")
     sizes = [0] * n_chunks

@@ -1,6 +1,6 @@
 """Layer partitioning: layers -> chunks -> devices, per-layer costs, cost balancing (no torch).
 
-* :mod:`.layout`      -- :class:`Partition`, uniform / per-device / per-chunk constructors (seed 002)
+* :mod:`.layout`      -- :class:`Partition`, uniform / per-device / per-chunk constructors
 * :mod:`.layer_costs` -- per-layer F/B/W/memory, embedding and head; reduction to per-chunk Costs
 * :mod:`.balance`     -- exact bottleneck DP and makespan local search, optional memory budget
 * :mod:`.wiring`      -- :func:`make_partition` (the CLI's ``--layers`` family) and PlanSpec wiring

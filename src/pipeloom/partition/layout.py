@@ -7,7 +7,7 @@ The embedding runs with chunk 0 and the head (final norm + vocabulary projection
 the last chunk; which device that is follows from the placement
 (:func:`pipeloom.core.ir.device_of`).
 
-Three ways to make one (seed 002, MISSION.md (b)5-6):
+Three ways to make one:
 
 ``uniform(L, pp, vpp)``
     ``seg_layer_num[j % num_chunks] += 1`` for every layer j: per-chunk counts differ by at most
@@ -17,8 +17,8 @@ Three ways to make one (seed 002, MISSION.md (b)5-6):
 ``from_layers_per_device(counts, pp, vpp)``
     the user gives the layer count of every device; each device's count is dealt round-robin
     over its chunks: its i-th layer goes to its local chunk ``i % vpp`` (interleaved: global
-    chunk ``(i % vpp) * pp + s``, seed 002's rule; V: the device's chunks in increasing
-    order). Every device needs at least ``vpp`` layers (seed 002's assert). Layer indices are
+    chunk ``(i % vpp) * pp + s``; V: the device's chunks in increasing
+    order). Every device needs at least ``vpp`` layers. Layer indices are
     then laid out contiguously in global chunk order. pp2 vpp2, 8 layers, 5/3 ->
     ``seg_layer_num = [3, 2, 2, 1]``: layers 0-2 in global chunk 0 (GPU0's local chunk 0), 3-4
     in chunk 1 (GPU1's local 0), 5-6 in chunk 2 (GPU0's local 1), 7 in chunk 3 (GPU1's local 1).
@@ -88,7 +88,7 @@ class Partition:
 
     @property
     def seg_layer_num(self) -> list[int]:
-        """Layer count per global chunk (seed 002's name)."""
+        """Layer count per global chunk (the name Megatron-style pipeline code uses)."""
         return [len(c) for c in self.chunks]
 
     def bounds(self) -> list[tuple[int, int]]:
@@ -167,7 +167,7 @@ def from_counts(seg_layer_num: Sequence[int], pp: int, vpp: int = 1,
 
 def uniform(num_layers: int, pp: int, vpp: int = 1, placement: Placement | str = Placement.INTERLEAVED, *,
             embedding: bool = True, head: bool = True) -> Partition:
-    """Seed 002's ``seg_layer_num[j % num_chunks] += 1``: counts differ by <= 1, extras on the first chunks."""
+    """``seg_layer_num[j % num_chunks] += 1``: counts differ by <= 1, extras on the first chunks."""
     _check_shape(pp, vpp)
     nc = pp * vpp
     _check_layers(num_layers, nc, pp, vpp)
@@ -180,7 +180,7 @@ def uniform(num_layers: int, pp: int, vpp: int = 1, placement: Placement | str =
 def from_layers_per_device(counts: Sequence[int], pp: int, vpp: int = 1,
                            placement: Placement | str = Placement.INTERLEAVED, *, num_layers: int | None = None,
                            embedding: bool = True, head: bool = True) -> Partition:
-    """User-given layers per device, dealt round-robin over each device's chunks (seed 002)."""
+    """User-given layers per device, dealt round-robin over each device's chunks."""
     _check_shape(pp, vpp)
     counts = list(counts)
     if len(counts) != pp:

@@ -18,7 +18,7 @@ Gradients accumulate in one flat fp32 buffer per rank (:class:`~.grads.GradBuffe
 parameters get fp32 "master" grads: products are computed from upcast operands and summed in
 fp32, never rounded to bf16 in between), are made to agree over the data-parallel group by a
 :class:`~.grads.GradReducer` (default: all-reduced ONCE after the last microbatch, reduce after
-accumulation, MISSION seed 001; the reducer is told when each chunk's last W/BW has run), and are
+accumulation, not once per microbatch; the reducer is told when each chunk's last W/BW has run), and are
 then installed as ``.grad`` of the parameters (fp32)
 or of the fp32 master copies (bf16), ready for any torch optimizer. With fp32 parameters the
 ``.grad`` of every parameter IS its view of the buffer during the step, so autograd's AccumulateGrad

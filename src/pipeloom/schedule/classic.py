@@ -2,15 +2,15 @@
 
 All use the fused backward BW (input and weight grad together), like their originals.
 
-Interleaved order (seed 002, MISSION.md (b)3-4): microbatches are taken in groups; inside a group
+Interleaved order: microbatches are taken in groups; inside a group
 a device runs the group's forwards on its local chunk 0, then chunk 1, ... (backward: last chunk
 first). With m % pp == 0 every group has pp microbatches (Megatron's balanced VPP:
 ``vpp_stage = (k % (pp*vpp)) // pp``). With m % pp != 0 the remainder is not left as a short
-last group (seed 002's "remainder last", whose long tail gave a 26% bubble): the r extra
+last group (the "remainder last" layout, whose long tail gave a 26% bubble): the r extra
 microbatches are spread evenly over the groups, so every group has at least pp
-microbatches and the steady phase keeps the balanced bubble (seed 002's 14%). Option
+microbatches and the steady phase keeps the balanced bubble (14% there). Option
 ``remainder="last"`` reproduces the old behaviour for comparison.
-Warm-up forwards on device d: ``2*(pp-d-1) + (vpp-1)*g0`` (g0 = first group size; seed 002's
+Warm-up forwards on device d: ``2*(pp-d-1) + (vpp-1)*g0`` (g0 = first group size; Megatron's
 formula with g0 = pp), then one forward / one backward, then the cool-down backwards.
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ def interleaved(spec: PlanSpec):
     pp, vpp, m = spec.pp, spec.vpp, spec.microbatches
     remainder = spec.options.get("remainder", "spread")
     if remainder == "last" and m % pp:
-        # seed 002's old behaviour: the short last group is laid out as if padded to pp microbatches,
+        # the old behaviour: the short last group is laid out as if padded to pp microbatches,
         # then the padding's jobs are deleted (removing whole microbatches keeps the order deadlock-free)
         padded = -(-m // pp) * pp
         groups = microbatch_groups(padded, pp, remainder)

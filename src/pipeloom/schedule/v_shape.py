@@ -1,14 +1,14 @@
 """V-shape zero-bubble schedules under a memory limit: ZB-V (``zbv``), V-Half, V-Min (no torch).
 
 Placement is V / zigzag (see :mod:`pipeloom.core.ir`): chunk 0 runs down devices
-0..pp-1, chunk 1 back up pp-1..0, chunk 2 down again, ... for any ``vpp >= 2`` (seed 000
-extends ZB-V beyond the official vpp = 2). The backward is split into B (input grad) and W
+0..pp-1, chunk 1 back up pp-1..0, chunk 2 down again, ... for any ``vpp >= 2`` (ZB-V
+beyond the official vpp = 2). The backward is split into B (input grad) and W
 (weight grad); W is postponed to fill bubbles as long as memory allows.
 
 Memory (units of one full-stage microbatch activation, :mod:`pipeloom.core.costs`): F on chunk
 c allocates ``a(c)`` (default 1/vpp), B frees ``b(c)``, W frees ``a(c) - b(c)``. A job is
-inserted only when the device's current memory plus the job's peak fits the limit (seed
-004). Limits: none, ``1p`` (= pp units, 1F1B's peak), ``1.5p``, ``2p`` or any number.
+inserted only when the device's current memory plus the job's peak fits the limit.
+Limits: none, ``1p`` (= pp units, 1F1B's peak), ``1.5p``, ``2p`` or any number.
 
 The schedules are made by the event-driven greedy list scheduler of
 :mod:`pipeloom.schedule.search.greedy` over a grid of policies (B/F priority, chunk order, W
@@ -27,8 +27,8 @@ the policy space from its best (:func:`pipeloom.schedule.search.greedy.default_g
 explicit ``budget`` is the budget of all of them, as before) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
 default 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W 4/6/3, comm 1 at 1p from 240 to 238
 in about 1 s). Where memory allows, a device
-runs as many forwards before its first B as fit (seed 000's change to the official
-generator, which caps that count).
+runs as many forwards before its first B as fit (unlike the official generator, which
+caps that count).
 
 Lower bound and polish (:mod:`pipeloom.schedule.search.polish`; option ``effort``: ``high`` only, unless
 ``polish`` is given; the default ``fast`` computes the bound and runs no search): for shapes of at most 400 jobs
