@@ -66,3 +66,39 @@ def test_no_labels_above_the_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(gantt, "LABEL_LIMIT", jobs - 1)
     # every box of this small plan fits its number: exactly one label per job goes (the axis ticks stay)
     assert labelled - numbers("b.svg") == jobs
+
+
+def test_long_rows_are_paged_so_every_box_keeps_its_number(tmp_path):
+    """m 32 x vpp 4 with split backward is 384 jobs per device: on one 34-inch strip a box was ~8 px, too narrow
+    for its microbatch number (a strip of slivers). In pages every box is wide enough for its label."""
+    spec = make_spec(pp=4, microbatches=32, vpp=4, costs="F=1,B=1,W=1,comm=0")
+    sched = plan("zbv", spec)
+    tl = from_sim(simulate(sched, spec.costs, spec.mem))
+    jobs = sum(len(r.bars) for r in tl.rows)
+    assert max(len(r.bars) for r in tl.rows) == 384
+    out = draw_gantt(tl, str(tmp_path / "big.svg"))
+    svg = open(out).read()
+    numbers = sum(t.strip().isdigit() for t in _texts(svg))
+    assert numbers >= 0.95 * jobs, (numbers, jobs)
+    assert "part 1 of 4" in svg and "part 4 of 4" in svg
+    width_pt = float(re.search(r'<svg[^>]*width="([\d.]+)pt"', svg).group(1))
+    assert width_pt <= 34 * 72 + 1  # no wider than before, taller instead
+
+
+def test_render_plan_in_seconds(tmp_path):
+    """tune's Gantt was in cost units while its table is in seconds: with seconds_per_unit every axis is in s."""
+    import json
+
+    from pipeloom.viz import render_plan
+
+    spec = make_spec(pp=2, microbatches=4, costs="F=1,B=2,W=1,comm=0")
+    sim = simulate(plan("1f1b", spec), spec.costs, spec.mem)
+    paths = render_plan(sim, str(tmp_path), stem="p", seconds_per_unit=0.25)
+    svg = open(next(p for p in paths if p.endswith(".svg"))).read()
+    assert "time (s)" in svg and f"makespan {sim.makespan * 0.25:.4g} s" in svg
+    trace = json.load(open(next(p for p in paths if p.endswith(".json"))))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    durs = sorted(e["dur"] for e in events if e.get("ph") == "X")
+    assert durs[0] == pytest.approx(0.25e6)  # an F of 1 unit = 0.25 s = 250000 us
+    plain = render_plan(sim, str(tmp_path / "u"), stem="p")
+    assert "time (cost units)" in open(next(p for p in plain if p.endswith(".svg"))).read()

@@ -87,7 +87,8 @@ def write_plan(res, out_dir: str) -> list[str]:
             csv_name = None
     big = sched.num_jobs > 20000
     if not big:
-        paths = render_plan(c.sim, out_dir, stem="plan")
+        paths = render_plan(c.sim, out_dir, stem="plan",  # in seconds, as the table (the sim's unit is scaled)
+                            seconds_per_unit=c.makespan_s / c.sim.makespan if c.sim.makespan and c.makespan_s else None)
         written += [p for p in paths if p.endswith(".png")]
         for p in paths:
             if not p.endswith(".png") and os.path.exists(p):

@@ -22,7 +22,7 @@ from .html import write_html
 from .perfetto import write_trace
 from .timeline import from_sim
 
-__all__ = ["render_plan", "write_outputs"]
+__all__ = ["render_plan", "write_outputs", "in_seconds"]
 
 OUTPUT_KINDS = (".png", ".svg", ".pdf", ".html", ".json")
 
@@ -53,20 +53,39 @@ def write_outputs(paths: list[str], *, timeline, planned=None, us_per_unit: floa
 
 
 def render_plan(sim_result: SimResult, out_dir: str, *, stem: str | None = None, mem: MemModel | None = None,
-                mem_limit: float | None = None) -> list[str]:
+                mem_limit: float | None = None, seconds_per_unit: float | None = None) -> list[str]:
     """Write the Gantt PNG, SVG, interactive HTML and Chrome trace JSON of a planned schedule.
 
     Returns the written paths (``<out_dir>/<stem>.gantt.png``, ``.gantt.svg``, ``.gantt.html``,
-    ``.trace.json``; ``stem`` defaults to ``<name>-pp<pp>-vpp<vpp>-m<m>``). Trace times: one cost
-    unit is drawn as one millisecond.
+    ``.trace.json``; ``stem`` defaults to ``<name>-pp<pp>-vpp<vpp>-m<m>``). Times are in cost units (the
+    trace draws one as one millisecond) or, with ``seconds_per_unit`` (the tuner's costs are seconds scaled
+    to units), in seconds on every axis and in the trace.
     """
     s = sim_result.schedule
     stem = stem or f"{s.name}-pp{s.pp}-vpp{s.vpp}-m{s.microbatches}"
     os.makedirs(out_dir, exist_ok=True)
-    tl = from_sim(sim_result, mem=mem, mem_limit=mem_limit)
+    if seconds_per_unit is not None:
+        if not (seconds_per_unit > 0 and seconds_per_unit < float("inf")):
+            raise ValueError(f"seconds_per_unit must be a finite number > 0, got {seconds_per_unit!r}")
+        tl = from_sim(in_seconds(sim_result, seconds_per_unit), mem=mem, mem_limit=mem_limit, unit="s")
+        us, note = 1e6, "planned schedule; times in seconds"
+    else:
+        tl = from_sim(sim_result, mem=mem, mem_limit=mem_limit)
+        us, note = 1000.0, "planned schedule; 1 cost unit drawn as 1 ms"
     base = os.path.join(out_dir, stem)
     return write_outputs([base + ".gantt.png", base + ".gantt.svg", base + ".gantt.html", base + ".trace.json"],
-                         timeline=tl, us_per_unit=1000.0,
+                         timeline=tl, us_per_unit=us,
                          trace_info={"schedule": s.name, "pp": s.pp, "vpp": s.vpp, "microbatches": s.microbatches,
-                                     "note": "planned schedule; 1 cost unit drawn as 1 ms"})
+                                     "note": note})
+
+
+def in_seconds(res: SimResult, seconds_per_unit: float) -> SimResult:
+    """``res`` with every time (starts, ends, makespan, busy, idle, span) multiplied by ``seconds_per_unit``;
+    bubbles and memory are ratios and units and stay as they are."""
+    import dataclasses
+
+    k = seconds_per_unit
+    return dataclasses.replace(res, makespan=res.makespan * k, start=[[t * k for t in d] for d in res.start],
+                               end=[[t * k for t in d] for d in res.end], busy=[t * k for t in res.busy],
+                               idle=[t * k for t in res.idle], span=[t * k for t in res.span])
 

@@ -5,8 +5,11 @@ W green, BW red) and shaded by local chunk, with its microbatch number when the 
 enough; the grey band behind the boxes is idle time. Under every row a thin strip draws the
 device's activation memory (units of one full-stage microbatch activation) with its peak;
 a dashed line marks the memory limit. The right margin gives each row's bubble (idle share).
-Figure size grows with the number of jobs and rows (readable up to pp 16, m 64); labels
-that do not fit their box are left out, and above ``LABEL_LIMIT`` jobs no box is labelled.
+Figure size grows with the number of jobs and rows (readable up to pp 16, m 64); a row of more
+jobs than a 34-inch strip holds at a readable width (m 32 x vpp 4 has 384 per device) is cut into pages
+stacked under each other, each a time window of about ``PAGE_JOBS`` jobs per row, so a box stays wide
+enough for its microbatch number. Labels that do not fit their box are left out, and above
+``LABEL_LIMIT`` jobs no box is labelled.
 Boxes are drawn as one :class:`~matplotlib.collections.PolyCollection` (vertex arrays, not one
 patch object per job), so a plan of 65k jobs draws in seconds.
 """
@@ -24,6 +27,15 @@ LATE_EDGE = "#111111"
 WAIT_COLOR = "#888888"
 LABEL_LIMIT = 20_000
 """above this many jobs no box gets its microbatch label (they would not fit, and text is slow)"""
+MAX_WIDTH_IN = 34.0
+"""the widest figure; a row with more jobs than fit at ``JOB_IN`` inches each is drawn in pages"""
+JOB_IN = 0.115
+"""inches per job of the busiest row (one page)"""
+PAGE_JOBS = 100
+"""jobs of the busiest row per page of a paged chart (about 0.3 inch, 35 px at 110 dpi, each)"""
+MAX_PAGES = 12
+PAGE_GAP_IN = 0.62
+"""room between pages: the time axis of the page above and the next page's caption"""
 
 
 def _boxes(xywh: list[tuple[float, float, float, float]]):
@@ -62,38 +74,81 @@ def _legend_rows(tl: Timeline, width_in: float, with_memory: bool) -> int:
     return -(-n // legend_cols(n, width_in))
 
 
-def figure_size(tl: Timeline, with_memory: bool) -> tuple[float, float]:
-    """Inches: width from the busiest row's job count, height from the row count and legend."""
+def pages_of(tl: Timeline) -> int:
+    """How many time windows (pages, stacked in one figure) ``tl`` is drawn in: 1 while the busiest row fits
+    ``MAX_WIDTH_IN`` at ``JOB_IN`` per job (or the chart is too big to label anyway), else one per
+    ``PAGE_JOBS`` jobs of that row (at most ``MAX_PAGES``)."""
     most = max((len(r.bars) for r in tl.rows), default=1)
-    width = min(34.0, max(10.0, 2.5 + 0.115 * most))
+    if 2.5 + JOB_IN * most <= MAX_WIDTH_IN or sum(len(r.bars) for r in tl.rows) > LABEL_LIMIT:
+        return 1
+    return min(MAX_PAGES, -(-most // PAGE_JOBS))
+
+
+def figure_size(tl: Timeline, with_memory: bool, pages: int = 1) -> tuple[float, float]:
+    """Inches: width from the busiest row's job count, height from the row count, pages and legend."""
+    most = max((len(r.bars) for r in tl.rows), default=1)
+    width = min(MAX_WIDTH_IN, max(10.0, 2.5 + JOB_IN * most))
     per_row = 0.36 + (0.2 if with_memory else 0.0) + 0.08
-    height = 1.55 + per_row * len(tl.rows) + 0.35 + 0.2 * _legend_rows(tl, width, with_memory)
+    if pages == 1:
+        return width, 1.55 + per_row * len(tl.rows) + 0.35 + 0.2 * _legend_rows(tl, width, with_memory)
+    height = 1.55 + pages * (per_row * len(tl.rows) + 0.35) + (pages - 1) * PAGE_GAP_IN \
+        + 0.2 * _legend_rows(tl, width, with_memory)
     return width, height
 
 
 def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) -> str:
     """Draw ``tl`` into ``path`` (format from the suffix: .png, .svg, .pdf); return the path."""
     from matplotlib.figure import Figure
-    from matplotlib.collections import PolyCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch, Rectangle
 
     fmt = os.path.splitext(path)[1].lower().lstrip(".")
     if fmt not in ("png", "svg", "pdf"):
         raise ValueError(f"cannot draw a Gantt chart as {path!r}: use a .png, .svg or .pdf file name")
     with_mem = memory and any(r.memory for r in tl.rows)
-    w_in, h_in = figure_size(tl, with_mem)
+    pages = pages_of(tl)
+    w_in, h_in = figure_size(tl, with_mem, pages)
     fig = Figure(figsize=(w_in, h_in), dpi=dpi)
     left_in, right_in = 0.85, 1.25
     top_in, bottom_in = 0.75, 0.75 + 0.2 * _legend_rows(tl, w_in, with_mem)
-    ax = fig.add_axes((left_in / w_in, bottom_in / h_in, 1 - (left_in + right_in) / w_in,
-                       1 - (top_in + bottom_in) / h_in))
-    t0, t1 = tl.t0, tl.t1 if tl.t1 > tl.t0 else tl.t0 + 1.0
-    t1 = max([t1] + [e for band in tl.dp_bands for _, e, _ in band])  # a dp tail may end after the last job
+    page_h = (h_in - top_in - bottom_in - (pages - 1) * PAGE_GAP_IN) / pages
+    T0, T1 = tl.t0, tl.t1 if tl.t1 > tl.t0 else tl.t0 + 1.0
+    T1 = max([T1] + [e for band in tl.dp_bands for _, e, _ in band])  # a dp tail may end after the last job
+    dp_drawn = False
+    for page in range(pages):
+        if pages == 1:  # (the same floating-point arithmetic as a chart drawn before pages existed)
+            rect, t0, t1 = (bottom_in / h_in, 1 - (top_in + bottom_in) / h_in), T0, T1
+        else:
+            bottom = h_in - top_in - page_h - page * (page_h + PAGE_GAP_IN)
+            rect = (bottom / h_in, page_h / h_in)
+            t0, t1 = T0 + (T1 - T0) * page / pages, T0 + (T1 - T0) * (page + 1) / pages
+        ax = fig.add_axes((left_in / w_in, rect[0], 1 - (left_in + right_in) / w_in, rect[1]))
+        dp_drawn |= _draw_page(ax, tl, t0, t1, with_mem, (w_in - left_in - right_in) * dpi, dpi,
+                               last=page == pages - 1, clip=pages > 1)
+        if pages > 1:
+            ax.text(0.0, 1.0, f"part {page + 1} of {pages}: {tl.unit} {t0:.4g} to {t1:.4g}", transform=ax.transAxes,
+                    fontsize=7.5, va="bottom", ha="left", color="#333333")
+    fig.text(left_in / w_in, 1 - 0.22 / h_in, tl.title, fontsize=11, fontweight="bold", va="top")
+    if tl.subtitle:
+        fig.text(left_in / w_in, 1 - 0.47 / h_in, tl.subtitle, fontsize=8.5, va="top", color="#333333")
+    _legend(fig, tl, w_in, with_mem, dp_drawn)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    import matplotlib
+
+    # SVG keeps its text as text (searchable, smaller) instead of glyph outlines
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        with atomic_write(path, "wb") as fh:
+            fig.savefig(fh, format=fmt, dpi=dpi)
+    return path
+
+
+def _draw_page(ax, tl: Timeline, t0: float, t1: float, with_mem: bool, axes_w_px: float, dpi: int, *,
+               last: bool, clip: bool) -> bool:
+    """Draw the window [t0, t1] of ``tl`` into ``ax`` (the whole chart on one page); True if dp bands were drawn."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Rectangle
+
     span = t1 - t0
     mem_h = 0.55 if with_mem else 0.0
     pitch = 1.0 + (0.12 + mem_h if with_mem else 0.0) + 0.22
-    axes_w_px = (w_in - left_in - right_in) * dpi
     px_per_t = axes_w_px / span
     font = 7.0 if len(tl.rows) <= 8 else 6.5
     char_px = font * 0.62 / 72 * dpi
@@ -107,6 +162,8 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         for s, e in windows:
             ax.add_patch(Rectangle((s, y), e - s, 1.0, facecolor=IDLE_COLOR, edgecolor="none", zorder=1))
         for bar in row.bars:
+            if clip and (bar.end < t0 or bar.start > t1):  # on another page
+                continue
             h, yb = (1.0, y) if bar.lane == 0 else (0.5, y + (0.0 if bar.lane == 1 else 0.5))
             col = shade(KIND_COLORS.get(bar.kind, "#777777"), bar.local, tl.vpp)
             rects.append((bar.start, yb, bar.end - bar.start, h))
@@ -156,21 +213,28 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         ax.add_collection(PolyCollection(_boxes(dp_rects), facecolors=DP_COLOR, edgecolors="white", linewidths=0.3,
                                          zorder=3, gid="dp-reduction"), autolim=False)
     for step, s, e in tl.steps:
+        if e < t0 or s > t1:
+            continue
         for x in (s, e):
             ax.axvline(x, color="#555555", linewidth=0.6, linestyle=":", zorder=0)
-        ax.text((s + e) / 2, -0.25, f"step {step}", ha="center", va="bottom", fontsize=7.5, color="#333333")
+        ax.text((max(s, t0) + min(e, t1)) / 2, -0.25, f"step {step}", ha="center", va="bottom", fontsize=7.5,
+                color="#333333")
     ax.set_xlim(t0, t1)
     ax.set_ylim(len(tl.rows) * pitch - 0.1, -0.35 if tl.steps else -0.15)
     ax.set_yticks([r * pitch + 0.5 for r in range(len(tl.rows))])
     ax.set_yticklabels([row.label for row in tl.rows], fontsize=8 if len(tl.rows) <= 8 else 7)
     ax.tick_params(axis="y", length=0)
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_xlabel(f"time ({tl.unit})", fontsize=8.5)
+    if last:
+        ax.set_xlabel(f"time ({tl.unit})", fontsize=8.5)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    fig.text(left_in / w_in, 1 - 0.22 / h_in, tl.title, fontsize=11, fontweight="bold", va="top")
-    if tl.subtitle:
-        fig.text(left_in / w_in, 1 - 0.47 / h_in, tl.subtitle, fontsize=8.5, va="top", color="#333333")
+    return bool(dp_rects)
+
+
+def _legend(fig, tl: Timeline, w_in: float, with_mem: bool, dp_drawn: bool) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     handles: list = [Patch(facecolor=KIND_COLORS[k], label=f"{k}  {KIND_NAMES[k]}") for k in tl.kinds()]
     if tl.vpp > 1:
@@ -183,7 +247,7 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         if tl.mem_limit is not None:
             handles.append(Line2D([], [], color=LATE_COLOR, linestyle="--", linewidth=0.9,
                                   label=f"memory limit {tl.mem_limit:.3g}"))
-    if dp_rects:
+    if dp_drawn:
         handles.append(Patch(facecolor=DP_COLOR, label="data-parallel gradient reduction (band under a row)"))
     if any(b.wait > 0 for r in tl.rows for b in r.bars):
         handles.append(Patch(facecolor=WAIT_COLOR, label="logged inside a job, spent waiting for its input"))
@@ -191,11 +255,3 @@ def draw_gantt(tl: Timeline, path: str, *, dpi: int = 110, memory: bool = True) 
         handles.append(Patch(facecolor="white", edgecolor=LATE_EDGE, linewidth=1.5, label="started late (black frame)"))
     fig.legend(handles=handles, loc="lower center", ncol=legend_cols(len(handles), w_in), fontsize=7.5, frameon=False,
                bbox_to_anchor=(0.5, 0.0), title="box number = microbatch", title_fontsize=7.5)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    import matplotlib
-
-    # SVG keeps its text as text (searchable, smaller) instead of glyph outlines
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        with atomic_write(path, "wb") as fh:
-            fig.savefig(fh, format=fmt, dpi=dpi)
-    return path
