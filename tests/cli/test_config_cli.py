@@ -122,3 +122,20 @@ def test_layers_per_chunk_flag(capsys):
     rc, _, err = _main(capsys, "plan", "-s", "interleaved", "--pp", "2", "--vpp", "2", "-m", "4",
                        "--layers-per-chunk", "3,1,2")
     assert rc == 2 and "gives 3 counts but pp*vpp = 2*2 = 4 chunks" in err
+
+
+@pytest.mark.dist
+def test_run_with_a_settings_file_verifies(tmp_path):
+    """End to end: 'pipeloom run --config FILE' spawns the ranks the file describes and passes --verify."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[schedule]\nname = "zbv"\npp = 2\nmicrobatches = 4\nmem_limit = "1p"\n'
+                   '[training]\nsteps = 2\n[job]\nverify = true\ntimeout_s = 60\n')
+    r = subprocess.run([sys.executable, "-m", "pipeloom", "run", "--config", str(cfg), "--steps", "1", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["schedule"], d["pp"], d["vpp"], d["microbatches"], d["steps"]) == ("zbv", 2, 2, 4, 1)
+    assert d["verified"] is True and d["max_grad_diff"] <= 1e-5
