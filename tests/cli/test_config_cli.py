@@ -139,3 +139,13 @@ def test_run_with_a_settings_file_verifies(tmp_path):
     d = json.loads(r.stdout)
     assert (d["schedule"], d["pp"], d["vpp"], d["microbatches"], d["steps"]) == ("zbv", 2, 2, 4, 1)
     assert d["verified"] is True and d["max_grad_diff"] <= 1e-5
+
+
+def test_plan_on_the_command_line_wins_over_the_files_schedule(tmp_path, capsys):
+    """--plan FILE fixes the schedule: the settings' [schedule] fields are not applied (nor refused as flags)."""
+    plan_file = tmp_path / "p.json"
+    assert main(["plan", "-s", "1f1b", "--pp", "2", "-m", "2", "-o", str(plan_file)]) == 0
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[schedule]\nname = "zbv"\npp = 4\nmicrobatches = 8\nplan = "other.json"\n[training]\ndp = 2\n')
+    rc = _run_config(["--config", str(cfg), "--plan", str(plan_file)])
+    assert rc.plan.name == "1f1b" and rc.pp == 2 and rc.dp == 2

@@ -81,11 +81,12 @@ def apply_config(args, sub: argparse.ArgumentParser, argv: list[str], flags: lis
     given = given_dests(sub, argv)
     use_plan = cfg.schedule.plan is not None and not (given & PLANNING_DESTS) and hasattr(args, "plan") \
         and "plan" not in given
+    fixed = use_plan or "plan" in given  # a schedule file (the settings' or --plan FILE) fixes the schedule
     for dest, path, conv in flags:
         if dest in given or path not in fields or not hasattr(args, dest):
             continue
-        if use_plan and (path.startswith("schedule.") or (path.startswith("partition.")
-                                                            and path != "partition.layers_per_chunk")):
+        if fixed and (path.startswith("schedule.") or (path.startswith("partition.")
+                                                         and path != "partition.layers_per_chunk")):
             continue  # the plan file fixes the schedule (a run still takes the layer split)
         section, name = path.split(".")
         v = getattr(getattr(cfg, section), name)
