@@ -149,3 +149,23 @@ def test_plan_on_the_command_line_wins_over_the_files_schedule(tmp_path, capsys)
     cfg.write_text('[schedule]\nname = "zbv"\npp = 4\nmicrobatches = 8\nplan = "other.json"\n[training]\ndp = 2\n')
     rc = _run_config(["--config", str(cfg), "--plan", str(plan_file)])
     assert rc.plan.name == "1f1b" and rc.pp == 2 and rc.dp == 2
+
+
+def test_library_from_settings_matches_the_command_line(tmp_path):
+    """pipeloom.runtime.config.from_settings: the same RunConfig as 'pipeloom run --config FILE' for the example."""
+    from pipeloom.core.config import ConfigError
+    from pipeloom.runtime.config import from_settings
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[schedule]\nname = "zbv"\npp = 4\nmicrobatches = 8\nmem_limit = "1p"\ncosts = "F=1,B=2,W=1,comm=0"\n'
+                   '[partition]\nlayers_per_chunk = [2, 2, 2, 2, 2, 2, 2, 2]\n'
+                   '[training]\ndp = 2\nsteps = 5\nzero = 1\n[job]\nverify = true\n')
+    lib = from_settings(PipeloomConfig.load(cfg))
+    cli = _run_config(["--config", str(cfg)])
+    for f in ("schedule", "pp", "vpp", "microbatches", "dp", "steps", "zero", "verify", "layers_per_chunk", "dim"):
+        assert getattr(lib, f) == getattr(cli, f), f
+    assert lib.spec.costs == cli.spec.costs and lib.spec.mem_limit == cli.spec.mem_limit == 4.0
+    with pytest.raises(ConfigError, match="partition.balance"):
+        from_settings(PipeloomConfig.from_dict({"partition": {"balance": "makespan"}}))
+    with pytest.raises(ConfigError, match="schedule.name: unknown schedule 'nope'"):
+        from_settings(PipeloomConfig.from_dict({"schedule": {"name": "nope"}}))

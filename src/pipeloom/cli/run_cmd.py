@@ -275,6 +275,7 @@ def run_config(args):
         return RunConfig(plan=sched, pp=sched.pp, microbatches=sched.microbatches, n_layers=args.layers,
                          layers_per_chunk=split, **common)
     schedule = args.schedule or _DEFAULTS["schedule"]
+    from ..partition.layout import parse_counts
     from ..schedule import registry
 
     registry.get(schedule)
@@ -282,7 +283,8 @@ def run_config(args):
     m = args.microbatches or _DEFAULTS["microbatches"]
     vpp = args.vpp or registry.default_vpp(schedule)
     measured = _is_measured(args)
-    layers = args.layers if args.layers is not None else model.layers if model is not None else max(8, pp * vpp)
+    layers = args.layers if args.layers is not None else model.layers if model is not None else \
+        sum(parse_counts(args.layers_per_chunk)) if getattr(args, "layers_per_chunk", None) else max(8, pp * vpp)
     if model is not None and partition_given(args) and args.vocab is None and args.hidden is None:
         # the model costs its own layers and head, as 'plan --model' does (models.hf_config.resolve_model)
         args = argparse.Namespace(**vars(args))
