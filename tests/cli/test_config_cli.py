@@ -52,6 +52,7 @@ def test_plan_without_shape_names_the_fields(tmp_path, capsys):
     ('[schedule]\npp = 0\n', "schedule.pp must be an integer >= 1, got 0"),
     ('[training]\ndp = 2\nzero = 3\n', "training.zero must be 0"),
     ('[schedul]\n', "unknown section 'schedul'"),
+    ('[schedule]\nname = "zbx"\n', "schedule.name: unknown schedule 'zbx'; choose one of: "),
 ])
 def test_bad_file_is_one_line_naming_the_field(tmp_path, capsys, text, words):
     cfg = tmp_path / "bad.toml"

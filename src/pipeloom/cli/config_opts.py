@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..core.config import PipeloomConfig, read_config
+from ..core.config import ConfigError, PipeloomConfig, read_config
 
 
 def _counts(v) -> str:
@@ -90,6 +90,12 @@ def apply_config(args, sub: argparse.ArgumentParser, argv: list[str], flags: lis
             continue  # the plan file fixes the schedule (a run still takes the layer split)
         section, name = path.split(".")
         v = getattr(getattr(cfg, section), name)
+        if path == "schedule.name" and not v.startswith("torch:"):
+            from ..schedule import registry
+            try:
+                registry.get(v)
+            except ValueError as e:
+                raise ConfigError(f"{args.config}: schedule.name: {e}") from None
         setattr(args, dest, conv(v) if conv else v)
     if use_plan:
         args.plan = cfg.schedule.plan
