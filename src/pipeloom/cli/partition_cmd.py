@@ -90,7 +90,8 @@ def _run_layout(args) -> int:
     from ..partition import default_layer_costs, load_layer_costs
     from ..partition.wiring import PartitionPlan
 
-    for flag, v in (("--layers-per-device", args.layers_per_device), ("--balance", args.balance)):
+    for flag, v in (("--layers-per-device", args.layers_per_device), ("--layers-per-chunk", args.layers_per_chunk),
+                    ("--balance", args.balance)):
         if v is not None:
             raise ValueError(f"--megatron-layout gives the split itself; drop {flag}")
     part = layout_to_partition(args.megatron_layout, args.pp)
