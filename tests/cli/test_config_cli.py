@@ -102,6 +102,12 @@ def test_tune_out_config_runs_the_exact_plan_and_plans_again(tmp_path, capsys):
     assert list(cfg.partition.layers_per_chunk) == best["seg_layer_num"]
     assert (cfg.training.dp, cfg.training.zero, cfg.training.microbatch_size) == \
         (best["dp"], best["zero"], best["microbatch_size"])
+    assert (cfg.tune.model, cfg.tune.gpus, cfg.tune.global_batch, cfg.tune.tp) == ("llama-tiny", 8, 16, best["tp"])
+    assert cfg.tune.step_time_s == best["step_time_s"] and cfg.tune.mfu == best["mfu"]
+    # the file round-trips: read and written again it is the same text below its comment header
+    text = (out / "pipeloom.toml").read_text()
+    body = text[text.index("["):]
+    assert PipeloomConfig.from_toml(text).to_toml() == body
     # run --config: the tuner's exact plan file and its layer split
     rc_ = _run_config(["--config", str(out / "pipeloom.toml")])
     planned = load(str(out / "plan.json"))
