@@ -383,3 +383,17 @@ def test_tune_table_never_cuts_numbers_in_a_pipe(capsys, monkeypatch):
         assert cell in out, cell
     row = next(line for line in out.splitlines() if "29.1%" in line)
     assert "123,456,789,012" in row and "12345.678" in row  # one row, one line
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--pp", "4", "-m", "8", "--mem-limit", "1p", "--schedules", "zbv,1f1b", "--dp", "4",
+     "--param-bytes", "1GB"],
+    ["simulate", "-s", "zbv", "--pp", "4", "-m", "8", "--costs", "F=1.123456,B=2.234567,W=1.345678,comm=0.123456"],
+    ["partition", "--layers", "32", "--pp", "4", "--vocab", "128256", "--hidden", "4096", "--seq", "4096"],
+])
+def test_tables_never_cut_numbers_in_a_narrow_pipe(capsys, monkeypatch, argv):
+    """compare with --dp printed '5.…' for a 5.9% bubble in 80 columns (not a terminal)."""
+    monkeypatch.setenv("COLUMNS", "60")
+    rc, out, _ = run(capsys, *argv)
+    table = [line for line in out.splitlines() if line.startswith(("│", "┃"))]
+    assert rc == 0 and table and not any("…" in line for line in table), "\n".join(table)

@@ -376,6 +376,20 @@ def _non_finite(obj, path: str) -> str | None:
     return None
 
 
+def print_table(con, table) -> None:
+    """Print a rich ``table`` at its natural width, however narrow the terminal or pipe (rich lays out 80
+    columns when not on a terminal and would cut numbers to "29.…"); a narrower terminal wraps the lines."""
+    from rich.measure import Measurement
+
+    need = Measurement.get(con, con.options.update(width=10_000), table).maximum
+    old = con.width
+    con.width = max(old, need)  # (print's own width= is capped at the console's)
+    try:
+        con.print(table, crop=False)
+    finally:
+        con.width = old
+
+
 def fmt(x, digits: int = 4) -> str:
     if x is None:
         return "-"

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..schedule.planning import compare, evaluate
-from .common import TORCH_PREFIX, add_planning_options, fmt, partition_given, plan_inputs, plan_named, print_json
+from .common import (TORCH_PREFIX, add_planning_options, fmt, partition_given, plan_inputs, plan_named, print_json,
+                     print_table)
 from .dp_options import add_dp_options, dp_result, dp_wanted
 
 
@@ -123,7 +124,7 @@ def run(args) -> int:
         t.add_row(r["schedule"], str(r["vpp"]), fmt(r["makespan"]), f"{r[key] / best:.3f}" if best and r.get(key) else "-",
                   f"{r['bubble']:.1%}", f"{r['stage_bubble']:.1%}", fmt(max(r["peak_memory"]), 3)
                   + ("" if r["valid"] else " [red]invalid[/red]"), *extra)
-    con.print(t)
+    print_table(con, t)
     skipped = [r for r in rows if "error" in r]
     if skipped:
         con.print("[bold]not applicable here:[/bold]")

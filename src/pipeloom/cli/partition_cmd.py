@@ -6,7 +6,7 @@ import argparse
 from ..schedule.planning import evaluate, make_spec, plan
 from ..schedule import registry
 from .common import (add_costs_option, add_mem_limit_option, add_partition_options, add_schedule_option,
-                     add_shape_options, fmt, partition_from_args, positive_int, print_json)
+                     add_shape_options, fmt, partition_from_args, positive_int, print_json, print_table)
 
 _EPILOG = """\
 where the layers go:
@@ -190,7 +190,7 @@ def _print(out: dict, part, cc) -> None:
             t.add_row(str(d) if i == 0 else "", str(i), str(c), layers, fmt(cc["F"][c], 3), fmt(cc["B"][c], 3),
                       fmt(cc["W"][c], 3), fmt(a[c], 3), fmt(out["device_load"][d], 3) if i == 0 else "",
                       end_section=i == part.vpp - 1)
-    con.print(t)
+    print_table(con, t)
     if out.get("megatron_layout"):
         con.print(f"Megatron-Core: --pipeline-model-parallel-layout '{out['megatron_layout']}'")
     s = Table(title=f"simulated: {out['schedule']} m={out['microbatches']} (cost model: {out['cost_model']})")

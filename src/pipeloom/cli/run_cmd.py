@@ -8,7 +8,7 @@ import sys
 
 from .common import (add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option, add_partition_options,
                      add_schedule_option, add_shape_options, fmt, layers_int, number_type, partition_given,
-                     plan_inputs, positive_int, print_json)
+                     plan_inputs, positive_int, print_json, print_table)
 from ..schedule import io as schedule_io
 from .config_opts import RUN_FLAGS, add_config_option
 
@@ -382,7 +382,7 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
         t.add_row("job logs", f"{args.log_dir}/workerlog.<rank>")
     if getattr(args, "calibrate", None):
         t.add_row("calibration (for pipeloom tune)", args.calibrate)
-    Console().print(t)
+    print_table(Console(), t)
 
 
 def _ms(v) -> str:

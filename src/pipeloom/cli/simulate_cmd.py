@@ -6,7 +6,7 @@ import argparse
 from ..schedule.planning import evaluate, make_spec
 from .common import (PARTITION_KEYS, add_builder_options, add_costs_option, add_mem_limit_option, add_mem_option,
                      add_partition_options, add_schedule_option, add_shape_options, fmt, mem_model_from_args,
-                     plan_named, print_json, spec_from_args)
+                     plan_named, print_json, spec_from_args, print_table)
 from .dp_options import add_dp_options, dp_result, dp_wanted
 
 
@@ -170,7 +170,7 @@ def print_result(res: dict, costs: tuple[str, str, str | None] | None = None, li
     t.add_row("memory limit", (fmt(res["memory_limit"]) + limit_note) if res["memory_limit"] is not None else "none")
     t.add_row("valid", "yes" if res["valid"] else "[red]NO[/red]")
     con = Console()
-    con.print(t)
+    print_table(con, t)
     if costs and costs[2]:
         con.print(f"[dim]{costs[2]}[/dim]")
     for v in res["violations"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .common import number_type, positive_int, print_json
+from .common import number_type, positive_int, print_json, print_table
 
 GiB = 1024 ** 3
 
@@ -211,7 +211,7 @@ def _print(res, explain: bool, written: list[str]) -> None:
                   c.recompute, str(c.zero), c.partition[:4], f"{c.tokens_per_s:,.0f}", f"{c.mfu * 100:.1f}%",
                   f"{c.step_time_s:.3f}", f"{c.bubble * 100:.1f}%", f"{c.exposed_comm_s:.3f}",
                   f"{c.peak_bytes / GiB:.1f}", f"{(p.gpu.memory - p.reserve - c.peak_bytes) / GiB:.1f}", "yes")
-    _print_whole(con, t)
+    print_table(con, t)
     con.print(f"searched {res.searched} configurations, simulated {res.simulations} "
               f"({res.cache_hits} cache hits) in {res.seconds:.1f} s")
     pr = Table(title="pruned", box=box.SIMPLE_HEAD)
@@ -219,7 +219,7 @@ def _print(res, explain: bool, written: list[str]) -> None:
     pr.add_column("count", justify="right")
     for k, v in sorted(res.pruned.items(), key=lambda kv: -kv[1]):
         pr.add_row(k, str(v))
-    _print_whole(con, pr)
+    print_table(con, pr)
     best = res.best
     if best is not None:
         d = best.to_dict()
@@ -230,20 +230,6 @@ def _print(res, explain: bool, written: list[str]) -> None:
         _print_tree(con, res.explain, "")
     for w in written:
         con.print(f"wrote {w}")
-
-
-def _print_whole(con, table) -> None:
-    """Print ``table`` at its natural width, however narrow the terminal or pipe (80 columns when not a terminal):
-    a number is never cut to "29.…"; a terminal narrower than the table wraps the lines instead."""
-    from rich.measure import Measurement
-
-    need = Measurement.get(con, con.options.update(width=10_000), table).maximum
-    old = con.width
-    con.width = max(old, need)  # (print's own width= is capped at the console's)
-    try:
-        con.print(table, crop=False)
-    finally:
-        con.width = old
 
 
 def _print_tree(con, obj, indent: str) -> None:
