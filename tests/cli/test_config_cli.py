@@ -172,7 +172,15 @@ def test_library_from_settings_matches_the_command_line(tmp_path):
     for f in ("schedule", "pp", "vpp", "microbatches", "dp", "steps", "zero", "verify", "layers_per_chunk", "dim"):
         assert getattr(lib, f) == getattr(cli, f), f
     assert lib.spec.costs == cli.spec.costs and lib.spec.mem_limit == cli.spec.mem_limit == 4.0
-    with pytest.raises(ConfigError, match="partition.balance"):
-        from_settings(PipeloomConfig.from_dict({"partition": {"balance": "makespan"}}))
+    with pytest.raises(ConfigError, match="partition.model 'llama2-7b': a run costs the layers of the model it"):
+        from_settings(PipeloomConfig.from_dict({"partition": {"model": "llama2-7b"}}))
+    with pytest.raises(ConfigError, match=r"partition\.layers_per_chunk gives 3 counts but pp\*vpp = 2\*2 = 4"):
+        from_settings(PipeloomConfig.from_dict({"schedule": {"name": "zbv"}, "partition": {"layers_per_chunk": [1, 2, 3]}}))
+    # a balanced split, as 'pipeloom run --balance' makes it
+    bal = tmp_path / "bal.toml"
+    bal.write_text('[schedule]\nname = "zbv"\npp = 2\nmicrobatches = 4\n[partition]\nlayers = 10\nvocab = 32000\n'
+                   'hidden = 64\nbalance = "bottleneck"\n')
+    a, b = from_settings(PipeloomConfig.load(bal)), _run_config(["--config", str(bal)])
+    assert a.layers_per_chunk == b.layers_per_chunk and sum(a.layers_per_chunk) == 10 and a.spec.costs == b.spec.costs
     with pytest.raises(ConfigError, match="schedule.name: unknown schedule 'nope'"):
         from_settings(PipeloomConfig.from_dict({"schedule": {"name": "nope"}}))

@@ -78,6 +78,9 @@ def apply_config(args, sub: argparse.ArgumentParser, argv: list[str], flags: lis
     A file's ``schedule.plan`` becomes ``args.plan`` while no planning flag is given (then the schedule
     is planned again from the file's [schedule] section and the flags)."""
     cfg, fields = read_config(args.config)
+    if flags is RUN_FLAGS and "partition.model" in fields:
+        raise ConfigError(f"{args.config}: partition.model: a run costs the layers of the model it trains ([model] "
+                          f"name); leave partition.model out (it is for 'pipeloom plan')")
     given = given_dests(sub, argv)
     use_plan = cfg.schedule.plan is not None and not (given & PLANNING_DESTS) and hasattr(args, "plan") \
         and "plan" not in given

@@ -1,6 +1,7 @@
 """From loose inputs (CLI options, config) to a partition and the per-chunk PlanSpec it implies."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -132,3 +133,38 @@ def make_partition(*, pp: int, vpp: int = 1, placement: Placement | str = Placem
                                       embedding=embedding, head=head)
         return PartitionPlan(part, layer_costs, "layers-per-device")
     return PartitionPlan(uniform(layers, pp, vpp, placement, embedding=embedding, head=head), layer_costs, "uniform")
+
+
+def partition_from_settings(settings, *, pp: int, vpp: int = 1, placement: Placement | str = Placement.INTERLEAVED,
+                            base_costs: Costs | None = None, schedule: str | None = None,
+                            microbatches: int | None = None, mem_limit: float | None = None,
+                            options: dict | None = None, model: ModelConfig | None = None,
+                            progress: Callable[[int], None] | None = None) -> PartitionPlan:
+    """:func:`make_partition` of a settings file's ``[partition]`` section
+    (:class:`pipeloom.core.config.PartitionSection`: what to cut and how) for a pipeline (``pp``, ``vpp``,
+    placement, and the schedule a balance simulates). ``settings.model`` (a preset or a config.json) is
+    resolved here unless ``model`` gives the :class:`~pipeloom.models.config.ModelConfig`. Errors name the
+    section's fields."""
+    from ..core.config import ConfigError, PartitionSection
+
+    if not isinstance(settings, PartitionSection):
+        raise ConfigError(f"expected a PartitionSection, got {type(settings).__name__}")
+    if model is None and settings.model is not None:
+        from ..models.hf_config import resolve_model
+        try:
+            model = resolve_model(settings.model)
+        except ValueError as e:
+            raise ConfigError(f"partition.model: {e}") from None
+    balance = settings.balance
+    if balance == "auto":
+        balance = "makespan" if schedule else "bottleneck"
+    try:
+        return make_partition(pp=pp, vpp=vpp, placement=placement, layers=settings.layers,
+                              layers_per_device=settings.layers_per_device,
+                              layers_per_chunk=settings.layers_per_chunk, layer_costs=settings.layer_costs,
+                              base_costs=base_costs, vocab=settings.vocab, hidden=settings.hidden, seq=settings.seq,
+                              model=model, balance=balance, schedule=schedule, microbatches=microbatches,
+                              mem_limit=mem_limit, options=options, progress=progress)
+    except PartitionError as e:  # the keyword's flag name -> the section's field
+        msg = re.sub(r"--([a-z-]+)", lambda m: "partition." + m.group(1).replace("-", "_"), str(e))
+        raise ConfigError(msg) from None

@@ -228,25 +228,24 @@ def model_config(cfg: RunConfig, num_chunks: int):
 def from_settings(settings) -> RunConfig:
     """The :class:`RunConfig` of a settings file's sections (:class:`pipeloom.core.config.PipeloomConfig`, e.g.
     ``PipeloomConfig.load("plan/pipeloom.toml")`` that ``pipeloom tune --out`` wrote), for the built-in example
-    model. ``schedule.plan`` (a schedule file) is run as it is; else ``[schedule]`` is planned. Of
-    ``[partition]`` this takes the layer split (``layers_per_chunk``) and ``layers``; the fields that cost layers
-    from a model or a file (and a transformers ``model.name``) need the command line's model resolution
-    (``pipeloom run --config FILE``) and are refused here, naming the field."""
+    model. ``schedule.plan`` (a schedule file) is run as it is; else ``[schedule]`` is planned, with the chunks
+    costed and the model's layers cut by ``[partition]`` (:func:`pipeloom.partition.partition_from_settings`),
+    as ``pipeloom run --config FILE`` does. A transformers ``model.name`` is built by
+    :class:`pipeloom.integrations.hf.HFRunModel` (``RunConfig(model=...)``) and refused here, naming the field."""
     from ..core.config import ConfigError, PipeloomConfig
 
     if not isinstance(settings, PipeloomConfig):
         raise ConfigError(f"expected a PipeloomConfig, got {type(settings).__name__}")
     s, p, m, t, j = settings.schedule, settings.partition, settings.model, settings.training, settings.job
-    for name in ("layers_per_device", "layer_costs", "balance", "model", "vocab", "hidden", "seq"):
-        if getattr(p, name) is not None:
-            raise ConfigError(f"partition.{name}: costing layers needs 'pipeloom run --config FILE' (the command "
-                              f"line resolves models and cost files); here give partition.layers_per_chunk")
     if m.name is not None and m.name not in EXAMPLES:
         raise ConfigError(f"model.name {m.name!r}: a transformers model is built by pipeloom.integrations.hf."
                           f"HFRunModel (RunConfig(model=...)) or 'pipeloom run --config FILE'; here: "
                           f"{', '.join(EXAMPLES)}")
     if m.weights:
         raise ConfigError("model.weights: the example model has seeded weights (a transformers model loads them)")
+    if p.model is not None:
+        raise ConfigError(f"partition.model {p.model!r}: a run costs the layers of the model it trains; leave "
+                          f"partition.model out (it is for 'pipeloom plan')")
     common = dict(dp=t.dp, steps=t.steps, microbatch_size=t.microbatch_size, seq_len=t.seq_len, lr=t.lr, seed=t.seed,
                   dtype=t.dtype, zero=t.zero, overlap_grad_reduce=t.overlap_grad_reduce, rank_order=t.rank_order,
                   data=t.data, data_dtype=t.data_dtype, verify=j.verify, log_dir=j.log_dir,
@@ -268,16 +267,17 @@ def from_settings(settings) -> RunConfig:
         mem = runtime_mem_model("torch", a=MemModel.parse(s.mem).a)
     spec = planning.make_spec(pp=s.pp, microbatches=s.microbatches, vpp=vpp, costs=s.costs, mem=mem,
                               mem_limit=s.mem_limit, options=dict(s.options))
-    if p.layers_per_chunk is not None:  # the chunks cost what their layers cost, as 'pipeloom plan' costs them
+    split = p.layers_per_chunk
+    if p.given():  # the chunks cost what their layers cost, as 'pipeloom plan' costs them
         if s.mem is not None:
-            raise ConfigError("schedule.mem: with partition.layers_per_chunk the memory comes from the layers; "
-                              "leave out one of the two")
-        from ..partition import make_partition, placement_of
-        pplan = make_partition(pp=s.pp, vpp=vpp, placement=placement_of(s.name, vpp, spec.options),
-                               layers=p.layers, layers_per_chunk=p.layers_per_chunk, base_costs=spec.costs,
-                               schedule=s.name, microbatches=s.microbatches, mem_limit=spec.mem_limit,
-                               options=spec.options)
-        spec = pplan.apply(spec)
+            raise ConfigError("schedule.mem: with a [partition] the memory comes from the layers; leave out one of "
+                              "the two")
+        from ..partition import partition_from_settings, placement_of
+        pplan = partition_from_settings(p, pp=s.pp, vpp=vpp, placement=placement_of(s.name, vpp, spec.options),
+                                        base_costs=spec.costs, schedule=s.name, microbatches=s.microbatches,
+                                        mem_limit=spec.mem_limit, options=spec.options)
+        spec, split = pplan.apply(spec), tuple(pplan.partition.seg_layer_num)
+    common["layers_per_chunk"] = split
     return RunConfig(schedule=s.name, pp=s.pp, vpp=vpp, microbatches=s.microbatches, spec=spec,
                      mem_limit=s.mem_limit, **common)
 
