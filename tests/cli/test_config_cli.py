@@ -120,6 +120,16 @@ def test_tune_out_config_runs_the_exact_plan_and_plans_again(tmp_path, capsys):
     assert (d["schedule"], d["pp"], d["vpp"], d["microbatches"], d["valid"]) == \
         (best["schedule"], best["pp"], best["vpp"], best["microbatches"], True)
     assert d["partition"]["seg_layer_num"] == best["seg_layer_num"]
+    # tune --config: the [tune] record asks the same question again (the search limits are flags)
+    rc3, o3, e3 = _main(capsys, "tune", "--config", str(out / "pipeloom.toml"), "--gpus-per-node", "4",
+                        "--gpu-flops", "2e9", "--gpu-memory", "24MiB", "--reserve", "0", "--schedules", "zbv,interleaved",
+                        "--max-microbatch-size", "2", "--json")
+    assert rc3 == 0, e3
+    again = json.loads(o3)["configs"][0]
+    assert {k: again[k] for k in ("tp", "pp", "vpp", "dp", "schedule", "microbatches", "seg_layer_num")} == \
+        {k: best[k] for k in ("tp", "pp", "vpp", "dp", "schedule", "microbatches", "seg_layer_num")}
+    rc4, _, e4 = _main(capsys, "tune", "--gpus", "8")
+    assert rc4 == 2 and "tune needs --model, --global-batch (or a --config FILE whose [tune] section" in e4
 
 
 def test_layers_per_chunk_flag(capsys):

@@ -47,6 +47,9 @@ RUN_FLAGS = SCHEDULE_FLAGS + PARTITION_FLAGS + [
     ("verify", "job.verify", None), ("log_dir", "job.log_dir", None), ("profile_steps", "job.profile_steps", None),
     ("timeout", "job.timeout_s", None),
 ]
+#: tune: the problem of its [tune] record (the file tune --out wrote asks the same question again)
+TUNE_FLAGS = [("model", "tune.model", None), ("gpus", "tune.gpus", None), ("gpu", "tune.gpu", None),
+              ("global_batch", "tune.global_batch", None), ("seq", "tune.seq", None)]
 #: the flags that plan a schedule: when one is on the command line, a file's schedule.plan is not used
 PLANNING_DESTS = {d for d, _, _ in SCHEDULE_FLAGS + PARTITION_FLAGS} | {"model"}
 

@@ -78,7 +78,13 @@ def add_parser(sub) -> None:
                         "'pipeloom plan --config'")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {configs, searched, pruned, ...}")
-    p.set_defaults(func=run)
+    from .config_opts import TUNE_FLAGS, add_config_option
+
+    add_config_option(p)  # [tune] model, gpus, gpu, global_batch, seq: e.g. the pipeloom.toml of an earlier --out
+    for a in p._actions:  # required unless a --config file gives them (checked in run)
+        if a.dest in ("model", "gpus", "global_batch"):
+            a.required = False
+    p.set_defaults(func=run, _config_flags=TUNE_FLAGS)
 
 
 def _csv(text: str, flag: str, allowed=None, conv=str) -> tuple:
@@ -153,6 +159,12 @@ def _resolve_model(spec: str):
 
 def run(args) -> int:
     from ..tune import tune
+
+    missing = [f for f, v in (("--model", args.model), ("--gpus", args.gpus), ("--global-batch", args.global_batch))
+               if v is None]
+    if missing:
+        raise ValueError(f"tune needs {', '.join(missing)} (or a --config FILE whose [tune] section sets "
+                         f"{', '.join(m.lstrip('-').replace('-', '_') for m in missing)})")
 
     prob = problem_from_args(args)
     if args.out is not None:

@@ -4,7 +4,8 @@
 ``[schedule]`` names the builder, shape and memory limit and points at the exact plan ``tune`` wrote
 (``plan = "plan.json"``): ``run --config`` runs that file; ``plan --config`` plans the builder again for the
 same shape, layer split and limit, with costs from the layer counts. ``[partition]`` holds the layer split,
-``[training]`` dp, ZeRO, micro-batch size and sequence length, ``[tune]`` what was asked and predicted.
+``[training]`` dp, ZeRO, micro-batch size and sequence length, ``[tune]`` what was asked and predicted
+(``pipeloom tune --config`` asks it again).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None
         model=ModelSection(name=model_path if path_like else None),
         training=TrainingSection(dp=c.dp, zero=c.zero, microbatch_size=c.microbatch_size, seq_len=p.seq,
                                  dtype="bf16"),
-        tune=TuneSection(model=p.model.name, gpus=p.gpus, gpu=p.gpu.name, global_batch=p.global_batch, seq=p.seq,
+        tune=TuneSection(model=model_path if path_like else p.model.name, gpus=p.gpus, gpu=p.gpu.name, global_batch=p.global_batch, seq=p.seq,
                          tp=c.tp, recompute=c.recompute, step_time_s=c.step_time_s, mfu=c.mfu,
                          tokens_per_s=c.tokens_per_s))
 
