@@ -105,5 +105,4 @@ def apply_config(args, sub: argparse.ArgumentParser, argv: list[str], flags: lis
         setattr(args, dest, conv(v) if conv else v)
     if use_plan:
         args.plan = cfg.schedule.plan
-    args.config_fields = fields
     return cfg
