@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
                     "replay the plan, and report per device the planned and measured bubble, the jobs that started "
                     "late and by how much, the rank that causes them (its own jobs grew or started late; ranks "
                     "that only waited are not blamed) and a verdict. For FThenB, 1F1B and balanced interleaved "
-                    "VPP the closed-form bubble positions of seed 002 are compared as well. Every input (worker logs, torch "
+                    "VPP the closed-form bubble positions are compared as well. Every input (worker logs, torch "
                     "profiler traces, op traces of any trainer) then gets the what-if straggler analysis: slowdown S, "
                     "the workers, stages and op types that cause it, verdicts, a heatmap and a Perfetto timeline "
                     "(docs/diagnose.md)."),
@@ -227,7 +227,7 @@ def _print(rep, run_log, args) -> None:
     con.print(t)
     con.print(f"[dim]{legend}[/dim]")
     if rep.closed_form:
-        c = Table(title="seed 002 closed form vs measured, ms of idle: before the first job (lead), "
+        c = Table(title="closed form vs measured, ms of idle: before the first job (lead), "
                         "in between (middle), after the last job (tail)", box=box.SIMPLE_HEAD, pad_edge=False)
         for col in ("stage", "lead plan", "meas", "middle plan", "meas", "tail plan", "meas"):
             c.add_column(col, justify="right", no_wrap=True, min_width=len(col))

@@ -459,7 +459,7 @@ def _closed_form_applies(plan: Schedule) -> bool:
 
 
 def closed_form_bubbles(name: str, pp: int, t_f: float, t_b: float) -> list[dict]:
-    """Seed 002's idle time per stage: before the first job, in the middle, after the last job."""
+    """The closed form's idle time per stage: before the first job, in the middle, after the last job."""
     if name not in CLOSED_FORM_SCHEDULES:
         raise ValueError(f"no closed form for {name!r}: known for {', '.join(CLOSED_FORM_SCHEDULES)}")
     out = []

@@ -1,6 +1,6 @@
 """Read per-rank job logs, keep the profiled steps, align clocks across machines (no torch).
 
-Layouts (seed 003): ``LOGDIR/workerlog.<rank>`` (what ``pipeloom run --log-dir`` writes) or
+Layouts (worker logs): ``LOGDIR/workerlog.<rank>`` (what ``pipeloom run --log-dir`` writes) or
 ``LOGDIR/machine<k>/workerlog.<rank>`` (logs copied from several machines). Each line is a
 JSON object (``meta``, ``profile_start``, ``sync``, ``job``, ``step_end``, ``profile_stop``;
 see docs/visualise.md) or the seed-003 text form
@@ -277,7 +277,7 @@ def run_of_ranks(ranks: list[RankLog], root: str, *, source: str = "pipeloom", a
 
 
 def _read_ranks(root: str) -> tuple[list[RankLog], str]:
-    """Every rank's log under ``root`` and where they came from: "pipeloom" (job logs and seed 003's text
+    """Every rank's log under ``root`` and where they came from: "pipeloom" (job logs and worker-log text
     lines) or "torch" (torch profiler traces, when there are no worker logs)."""
     if os.path.isfile(root) and torch_profile.find_traces(root):
         return torch_profile.read_traces(root), "torch"

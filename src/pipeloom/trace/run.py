@@ -1,6 +1,6 @@
 """The in-memory model of a measured run, whatever wrote it (no torch).
 
-Every reader (pipeloom's job logs and seed 003's text lines in :mod:`.reader`, torch profiler traces
+Every reader (pipeloom's job logs and the worker-log text lines in :mod:`.reader`, torch profiler traces
 in :mod:`.torch_profile`) produces these: per rank a :class:`RankLog` of :class:`LogJob` records,
 and a :class:`RunLog` of all ranks with aligned clocks, which the check, the trace writer and the
 pictures consume.

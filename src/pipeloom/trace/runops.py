@@ -1,6 +1,6 @@
 """Run logs as op traces: one input model for the what-if analysis (no torch).
 
-:func:`optrace_of_run` turns a :class:`~pipeloom.trace.run.RunLog` (pipeloom's job logs, seed 003's
+:func:`optrace_of_run` turns a :class:`~pipeloom.trace.run.RunLog` (pipeloom's job logs, worker-log
 text lines, torch profiler traces: whatever :func:`~pipeloom.trace.reader.read_logs` read, clocks
 aligned and waits clipped) into the :class:`~pipeloom.trace.optrace.OpTrace` that op-trace files are
 read into, so :mod:`.whatif`, :mod:`.verdicts` and :mod:`.opcheck` have one input whatever wrote the run.

@@ -9,7 +9,7 @@ step (torchtitan: ``profile_trace/iteration_<N>/rank<R>_trace.json``), plain or 
 :func:`find_traces` finds them under a directory: the rank comes from the trace's
 ``distributedInfo.rank``, else from ``rank<R>`` in the file name; the step from an ``iteration_<N>``
 folder, else from the job order (a step starts at stage 0's forward of microbatch 0 once a backward
-was seen, seed 003's rule). :func:`read_trace` turns one file into a :class:`~pipeloom.trace.reader.RankLog`
+was seen, the worker-log rule). :func:`read_trace` turns one file into a :class:`~pipeloom.trace.reader.RankLog`
 of jobs in pipeloom's vocabulary (torch ``I`` = pipeloom ``B``, ``B`` = ``BW``), so that
 :func:`pipeloom.trace.reader.read_logs` gives the same run model, pictures and checks as for
 pipeloom's own logs. torch's ``PP:<stage>RECV_F<mb>`` / ``RECV_B`` actions only post a receive; the action
