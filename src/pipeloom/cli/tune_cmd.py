@@ -73,8 +73,9 @@ def add_parser(sub) -> None:
                    help="processes that build schedules (default: one per core, at most 2; the result is the same)")
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="write the best plan: schedule JSON, Gantt PNG, launch commands, torchtitan and "
-                        "Megatron-Core arguments")
+                   help="write the best plan into DIR: plan.json, plan.torch.csv, plan.gantt.png, pipeloom_torchtitan.py "
+                        "(torchtitan 0.3 config), torchtitan_args.txt, megatron_args.txt, launch.json; these files "
+                        "are replaced, nothing else in DIR is touched")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {configs, searched, pruned, ...}")
     p.set_defaults(func=run)
@@ -168,24 +169,40 @@ def run(args) -> int:
                       TimeElapsedColumn(), transient=True) as bar:
             task = bar.add_task("tune", total=None)
             res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
-    written = []
+    written, before, titan = [], [], None
     if args.out is not None:
-        from ..tune.launch import write_plan
+        from ..tune.launch import replaced, write_plan
 
+        # only the files write_plan names are written; what else is in the folder stays as it is
+        before = replaced(args.out)
         written = write_plan(res, args.out)
+        titan = _titan_line(args.out)
     if args.json:
         out = res.to_dict()
         if args.explain:
             out["explain"] = res.explain
         if written:
             out["written"] = written
+            out["replaced"] = [p for p in written if p in before]
+            if titan:
+                out["torchtitan"] = titan
         print_json(out)
         return 0
-    _print(res, args.explain, written)
+    _print(res, args.explain, written, set(before), titan)
     return 0
 
 
-def _print(res, explain: bool, written: list[str]) -> None:
+def _titan_line(out_dir: str) -> str | None:
+    """Why torchtitan got no config (None when it did)."""
+    import json
+    import os
+
+    with open(os.path.join(out_dir, "launch.json"), encoding="utf-8") as fh:
+        t = json.load(fh)["torchtitan"]
+    return None if t["unsupported"] is None else f"no torchtitan config: {t['unsupported']}"
+
+
+def _print(res, explain: bool, written: list[str], before: set = frozenset(), titan: str | None = None) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -225,7 +242,9 @@ def _print(res, explain: bool, written: list[str]) -> None:
         con.print("[bold]cost model of the best configuration[/bold]")
         _print_tree(con, res.explain, "")
     for w in written:
-        con.print(f"wrote {w}")
+        con.print(f"{'replaced' if w in before else 'wrote'} {w}", highlight=False, soft_wrap=True)
+    if titan:
+        con.print(titan, highlight=False, soft_wrap=True)
 
 
 def _print_tree(con, obj, indent: str) -> None:
