@@ -75,6 +75,14 @@ class TitanJob:
     def layers(self) -> int:
         return sum(self.seg_layer_num)
 
+    @classmethod
+    def from_schedule(cls, schedule, seg_layer_num: Sequence[int], **kw) -> "TitanJob":
+        """The job of a pipeloom :class:`~pipeloom.core.ir.Schedule` with ``seg_layer_num`` layers per chunk
+        (``kw``: the other fields: ``microbatch_size``, ``tp``, ``dp``, ...)."""
+        return cls(pp=schedule.pp, vpp=schedule.vpp, placement=Placement(schedule.placement),
+                   seg_layer_num=tuple(int(n) for n in seg_layer_num), microbatches=schedule.microbatches,
+                   schedule=kw.pop("schedule", schedule.name), **kw)
+
 
 def check_version(installed: str) -> None:
     """Refuse a torchtitan other than :data:`TORCHTITAN_VERSION` (major.minor): its config surface moves."""
