@@ -42,7 +42,8 @@ def rank_main(plan_path: str) -> dict | None:
     part = build_stages_from_csv(plan_path, make_chunk, loss_fn)
     x, y = data(part.schedule.microbatches)
     losses = part.step(x, y)
-    grads = {f"{c}.{n}": p.grad for c, mod in zip(part.chunks, part.modules) for n, p in mod.named_parameters()}
+    # plain lists: what a rank returns travels back through a pipe, where tensors would need shared memory
+    grads = {f"{c}.{n}": p.grad.tolist() for c, mod in zip(part.chunks, part.modules) for n, p in mod.named_parameters()}
     mine = {"rank": dist.get_rank(), "chunks": part.chunks, "losses": [float(v.detach()) for v in losses], "grads": grads}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -70,7 +71,7 @@ def check(every: list, m: int, num_chunks: int) -> float:
     for r in every:
         print(f"rank {r['rank']}: chunks {r['chunks']}")
     losses = [v for r in every for v in r["losses"]]
-    grads = {k: g for r in every for k, g in r["grads"].items()}
+    grads = {k: torch.tensor(g) for r in every for k, g in r["grads"].items()}
     assert set(grads) == set(ref_grads), "every chunk is built on exactly one rank"
     diff = max([abs(a - b) for a, b in zip(losses, ref_losses)] +
                [float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads])
