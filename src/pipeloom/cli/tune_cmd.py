@@ -169,7 +169,7 @@ def run(args) -> int:
                       TimeElapsedColumn(), transient=True) as bar:
             task = bar.add_task("tune", total=None)
             res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
-    written, before, titan = [], [], None
+    written, before, titan = [], [], []
     if args.out is not None:
         from ..tune.launch import replaced, write_plan
 
@@ -184,25 +184,27 @@ def run(args) -> int:
         if written:
             out["written"] = written
             out["replaced"] = [p for p in written if p in before]
-            if titan:
-                out["torchtitan"] = titan
+            out["launch_notes"] = titan
         print_json(out)
         return 0
     _print(res, args.explain, written, set(before), titan)
     return 0
 
 
-def _titan_line(out_dir: str) -> str | None:
-    """Why torchtitan got no config (None when it did)."""
+def _titan_line(out_dir: str) -> list[str]:
+    """What the torchtitan and Megatron files do differently from the plan (and why torchtitan got none, if so)."""
     import json
     import os
 
     with open(os.path.join(out_dir, "launch.json"), encoding="utf-8") as fh:
-        t = json.load(fh)["torchtitan"]
-    return None if t["unsupported"] is None else f"no torchtitan config: {t['unsupported']}"
+        launch = json.load(fh)
+    t = launch["torchtitan"]
+    out = [] if t["unsupported"] is None else [f"no torchtitan config: {t['unsupported']}"]
+    out += [f"torchtitan: {n}" for n in t["notes"]]
+    return out + ([f"megatron: {launch['megatron_note']}"] if launch["megatron_note"] else [])
 
 
-def _print(res, explain: bool, written: list[str], before: set = frozenset(), titan: str | None = None) -> None:
+def _print(res, explain: bool, written: list[str], before: set = frozenset(), titan: list = ()) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -234,17 +236,20 @@ def _print(res, explain: bool, written: list[str], before: set = frozenset(), ti
         pr.add_row(k, str(v))
     con.print(pr)
     best = res.best
-    if best is not None:
-        d = best.to_dict()
-        if d["megatron_layout"]:
-            con.print(f"best: Megatron-Core --pipeline-model-parallel-layout '{d['megatron_layout']}'")
+    if best is not None and best.pp > 1:
+        from ..integrations.megatron import split_args
+
+        # the split as the Megatron arguments tune --out writes it (a V plan: the same chunks, looped)
+        split, _ = split_args(best.seg_layer_num, best.pp)
+        if split:
+            con.print(f"best: Megatron-LM split {' '.join(split)}", highlight=False, soft_wrap=True)
     if explain and res.explain:
         con.print("[bold]cost model of the best configuration[/bold]")
         _print_tree(con, res.explain, "")
     for w in written:
         con.print(f"{'replaced' if w in before else 'wrote'} {w}", highlight=False, soft_wrap=True)
-    if titan:
-        con.print(titan, highlight=False, soft_wrap=True)
+    for line in titan:
+        con.print(line, highlight=False, soft_wrap=True)
 
 
 def _print_tree(con, obj, indent: str) -> None:
