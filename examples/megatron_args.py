@@ -128,7 +128,7 @@ def check(out_dir: str) -> dict:
     plan = launch["config"]["seg_layer_num"] if launch["config"]["pp"] > 1 else [sum(launch["config"]["seg_layer_num"])]
     assert split == plan, f"Megatron builds {split} layers per chunk; the plan has {plan}"
     vpp = cfg.virtual_pipeline_model_parallel_size or 1
-    print(f"Megatron-Core accepts {out_dir}/megatron_args.txt: pp={cfg.pipeline_model_parallel_size} "
+    print(f"Megatron-Core accepts {os.path.join(out_dir, 'megatron_args.txt')}: pp={cfg.pipeline_model_parallel_size} "
           f"virtual stages={vpp}, decoder layers per chunk {split} (the plan's)")
     if launch.get("megatron_note"):
         print(f"note: {launch['megatron_note']}")
