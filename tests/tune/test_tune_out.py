@@ -48,3 +48,11 @@ def test_out_says_which_files_it_replaced(tmp_path):
     r = _tune("--json", "--out", str(out))
     d = json.loads(r.stdout)
     assert sorted(d["replaced"]) == sorted(d["written"])  # the second run replaces exactly its own files
+
+
+def test_the_launch_files_are_written_without_torch():
+    # tune is core (no torch): its torchtitan and Megatron writers must not pull torch in
+    code = ("import sys, pipeloom.tune.launch, pipeloom.integrations.torchtitan, pipeloom.integrations.megatron; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
