@@ -56,3 +56,26 @@ def test_the_launch_files_are_written_without_torch():
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+def test_a_v_plan_torchtitan_cannot_place_gets_a_reason_and_no_config(tmp_path):
+    from types import SimpleNamespace
+
+    from pipeloom.core.ir import Placement
+    from pipeloom.schedule.planning import make_spec, plan
+    from pipeloom.tune.launch import write_plan
+    from pipeloom.tune.search import Config
+
+    s = plan("zbv", make_spec(pp=4, microbatches=8, vpp=3))
+    c = Config(tp=1, pp=4, dp=2, vpp=3, microbatch_size=1, microbatches=8, schedule="zbv", recompute="none", zero=0,
+               partition="uniform", mem_limit_mode="default", seg_layer_num=(2,) * 12, placement=Placement.V,
+               schedule_obj=s)
+    res = SimpleNamespace(best=c, problem=SimpleNamespace(global_batch=16, seq=128, model=SimpleNamespace(name="m"),
+                                                          gpu=SimpleNamespace(gpus_per_node=8)))
+    names = {p.rsplit("/", 1)[1] for p in write_plan(res, str(tmp_path))}
+    assert "pipeloom_torchtitan.py" not in names and "torchtitan_args.txt" not in names
+    assert {"plan.json", "plan.torch.csv", "megatron_args.txt", "launch.json"} <= names
+    t = json.loads((tmp_path / "launch.json").read_text())["torchtitan"]
+    assert "\n" not in t["unsupported"] and "3 chunks per device" in t["unsupported"]
+    mg = json.loads((tmp_path / "launch.json").read_text())
+    assert mg["megatron_vpp"] == 3 and mg["megatron_split"] == [2] * 12 and not mg["megatron_runs_this_order"]
