@@ -52,6 +52,8 @@ CASES = [
     ("zbv-1p-hetero", lambda: plan("zbv", make_spec(pp=2, microbatches=8, vpp=2, mem_limit="1p",
                                                    costs="F=1:1:1:3,B=1:1:1:3,W=1", mem="b=0"))),
     ("interleaved-pp4-m6", lambda: plan("interleaved", make_spec(pp=4, microbatches=6, vpp=2))),
+    # overlapped F/B pairs: the CSV holds OVERLAP_F_B composites, which torchtitan's loader lowers with torch's pass
+    ("dualpipev-pp2-m6", lambda: plan("dualpipev", make_spec(pp=2, microbatches=6, vpp=2))),
 ]
 
 

@@ -158,3 +158,12 @@ def test_a_base_config_of_another_depth_is_refused(tmp_path, monkeypatch):
     cfg = SimpleNamespace(model_spec=SimpleNamespace(model=SimpleNamespace(layers=[None] * 80)))
     with pytest.raises(ValueError, match="80 layers; this plan splits 6"):
         pipeloom_torchtitan.apply_plan(cfg)
+
+
+def test_tune_notes_an_installed_torchtitan_of_another_version(monkeypatch):
+    s = plan("1f1b", make_spec(pp=2, microbatches=4))
+    job = tt.TitanJob.from_schedule(s, [3, 3])
+    assert tt.installed_version() == tt.TORCHTITAN_VERSION
+    assert not any("installed" in n for n in tt.notes(job))
+    monkeypatch.setattr(tt, "installed_version", lambda: "0.4.1")
+    assert any("torchtitan 0.4.1 is installed" in n for n in tt.notes(job))

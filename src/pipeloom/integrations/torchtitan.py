@@ -94,6 +94,16 @@ def check_version(installed: str) -> None:
             f"(install torchtitan=={TORCHTITAN_VERSION}, or re-run pipeloom for your version)")
 
 
+def installed_version() -> str | None:
+    """The installed torchtitan's version (read from its package metadata, nothing imported), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torchtitan")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def placement_schedule(job: TitanJob) -> str:
     """The ``pipeline_parallel_schedule`` name that makes torchtitan build the plan's stages on its ranks."""
     if job.vpp == 1:
@@ -199,6 +209,12 @@ def notes(job: TitanJob) -> list[str]:
     base, note = base_config(job)
     if note:
         out.append(note)
+    got = installed_version()
+    if got is not None:
+        try:
+            check_version(got)
+        except TorchtitanUnsupported as e:
+            out.append(str(e))
     return out
 
 
@@ -320,5 +336,6 @@ def _summary(job: TitanJob) -> str:
 
 
 __all__ = ["BASE_ENV", "RECOMPUTE", "TITAN_LLAMA3", "TORCHTITAN_VERSION", "TitanJob", "TorchtitanUnsupported",
-           "base_config", "check_version", "config_module_text", "default_split", "fqns_per_model_part", "notes",
+           "base_config", "check_version", "config_module_text", "default_split", "fqns_per_model_part",
+           "installed_version", "notes",
            "overrides", "placement_schedule", "settings", "shell_join"]
