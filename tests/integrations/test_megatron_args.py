@@ -21,6 +21,7 @@ with warnings.catch_warnings():
 
 from pipeloom.core.ir import Placement  # noqa: E402
 from pipeloom.integrations.megatron import MEGATRON_ORDERS, megatron_args, megatron_counts  # noqa: E402
+from pipeloom.integrations.megatron import parse_args as _parse  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "megatron_args.py"
 
@@ -33,14 +34,6 @@ def _example():
 
 
 EX = _example()
-
-
-def _parse(args: list[str]) -> dict:
-    out = {}
-    for a in args:
-        flag, _, value = a.partition(" ")
-        out[flag] = value.strip('"') if value else True
-    return out
 
 
 def _megatron_split(args: list[str]) -> tuple[list[int], int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..core.ir import Placement
+from ..core.ir import Placement, device_of
 from ..partition.megatron import counts_to_layout
 
 #: pipeloom builders whose order Megatron-Core runs itself: 1F1B (vpp 1) and interleaved 1F1B (vpp > 1)
@@ -124,7 +124,7 @@ def megatron_args(*, pp: int, vpp: int, placement: Placement, seg_layer_num: Seq
         counts, vpp = [sum(counts)], 1
     if vpp > 1 and placement is Placement.V:
         # Megatron places virtual stage v of rank r at chunk v*pp + r; a V plan's chunk 2pp-1-r sits on rank r
-        ranks_v = [sum(counts[c] for c in range(len(counts)) if _v_device(c, pp) == r) for r in range(pp)]
+        ranks_v = [sum(counts[c] for c in range(len(counts)) if device_of(c, pp, Placement.V) == r) for r in range(pp)]
         ranks_i = [sum(counts[c] for c in range(r, len(counts), pp)) for r in range(pp)]
         notes.append(f"Megatron has no V placement: the plan's {vpp} chunks per rank and its layers per chunk are "
                      f"kept in Megatron's looped placement (layers per rank {ranks_i}; the plan's V placement: "
@@ -166,12 +166,6 @@ def megatron_args(*, pp: int, vpp: int, placement: Placement, seg_layer_num: Seq
         args.append("--use-distributed-optimizer")
     args += ["--overlap-grad-reduce", "--bf16"]
     return MegatronArgs(args, counts, vpp_out, notes)
-
-
-def _v_device(chunk: int, pp: int) -> int:
-    from ..core.ir import device_of
-
-    return device_of(chunk, pp, Placement.V)
 
 
 def parse_args(args: Sequence[str]) -> dict:

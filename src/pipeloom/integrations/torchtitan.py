@@ -206,7 +206,7 @@ def notes(job: TitanJob) -> list[str]:
             + (" (this ZeRO-1 plan counted 1/dp of it: more memory than planned; tune with --zero 0 for a plan "
                "whose memory is torchtitan's replication, or set data_parallel_shard_degree (FSDP: weights and "
                "gradients sharded too, more communication than planned))" if job.zero else ""))
-    base, note = base_config(job)
+    _, note = base_config(job)
     if note:
         out.append(note)
     got = installed_version()
