@@ -25,6 +25,8 @@ def _run(*args):
 
 def test_examples_are_all_tested():
     assert {p.name for p in EXAMPLES.glob("*.py")} == {"torch_plan.py", "torchtitan_plan.py", "megatron_args.py"}
+    listed = (EXAMPLES / "README.md").read_text()
+    assert all(f"`{p.name}" in listed for p in EXAMPLES.glob("*.py"))
 
 
 def test_torch_plan_example(tmp_path):

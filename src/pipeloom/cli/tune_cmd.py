@@ -199,7 +199,7 @@ def _titan_line(out_dir: str) -> list[str]:
     with open(os.path.join(out_dir, "launch.json"), encoding="utf-8") as fh:
         launch = json.load(fh)
     t = launch["torchtitan"]
-    out = [] if t["unsupported"] is None else [f"no torchtitan config: {t['unsupported']}"]
+    out = [f"torchtitan: {t['command']}"] if t["unsupported"] is None else [f"no torchtitan config: {t['unsupported']}"]
     out += [f"torchtitan: {n}" for n in t["notes"]]
     return out + ([f"megatron: {launch['megatron_note']}"] if launch["megatron_note"] else [])
 
