@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py src/pipeloom/schedule/search/_accel.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[torch,dev,docs,hf,arrow]"
+	$(BIN)/pip install -q -e ".[torch,dev,docs,hf,arrow,megatron]"
 	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["titan"]))')
 	touch $(STAMP)
 

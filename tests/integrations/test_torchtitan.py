@@ -52,6 +52,8 @@ CASES = [
     ("zbv-1p-hetero", lambda: plan("zbv", make_spec(pp=2, microbatches=8, vpp=2, mem_limit="1p",
                                                    costs="F=1:1:1:3,B=1:1:1:3,W=1", mem="b=0"))),
     ("interleaved-pp4-m6", lambda: plan("interleaved", make_spec(pp=4, microbatches=6, vpp=2))),
+    # overlapped F/B pairs: the CSV holds OVERLAP_F_B composites, which torchtitan's loader lowers with torch's pass
+    ("dualpipev-pp2-m6", lambda: plan("dualpipev", make_spec(pp=2, microbatches=6, vpp=2))),
 ]
 
 
@@ -72,14 +74,17 @@ def test_torchtitan_builds_and_runs_a_pipeloom_csv_exactly(name, make, tmp_path)
         torch.testing.assert_close(grads[k], ref_grads[k] * s.microbatches, rtol=1e-5, atol=1e-5, msg=k)
 
 
-@pytest.mark.parametrize("builder, vpp, titan_name", [("zbv", 2, "ZBVZeroBubble"), ("dualpipev", 2, "DualPipeV"),
+@pytest.mark.parametrize("builder, vpp, titan_name", [("zbv", 2, "ZBVZeroBubble"), ("dualpipev", 2, "ZBVZeroBubble"),
                                                       ("interleaved", 2, "Interleaved1F1B"),
                                                       ("interleaved", 3, "Interleaved1F1B"), ("zbh1", 1, "1F1B")])
 def test_torchtitan_places_stages_where_the_plan_does_when_told_the_matching_schedule_name(builder, vpp, titan_name):
     """torchtitan picks each rank's stages from ``pipeline_parallel_schedule`` (V for ZBVZeroBubble/DualPipeV,
-    looped otherwise) even when a CSV is given: the README's table of names must give the plan's placement."""
+    looped otherwise) even when a CSV is given: the name pipeloom writes must give the plan's placement."""
+    from pipeloom.integrations.torchtitan import TitanJob, placement_schedule
+
     pp = 4
     s = plan(builder, make_spec(pp=pp, microbatches=8, vpp=vpp))
+    assert placement_schedule(TitanJob.from_schedule(s, [1] * s.num_chunks)) == titan_name
     for rank in range(pp):
         got = titan_pp._get_pp_rank_to_stage_indices_mapping(rank, pp, titan_name, s.num_chunks)
         assert sorted(got) == sorted(s.chunks_of(rank)), (rank, got)

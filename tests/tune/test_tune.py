@@ -181,7 +181,7 @@ def test_cli_json_and_out(tmp_path):
               "zero", "tokens_per_s", "mfu", "step_time_s", "bubble", "peak_bytes", "fits"):
         assert k in c
     names = set(os.listdir(out))
-    assert {"plan.json", "launch.json", "torchtitan.toml", "megatron_args.txt"} <= names
+    assert {"plan.json", "plan.torch.csv", "launch.json", "pipeloom_torchtitan.py", "megatron_args.txt"} <= names
     launch = json.loads((out / "launch.json").read_text())
     args = " ".join(launch["megatron_args"])
     assert f"--pipeline-model-parallel-size {c['pp']}" in args and f"--tensor-model-parallel-size {c['tp']}" in args

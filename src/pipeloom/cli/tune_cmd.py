@@ -73,9 +73,10 @@ def add_parser(sub) -> None:
                    help="processes that build schedules (default: one per core, at most 2; the result is the same)")
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="write the best plan: schedule JSON, Gantt PNG, launch commands, torchtitan and "
-                        "Megatron-Core arguments, and DIR/pipeloom.toml for 'pipeloom run --config' and "
-                        "'pipeloom plan --config'")
+                   help="write the best plan into DIR: plan.json, plan.torch.csv, plan.gantt.png, pipeloom_torchtitan.py "
+                        "(torchtitan 0.3 config), torchtitan_args.txt, megatron_args.txt, launch.json and pipeloom.toml "
+                        "(for 'pipeloom run --config' and 'pipeloom plan --config'); these files are replaced, nothing "
+                        "else in DIR is touched")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {configs, searched, pruned, ...}")
     from .config_opts import TUNE_FLAGS, add_config_option
@@ -181,27 +182,45 @@ def run(args) -> int:
                       TimeElapsedColumn(), transient=True) as bar:
             task = bar.add_task("tune", total=None)
             res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
-    written = []
+    written, before, titan = [], [], []
     if args.out is not None:
-        from ..tune.launch import write_plan
+        from ..tune.launch import replaced, write_plan
 
+        # only the files write_plan names are written; what else is in the folder stays as it is
+        before = replaced(args.out)
         written = write_plan(res, args.out)
         from ..tune.settings import write_config
 
         written.append(write_config(res, args.out, model_path=args.model))
+        titan = _titan_line(args.out)
     if args.json:
         out = res.to_dict()
         if args.explain:
             out["explain"] = res.explain
         if written:
             out["written"] = written
+            out["replaced"] = [p for p in written if p in before]
+            out["launch_notes"] = titan
         print_json(out)
         return 0
-    _print(res, args.explain, written)
+    _print(res, args.explain, written, set(before), titan)
     return 0
 
 
-def _print(res, explain: bool, written: list[str]) -> None:
+def _titan_line(out_dir: str) -> list[str]:
+    """What the torchtitan and Megatron files do differently from the plan (and why torchtitan got none, if so)."""
+    import json
+    import os
+
+    with open(os.path.join(out_dir, "launch.json"), encoding="utf-8") as fh:
+        launch = json.load(fh)
+    t = launch["torchtitan"]
+    out = [f"torchtitan: {t['command']}"] if t["unsupported"] is None else [f"no torchtitan config: {t['unsupported']}"]
+    out += [f"torchtitan: {n}" for n in t["notes"]]
+    return out + ([f"megatron: {launch['megatron_note']}"] if launch["megatron_note"] else [])
+
+
+def _print(res, explain: bool, written: list[str], before: set = frozenset(), titan: list = ()) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -233,15 +252,20 @@ def _print(res, explain: bool, written: list[str]) -> None:
         pr.add_row(k, str(v))
     print_table(con, pr)
     best = res.best
-    if best is not None:
-        d = best.to_dict()
-        if d["megatron_layout"]:
-            con.print(f"best: Megatron-Core --pipeline-model-parallel-layout '{d['megatron_layout']}'")
+    if best is not None and best.pp > 1:
+        from ..integrations.megatron import split_args
+
+        # the split as the Megatron arguments tune --out writes it (a V plan: the same chunks, looped)
+        split, _ = split_args(best.seg_layer_num, best.pp)
+        if split:
+            con.print(f"best: Megatron-LM split {' '.join(split)}", highlight=False, soft_wrap=True)
     if explain and res.explain:
         con.print("[bold]cost model of the best configuration[/bold]")
         _print_tree(con, res.explain, "")
     for w in written:
-        con.print(f"wrote {w}")
+        con.print(f"{'replaced' if w in before else 'wrote'} {w}", highlight=False, soft_wrap=True)
+    for line in titan:
+        con.print(line, highlight=False, soft_wrap=True)
 
 
 def _print_tree(con, obj, indent: str) -> None:

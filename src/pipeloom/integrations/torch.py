@@ -7,6 +7,9 @@
   processes (the classes are given light stand-ins for their stages, which is all they read to plan).
 * :func:`build_torch_schedule` - a ``_PipelineScheduleRuntime`` with a pipeloom plan loaded, ready for
   ``.step()``: a torchtitan-style loop runs a pipeloom plan without files.
+* :func:`build_stages_from_csv` - everything one rank needs to run a saved plan (pipeloom JSON/CSV or torch
+  CSV): the stages the plan's placement gives this rank, built from a function that makes chunk ``c``, and the
+  runtime with the plan loaded; :meth:`RankPipeline.step` feeds inputs and targets where they belong.
 
 What torch assumes, checked against torch 2.13's ``schedules.py``:
 
@@ -179,3 +182,59 @@ def build_torch_schedule(schedule: Schedule, stages: list, loss_fn: Callable, *,
     else:
         runtime._prepare_schedule_with_comms(lower_early_recvs(runtime.pipeline_order), format="compute_comms")
     return runtime
+
+
+class RankPipeline:
+    """One rank's part of a plan in torch's runtime (made by :func:`build_stages_from_csv`).
+
+    ``schedule``: the plan; ``chunks``: the global chunks (torch's stage indices) this rank runs, in increasing
+    order; ``modules`` / ``stages``: their modules and torch ``PipelineStage``s; ``runtime``: torch's
+    ``_PipelineScheduleRuntime`` with the plan loaded; ``is_first`` / ``is_last``: whether this rank holds
+    chunk 0 (it takes the inputs) / the last chunk (it takes the targets and computes the losses)."""
+
+    def __init__(self, schedule: Schedule, chunks: list[int], modules: list, stages: list, runtime) -> None:
+        self.schedule, self.chunks, self.modules, self.stages, self.runtime = schedule, chunks, modules, stages, runtime
+        self.is_first = 0 in chunks
+        self.is_last = schedule.num_chunks - 1 in chunks
+
+    def step(self, inputs=None, target=None) -> list:
+        """One training step of the plan (forward and backward of every microbatch, no optimizer): ``inputs``
+        (the whole local batch; used on the first rank) and ``target`` (used on the last rank) are split into
+        the plan's microbatches by torch. Returns this rank's per-microbatch losses (empty unless it is last)."""
+        losses: list = []
+        args = (inputs,) if self.is_first else ()
+        kw = {"target": target, "losses": losses} if self.is_last else {}
+        self.runtime.step(*args, **kw)
+        return losses
+
+
+def build_stages_from_csv(plan, make_chunk: Callable, loss_fn: Callable, *, rank: int | None = None,
+                          device=None, group=None, recvs: str = "early", scale_grads: bool = True) -> RankPipeline:
+    """This rank's stages of a saved plan, built and loaded into torch's runtime, ready for
+    :meth:`RankPipeline.step`.
+
+    ``plan``: a path (pipeloom JSON/CSV or torch's CSV, as :func:`pipeloom.schedule.io.load` reads) or a
+    :class:`Schedule`. ``make_chunk(c, num_chunks)`` returns the ``nn.Module`` of global chunk ``c`` (torch's
+    stage ``c``: the model's layers in order, chunk 0 first); it is called only for the chunks the plan places on
+    this rank (its placement: looped or V, read from the plan's actions). ``rank``/``group``: this rank in the
+    pipeline group (default: the default process group). ``loss_fn(output, target)`` as torch's schedules take
+    it. ``scale_grads``: divide the summed gradients by the number of microbatches (torch's default)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+
+    from ..schedule import io as schedule_io
+
+    schedule = plan if isinstance(plan, Schedule) else schedule_io.load(str(plan))
+    if rank is None:
+        rank = dist.get_rank(group) if dist.is_initialized() else 0
+    world = dist.get_world_size(group) if dist.is_initialized() else schedule.pp
+    if world != schedule.pp:
+        raise ScheduleError(f"the plan has pp={schedule.pp} ranks; this pipeline group has {world}")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    n = schedule.num_chunks
+    mine = schedule.chunks_of(rank)
+    modules = [make_chunk(c, n).to(device) for c in mine]
+    stages = [PipelineStage(mod, c, n, device, group=group) for c, mod in zip(mine, modules)]
+    runtime = build_torch_schedule(schedule, stages, loss_fn, recvs=recvs, scale_grads=scale_grads)
+    return RankPipeline(schedule, mine, modules, stages, runtime)

@@ -1,119 +1,134 @@
-"""The tuner's chosen plan as files: schedule, Gantt chart and the launch configuration of three runtimes."""
+"""The tuner's chosen plan as files: schedule, Gantt chart and the launch configuration of three runtimes.
+
+:func:`write_plan` writes into a folder, and only these files (each whole or not at all; nothing else in the
+folder is touched, nothing is deleted):
+
+===========================  =====================================================================
+``plan.json``               the plan (pipeloom's format: ``pipeloom run --plan``, ``show``, ...)
+``plan.torch.csv``          the same order as torch's compute-only CSV (torchtitan runs it)
+``plan.torch.csv.meta.json`` the plan's builder and memory limit beside the CSV (torch's loader reads only actions)
+``plan.gantt.png``          its Gantt chart (plans of at most :data:`GANTT_MAX_JOBS` jobs)
+``pipeloom_torchtitan.py``  torchtitan 0.3's config function for the plan (not written where torchtitan
+                            cannot place the plan's stages; ``launch.json`` says why)
+``torchtitan_args.txt``     the same settings as torchtitan command-line overrides
+``megatron_args.txt``       Megatron-LM arguments (:mod:`pipeloom.integrations.megatron`)
+``launch.json``             all of it, with the commands and what each runtime does differently
+``pipeloom.toml``           the settings (``pipeloom run --config``, ``pipeloom plan --config``), written by
+                            :func:`pipeloom.tune.settings.write_config` (``tune --out`` calls both)
+===========================  =====================================================================
+"""
 from __future__ import annotations
 
 import json
 import os
 
+from ..core.files import atomic_write, write_text
 from ..core.ir import Placement
-from ..partition.megatron import counts_to_layout
+from ..integrations import megatron as _mg
+from ..integrations import torchtitan as _tt
 from ..schedule.io import save
 
 #: pipeloom builders Megatron-Core runs natively: 1F1B (vpp 1) and interleaved 1F1B (vpp > 1)
-MEGATRON_NATIVE = ("1f1b", "interleaved")
-#: torch.distributed.pipelining classes for the builders it has one of (else: the CSV schedule)
-TORCH_CLASSES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "fthenb": "GPipe", "zbv": "ZBVZeroBubble",
-                 "dualpipev": "DualPipeV"}
+MEGATRON_NATIVE = _mg.MEGATRON_ORDERS
+#: the files :func:`write_plan` may write, in the order it writes them
+FILES = ("plan.json", "plan.torch.csv", "plan.torch.csv.meta.json", "plan.gantt.png", "pipeloom_torchtitan.py",
+         "torchtitan_args.txt", "megatron_args.txt", "launch.json", "pipeloom.toml")
+#: plans with more jobs than this get no Gantt picture
+GANTT_MAX_JOBS = 20000
 
 
 def megatron_args(res, c) -> list[str]:
-    """Megatron-Core command-line arguments of configuration ``c``."""
-    args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}",
-            f"--micro-batch-size {c.microbatch_size}", f"--global-batch-size {res.problem.global_batch}",
-            f"--seq-length {res.problem.seq}"]
-    if c.tp > 1:
-        args.append("--sequence-parallel")
-    if c.vpp > 1 and c.placement is Placement.INTERLEAVED:
-        args.append(f"--num-virtual-stages-per-pipeline-rank {c.vpp}")
-        args.append(f"--microbatch-group-size-per-virtual-pipeline-stage {c.pp}")
-    if c.placement is Placement.INTERLEAVED or c.vpp == 1:
-        args.append(f"--pipeline-model-parallel-layout \"{counts_to_layout(c.seg_layer_num)}\"")
-    if c.recompute == "selective":
-        args.append("--recompute-granularity selective")
-    elif c.recompute == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    if c.zero:
-        args.append("--use-distributed-optimizer")
-    args += ["--overlap-grad-reduce", "--bf16"]
-    return args
+    """Megatron-LM command-line arguments of configuration ``c``."""
+    return _megatron(res, c).args
 
 
-def torchtitan_toml(res, c, csv_name: str | None) -> str:
-    layers = [sum(c.seg_layer_num[k] for k in _chunks(c, d)) for d in range(c.pp)]
-    lines = ["[parallelism]", f"tensor_parallel_degree = {c.tp}", f"pipeline_parallel_degree = {c.pp}",
-             f"data_parallel_shard_degree = {c.dp}" if c.zero else f"data_parallel_replicate_degree = {c.dp}",
-             f"pipeline_parallel_microbatch_size = {c.microbatch_size}",
-             f"pipeline_parallel_layers_per_stage = {min(c.seg_layer_num)}  # pipeloom split per chunk: "
-             f"{list(c.seg_layer_num)}"]
-    cls = TORCH_CLASSES.get(c.schedule)
-    if cls and csv_name is None:
-        lines.append(f"pipeline_parallel_schedule = \"{cls}\"")
-    else:
-        lines.append("pipeline_parallel_schedule = \"PipelineScheduleMulti\"")
-        lines.append(f"pipeline_parallel_schedule_csv = \"{csv_name}\"")
-    lines += ["", "[training]", f"global_batch_size = {res.problem.global_batch}", f"seq_len = {res.problem.seq}",
-              "", "[activation_checkpoint]",
-              f"mode = \"{ {'none': 'none', 'selective': 'selective', 'full': 'full'}[c.recompute] }\"",
-              f"# layers per pipeline rank: {layers}; microbatches per step: {c.microbatches}"]
-    return "\n".join(lines) + "\n"
+def _megatron(res, c) -> _mg.MegatronArgs:
+    return _mg.megatron_args(pp=c.pp, vpp=c.vpp, placement=c.placement, seg_layer_num=c.seg_layer_num,
+                             schedule=c.schedule, tp=c.tp, microbatch_size=c.microbatch_size,
+                             microbatches=c.microbatches, global_batch=res.problem.global_batch, seq=res.problem.seq,
+                             recompute=c.recompute, zero=c.zero)
 
 
-def _chunks(c, d: int) -> list[int]:
-    from ..core.ir import chunks_of
-
-    return chunks_of(d, c.pp, c.vpp, c.placement)
+def titan_job(res, c) -> _tt.TitanJob:
+    """What torchtitan needs of configuration ``c``."""
+    return _tt.TitanJob(pp=c.pp, vpp=c.vpp, placement=Placement(c.placement), seg_layer_num=tuple(c.seg_layer_num),
+                        microbatches=c.microbatches, microbatch_size=c.microbatch_size, tp=c.tp, dp=c.dp,
+                        zero=c.zero, recompute=c.recompute, seq=res.problem.seq, global_batch=res.problem.global_batch,
+                        model=res.problem.model.name, schedule=c.schedule)
 
 
 def write_plan(res, out_dir: str) -> list[str]:
-    """Write the best configuration of ``res`` under ``out_dir``; returns the written paths."""
-    from ..sim.simulate import simulate  # noqa: F401  (the schedule was simulated already)
-    from ..viz import render_plan
-
+    """Write the best configuration of ``res`` under ``out_dir`` (the files of the module docstring);
+    returns the written paths. Use :func:`replaced` beforehand to learn which of them existed."""
     c = res.best
     if c is None:
         raise ValueError("no configuration fits; nothing to write")
     os.makedirs(out_dir, exist_ok=True)
-    written = []
+    written: list[str] = []
+
+    def path(name: str) -> str:
+        return os.path.join(out_dir, name)
+
     sched = c.schedule_obj
-    plan_path = os.path.join(out_dir, "plan.json")
-    save(sched, plan_path)
-    written.append(plan_path)
-    csv_name = None
-    if c.schedule not in TORCH_CLASSES or c.schedule not in ("1f1b", "interleaved", "fthenb"):
-        csv_name = "plan.torch.csv"
-        try:
-            save(sched, os.path.join(out_dir, csv_name), fmt="torch")
-            written.append(os.path.join(out_dir, csv_name))
-        except (ValueError, ImportError):
-            csv_name = None
-    big = sched.num_jobs > 20000
-    if not big:
-        paths = render_plan(c.sim, out_dir, stem="plan",  # in seconds, as the table (the sim's unit is scaled)
-                            seconds_per_unit=c.makespan_s / c.sim.makespan if c.sim.makespan and c.makespan_s else None)
-        written += [p for p in paths if p.endswith(".png")]
-        for p in paths:
-            if not p.endswith(".png") and os.path.exists(p):
-                os.remove(p)
-    d = c.to_dict()
+    save(sched, path("plan.json"))
+    written.append(path("plan.json"))
+    csv_name = "plan.torch.csv"
+    written += save(sched, path(csv_name), fmt="torch")  # the CSV and its .meta.json (the plan's limit)
+    if sched.num_jobs <= GANTT_MAX_JOBS and c.sim is not None:
+        from ..viz import in_seconds, write_outputs
+        from ..viz.timeline import from_sim
+
+        # in seconds, as the table (the sim's unit is scaled)
+        sim = c.sim
+        if sim.makespan and c.makespan_s:
+            sim = in_seconds(sim, c.makespan_s / sim.makespan)
+        written += write_outputs([path("plan.gantt.png")],
+                                 timeline=from_sim(sim, unit="s") if sim is not c.sim else from_sim(sim))
     world = c.tp * c.pp * c.dp
+    gpn = res.problem.gpu.gpus_per_node
+    torchrun = f"torchrun --nnodes {max(1, world // gpn)} --nproc-per-node {min(world, gpn)}"
+    job = titan_job(res, c)
+    titan: dict = {"version": _tt.TORCHTITAN_VERSION, "notes": _tt.notes(job)}
+    try:
+        st = _tt.settings(job, os.path.abspath(path(csv_name)))
+    except _tt.TorchtitanUnsupported as e:
+        titan.update(unsupported=str(e), config_module=None, command=None, overrides=None)
+    else:
+        write_text(path("pipeloom_torchtitan.py"),
+                   _tt.config_module_text(job, csv_name, launcher=torchrun, here=out_dir))
+        written.append(path("pipeloom_torchtitan.py"))
+        base, _ = _tt.base_config(job)
+        mod, fn = base.rsplit(".config_registry:", 1)
+        ov = ["--module", mod.rsplit(".", 1)[1], "--config", fn] + _tt.overrides(st)
+        write_text(path("torchtitan_args.txt"), _tt.shell_join(ov) + "\n")
+        written.append(path("torchtitan_args.txt"))
+        titan.update(unsupported=None, config_module="pipeloom_torchtitan.py",
+                     command=f"PYTHONPATH={out_dir} {torchrun} -m torchtitan.train --module pipeloom_torchtitan "
+                             f"--config pipeloom_plan",
+                     overrides=ov, settings=st)
+    mg = _megatron(res, c)
+    write_text(path("megatron_args.txt"), mg.text())
+    written.append(path("megatron_args.txt"))
+    plan_path = path("plan.json")
     run_cmd = (f"pipeloom run --plan {plan_path} --dp {c.dp}" if c.tp == 1 else
                f"# pipeloom run has no tensor parallelism; pipeline part: pipeloom run --plan {plan_path} --dp {c.dp}")
     launch = {
-        "config": d,
+        "config": c.to_dict(),
         "pipeloom_run": run_cmd,
-        "torchrun": f"torchrun --nnodes {max(1, world // res.problem.gpu.gpus_per_node)} --nproc-per-node "
-                    f"{min(world, res.problem.gpu.gpus_per_node)} -m pipeloom run --plan {plan_path} --dp {c.dp}",
-        "megatron_args": megatron_args(res, c),
-        "megatron_note": None if c.schedule in MEGATRON_NATIVE else
-        f"Megatron-Core has no {c.schedule} schedule; these arguments give its shape (interleaved 1F1B order)",
-        "torchtitan_toml": "torchtitan.toml",
+        "torchrun": f"{torchrun} -m pipeloom run --plan {plan_path} --dp {c.dp}",
+        "torchtitan": titan,
+        "megatron_args": mg.args,
+        "megatron_split": mg.split,
+        "megatron_vpp": mg.vpp,
+        "megatron_note": "; ".join(mg.notes) or None,
+        "megatron_runs_this_order": c.schedule in MEGATRON_NATIVE and (c.vpp == 1 or c.placement is not Placement.V),
     }
-    with open(os.path.join(out_dir, "torchtitan.toml"), "w") as fh:
-        fh.write(torchtitan_toml(res, c, csv_name))
-    written.append(os.path.join(out_dir, "torchtitan.toml"))
-    with open(os.path.join(out_dir, "megatron_args.txt"), "w") as fh:
-        fh.write(" \\\n  ".join(launch["megatron_args"]) + "\n")
-    written.append(os.path.join(out_dir, "megatron_args.txt"))
-    with open(os.path.join(out_dir, "launch.json"), "w") as fh:
-        json.dump(launch, fh, indent=1)
-    written.append(os.path.join(out_dir, "launch.json"))
+    with atomic_write(path("launch.json")) as fh:
+        json.dump(launch, fh, indent=1, allow_nan=False)
+    written.append(path("launch.json"))
     return written
+
+
+def replaced(out_dir: str) -> list[str]:
+    """The files of :data:`FILES` that already exist in ``out_dir`` (a run replaces them, nothing else)."""
+    return [os.path.join(out_dir, f) for f in FILES if os.path.exists(os.path.join(out_dir, f))]
