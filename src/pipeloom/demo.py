@@ -20,6 +20,7 @@ from rich.console import Console
 
 from . import cli
 from .core.costs import Costs
+from .core.files import write_text
 from .schedule import io as schedule_io
 from .schedule.planning import make_spec, plan
 from .sim.simulate import simulate
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  {os.path.abspath(p)}")
     console.print("Open the .html files in a browser; load the trace .json files in https://ui.perfetto.dev "
                   "or chrome://tracing.")
-    (out / "outputs.json").write_text(json.dumps(written, indent=1))
+    write_text(out / "outputs.json", json.dumps(written, indent=1))
     return 0
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from pipeloom.models.config import ModelConfig, ModelConfigError
 from pipeloom.models.flops import total_params
-from pipeloom.models.hf_config import ARCHITECTURES, from_hf_config, hf_config_path, resolve_model, shipped_configs
+from pipeloom.models.families import architectures
+from pipeloom.models.hf_config import from_hf_config, hf_config_path, resolve_model, shipped_configs
 from pipeloom.models.presets import PRESETS
 
 _LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=128,
@@ -54,7 +55,7 @@ def _transformers_count(cfg: dict) -> int:
 
 
 def test_every_architecture_has_a_tiny_case():
-    assert {c["model_type"] for c in TINY.values()} == set(ARCHITECTURES)
+    assert {c["model_type"] for c in TINY.values()} == set(architectures())
 
 
 @pytest.mark.parametrize("key", list(TINY))

@@ -172,13 +172,13 @@ def add_planning_options(p: argparse.ArgumentParser, *, schedule: bool = True, p
 
 # ---------------------------------------------------------------------- --model (one resolution for every command)
 def model_help() -> str:
+    from ..models.families import architectures
     from ..models.hf_config import shipped_configs
     from ..models.presets import PRESETS
 
     return ("the model: a preset (" + ", ".join(PRESETS) + "), a published config shipped with pipeloom ("
             + ", ".join(p.stem for p in shipped_configs().values()) + "), or a path to a Hugging Face config.json "
-            "or to a directory holding one (read as JSON; architectures llama, mistral, qwen2, qwen3, gpt2, "
-            "mixtral, qwen3_moe, qwen2_moe)")
+            "or to a directory holding one (read as JSON; architectures " + ", ".join(architectures()) + ")")
 
 
 def add_model_option(p, *, required: bool = False, help: str | None = None) -> None:

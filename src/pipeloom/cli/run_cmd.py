@@ -67,11 +67,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--example", default="llama-tiny", metavar="NAME",
                    help="built-in model to train (available: llama-tiny; default: %(default)s)")
+    from ..models.families import architectures
+
     p.add_argument("--model", metavar="NAME|PATH", default=None,
                    help="the model to train: a built-in example name (llama-tiny), or a transformers "
-                        "config.json (or a directory holding one) of a decoder-only causal LM (llama, mistral, "
-                        "qwen2/3, mixtral, qwen3_moe, gpt2 families; needs the 'hf' extra); built with random "
-                        "weights from --seed, cut into the schedule's chunks by the layer partition")
+                        "config.json (or a directory holding one) of a decoder-only causal LM ("
+                        + ", ".join(architectures(runnable=True)) + " families; needs the 'hf' extra); built "
+                        "with random weights from --seed, cut into the schedule's chunks by the layer partition")
     p.add_argument("--weights", action="store_true",
                    help="with --model PATH: load the weights from the *.safetensors files next to config.json")
     add_config_option(p)
@@ -242,8 +244,10 @@ def _write_calibration(args, cfg, res: dict) -> None:
                                     device=res["device"], dp_allreduce=res.get("dp_allreduce"), what=what)
     except ValueError as e:
         raise CLIError(f"--calibrate {args.calibrate}: {e}") from None
+    from ..core.files import atomic_write
+
     try:
-        with open(args.calibrate, "w") as fh:
+        with atomic_write(args.calibrate) as fh:
             json.dump(data, fh, indent=1)
             fh.write("\n")
     except OSError as e:

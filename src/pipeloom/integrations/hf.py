@@ -22,8 +22,10 @@ sliding-window one for layers whose ``attention_type`` says so) and, for rotary 
 
 The model runs with dropout off (``eval()``): the pipeline and the reference must compute the same
 function. A MoE model's router auxiliary loss is not added (the loss is the token cross entropy).
-Supported families are those listed in :data:`SUPPORTED` (checked: their model ``forward`` adds nothing
-beyond embedding, positions, layers, norm and head); others are refused in one line.
+Supported families are the runnable ones of the model registry (:func:`supported`: a
+:class:`~pipeloom.models.registry.Family` with a :class:`~pipeloom.models.registry.TorchChunks`; checked:
+their model ``forward`` adds nothing beyond embedding, positions, layers, norm and head, or the family's
+hooks add it); others are refused in one line.
 """
 from __future__ import annotations
 
@@ -35,11 +37,19 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from ..models import families as _families
 from ..runtime.tied import Tie
 
-#: model_type values whose forward pipeline_chunks reproduces (embedding [+ learned positions], layers,
-#: final norm, head; no embedding scaling or logit soft-capping)
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "gpt2")
+
+def supported() -> tuple[str, ...]:
+    """The model_type values whose forward :func:`pipeline_chunks` reproduces: the registry's families with a
+    torch chunk builder (:class:`~pipeloom.models.registry.TorchChunks`), in registration order."""
+    return _families.architectures(runnable=True)
+
+
+def _torch_side(model_type):
+    fam = _families.get(model_type) if isinstance(model_type, str) else None
+    return None if fam is None else fam.torch
 
 
 class HFModelError(ValueError):
@@ -72,10 +82,11 @@ def load_config(spec: str):
         raise HFModelError(f"--model {spec}: cannot read {path} as JSON ({e})") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise HFModelError(f"--model {spec}: {path} has no 'model_type'; a transformers config.json names its "
-                           f"model family there (one of: {', '.join(SUPPORTED)})")
+                           f"model family there (one of: {', '.join(supported())})")
     mt = raw.pop("model_type")
-    if mt not in SUPPORTED:
-        raise HFModelError(f"--model {spec}: model_type {mt!r} is not supported; pipeloom cuts: {', '.join(SUPPORTED)}")
+    if _torch_side(mt) is None:
+        raise HFModelError(f"--model {spec}: model_type {mt!r} is not supported; pipeloom cuts: "
+                           f"{', '.join(supported())}")
     try:
         cfg = AutoConfig.for_model(mt, **raw)
     except Exception as e:  # transformers' own validation of the fields
@@ -135,8 +146,8 @@ def anatomy(model: nn.Module) -> Anatomy:
     """Find embedding, layer list, final norm, head (and positions, rotary) of a transformers causal LM."""
     cfg = model.config
     mt = getattr(cfg, "model_type", None)
-    if mt not in SUPPORTED:
-        raise HFModelError(f"model_type {mt!r} is not supported; pipeloom cuts: {', '.join(SUPPORTED)}")
+    if _torch_side(mt) is None:
+        raise HFModelError(f"model_type {mt!r} is not supported; pipeloom cuts: {', '.join(supported())}")
     base = model.base_model
     prefix = _path_of(model, base)
     p = (prefix + ".") if prefix else ""
@@ -178,6 +189,7 @@ class HFChunk(nn.Module):
     def __init__(self, model: nn.Module, an: Anatomy, layer_ids: Sequence[int], *, first: bool, last: bool) -> None:
         super().__init__()
         self.config = model.config
+        self._hooks = _torch_side(model.config.model_type)
         self.layer_ids = [int(i) for i in layer_ids]
         self.first, self.last = first, last
         full = model.get_submodule(an.layers)
@@ -207,6 +219,8 @@ class HFChunk(nn.Module):
         parts = self._parts
         if parts["embed"] is not None:
             x = parts["embed"](x)
+            if self._hooks.embedding is not None:
+                x = self._hooks.embedding(x, self.config)
         pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
         if parts["pos"] is not None:
             x = x + parts["pos"](pos).to(x.dtype)
@@ -225,6 +239,8 @@ class HFChunk(nn.Module):
             x = out[0] if isinstance(out, tuple) else out
         if parts["head"] is not None:
             x = parts["head"](parts["norm"](x))
+            if self._hooks.logits is not None:
+                x = self._hooks.logits(x, self.config)
         return x
 
 
@@ -336,5 +352,5 @@ class HFRunModel:
         return self._names.get(name, name)
 
 
-__all__ = ["SUPPORTED", "HFModelError", "HFChunk", "HFRunModel", "Anatomy", "anatomy", "build_model", "canonical_names",
-           "config_path", "has_weights", "load_config", "pipeline_chunks", "tied_parameters"]
+__all__ = ["HFModelError", "HFChunk", "HFRunModel", "Anatomy", "anatomy", "build_model", "canonical_names",
+           "config_path", "has_weights", "load_config", "pipeline_chunks", "supported", "tied_parameters"]

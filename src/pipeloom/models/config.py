@@ -14,7 +14,7 @@ Llama and GPT-3 (explicit ``head_size``, ``qkv_bias``, ``qk_norm``, mixture-of-e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class ModelConfigError(ValueError):
@@ -33,6 +33,9 @@ class ModelConfig:
 
     name: str = "custom"
     """label shown in reports"""
+    arch: str = field(default="", compare=False)
+    """the Hugging Face ``model_type`` it was read from, whose :class:`~pipeloom.models.registry.Family` may count
+    its layer itself; "" (presets, hand-made configs) = the shared formulas of :mod:`pipeloom.models.flops`"""
     hidden: int
     """model (residual stream) width h"""
     layers: int

@@ -40,6 +40,7 @@ the backward is not counted, like the ``24*b*s*h^2*(1 + s/(6h))`` of Narayanan e
 from __future__ import annotations
 
 from .config import ModelConfig
+from .registry import get as _family
 
 
 # ------------------------------------------------------------------------------------- parameters
@@ -80,7 +81,11 @@ def mlp_params(model: ModelConfig, tp: int = 1) -> int:
 
 
 def layer_params(model: ModelConfig, tp: int = 1) -> int:
-    """Parameters of one transformer layer on one TP rank (norm weights replicated)."""
+    """Parameters of one transformer layer on one TP rank (norm weights replicated); a family that counts
+    its own layer (:attr:`pipeloom.models.registry.Family.layer_params`, by the model's ``arch``) answers."""
+    fam = _family(model.arch) if model.arch else None
+    if fam is not None and fam.layer_params is not None:
+        return fam.layer_params(model, tp)
     return attention_params(model, tp) + mlp_params(model, tp) + 2 * _norm(model, model.hidden)
 
 
@@ -139,9 +144,13 @@ def _check_tokens(tokens) -> None:
 def layer_flops(model: ModelConfig, tokens: int | float, *, seq: int | None = None) -> tuple[float, float, float]:
     """(F, B, W) FLOPs of one transformer layer for ``tokens`` tokens of sequences of length ``seq``
     (default: the model's ``seq``); formulas in the module docstring. B = input-gradient GEMMs and the
-    attention core's backward, W = weight-gradient GEMMs."""
+    attention core's backward, W = weight-gradient GEMMs. A family that counts its own layer
+    (:attr:`pipeloom.models.registry.Family.layer_flops`, by the model's ``arch``) answers."""
     _check_tokens(tokens)
     s = model.seq if seq is None else seq
+    fam = _family(model.arch) if model.arch else None
+    if fam is not None and fam.layer_flops is not None:
+        return tuple(float(x) for x in fam.layer_flops(model, tokens, s))
     gemm = 2.0 * tokens * active_layer_params(model)
     core = 4.0 * tokens * s * model.q_dim
     in_b = 2.0 * tokens * undeferred_params(model)  # their weight gradients: in B (see the module docstring)

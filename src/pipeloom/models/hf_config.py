@@ -5,22 +5,10 @@ or to a directory holding one, as well as a preset name: :func:`resolve_model` i
 that turns such a spec into a ModelConfig. The file is read as JSON here; transformers is not
 imported and nothing is downloaded.
 
-Architectures (the ``model_type`` field) and what is read from them, following transformers'
-modeling code for that architecture, including its defaults for fields the file leaves out:
-
-============  =======================================================================================
-llama         RMSNorm, SwiGLU, rotary; ``attention_bias`` (q/k/v/o), ``mlp_bias``, optional ``head_dim``
-mistral       as llama without biases (``num_key_value_heads`` defaults to 8)
-qwen2         as llama with q/k/v biases (always)
-qwen3         q/k RMSNorm per head, explicit ``head_dim`` (default 128), ``attention_bias`` (q/k/v/o)
-gpt2          ``n_embd``/``n_layer``/``n_head``/``n_positions``; LayerNorm, GeLU MLP (``n_inner``, default
-              4h), fused qkv with biases, learned positions, tied embeddings by default
-mixtral       llama attention + ``num_local_experts`` SwiGLU experts of ``intermediate_size``, top
-              ``num_experts_per_tok``, a router
-qwen3_moe     qwen3 attention + ``num_experts`` experts of ``moe_intermediate_size``, a router, no shared expert
-qwen2_moe     qwen2 attention (``qkv_bias``) + routed experts + one shared expert of
-              ``shared_expert_intermediate_size`` with a sigmoid gate
-============  =======================================================================================
+Architectures (the ``model_type`` field) are the families of the model registry
+(:mod:`pipeloom.models.registry`; one module each in :mod:`pipeloom.models.families`, which lists them
+and what is read from them, following transformers' modeling code for that architecture, including its
+defaults for fields the file leaves out).
 
 ``tie_word_embeddings`` takes the architecture's default when absent (True for gpt2 only).
 Required: the shape fields (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
@@ -38,73 +26,11 @@ import os
 from pathlib import Path
 
 from .config import ModelConfig, ModelConfigError
-
-_REQUIRED = object()
-
-#: model_type -> defaults of transformers' config class for the fields this module reads
-_DEFAULTS: dict[str, dict] = {
-    "llama": dict(num_key_value_heads=None, max_position_embeddings=2048, rms_norm_eps=1e-6,
-                  tie_word_embeddings=False, attention_bias=False, mlp_bias=False, head_dim=None),
-    "mistral": dict(num_key_value_heads=8, max_position_embeddings=4096 * 32, rms_norm_eps=1e-6,
-                    tie_word_embeddings=False, head_dim=None),
-    "qwen2": dict(num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                  tie_word_embeddings=False),
-    "qwen3": dict(num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                  tie_word_embeddings=False, attention_bias=False, head_dim=128),
-    "gpt2": dict(n_inner=None, n_positions=1024, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-                 resid_pdrop=0.1),
-    "mixtral": dict(num_key_value_heads=8, max_position_embeddings=4096 * 32, rms_norm_eps=1e-5,
-                    tie_word_embeddings=False, head_dim=None, num_local_experts=8, num_experts_per_tok=2),
-    "qwen3_moe": dict(num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                      tie_word_embeddings=False, attention_bias=False, head_dim=None, num_experts=128,
-                      num_experts_per_tok=8, moe_intermediate_size=768, decoder_sparse_step=1,
-                      mlp_only_layers=None),
-    "qwen2_moe": dict(num_key_value_heads=16, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                      tie_word_embeddings=False, qkv_bias=True, head_dim=None, num_experts=60,
-                      num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
-                      decoder_sparse_step=1, mlp_only_layers=None),
-}
-
-#: the architectures :func:`from_hf_config` reads
-ARCHITECTURES = tuple(_DEFAULTS)
+from .families import architectures, get
+from .registry import ConfigReader
 
 #: published config.json files shipped with pipeloom (only the config, no weights)
 CONFIG_DIR = Path(__file__).with_name("hf_configs")
-
-
-class _Reader:
-    def __init__(self, cfg: dict, where: str, arch: str):
-        self.cfg, self.where, self.arch = cfg, where, arch
-        self.defaults = _DEFAULTS[arch]
-
-    def raw(self, key: str, default=_REQUIRED):
-        if key in self.cfg:
-            return self.cfg[key]
-        if default is _REQUIRED:
-            default = self.defaults.get(key, _REQUIRED)
-        if default is _REQUIRED:
-            raise ModelConfigError(f"{self.where}: missing field {key!r} (needed for model_type {self.arch!r})")
-        return default
-
-    def int(self, key: str, default=_REQUIRED, *, none_ok: bool = False):
-        v = self.raw(key, default)
-        if v is None and none_ok:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ModelConfigError(f"{self.where}: field {key!r} must be an integer >= 1, got {v!r}")
-        return v
-
-    def bool(self, key: str, default=_REQUIRED) -> bool:
-        v = self.raw(key, default)
-        if not isinstance(v, bool):
-            raise ModelConfigError(f"{self.where}: field {key!r} must be true or false, got {v!r}")
-        return v
-
-    def float(self, key: str, default=_REQUIRED) -> float:
-        v = self.raw(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelConfigError(f"{self.where}: field {key!r} must be a number, got {v!r}")
-        return float(v)
 
 
 def load_hf_config(path: str | os.PathLike) -> tuple[dict, str]:
@@ -138,127 +64,24 @@ def _default_name(where: str, cfg: dict) -> str:
 def from_hf_config(src: str | os.PathLike | dict, *, name: str | None = None) -> ModelConfig:
     """The :class:`ModelConfig` of a Hugging Face config: a path to ``config.json``, to a directory holding
     one, or the parsed dict. ``name`` labels it in reports (default: ``_name_or_path``, else the directory or
-    file name)."""
+    file name). The ``model_type`` picks the reader (:func:`pipeloom.models.registry.get`)."""
     if isinstance(src, dict):
         cfg, where = src, "config"
     else:
         cfg, where = load_hf_config(src)
     arch = cfg.get("model_type")
+    known = ", ".join(architectures())
     if arch is None:
-        raise ModelConfigError(f"{where}: missing field 'model_type' (one of: {', '.join(ARCHITECTURES)})")
-    if arch not in _DEFAULTS:
-        raise ModelConfigError(f"{where}: model_type {arch!r} is not supported; supported are: "
-                               f"{', '.join(ARCHITECTURES)}")
-    r = _Reader(cfg, where, arch)
+        raise ModelConfigError(f"{where}: missing field 'model_type' (one of: {known})")
+    family = get(arch) if isinstance(arch, str) else None
+    if family is None:
+        raise ModelConfigError(f"{where}: model_type {arch!r} is not supported; supported are: {known}")
     label = name or _default_name(where, cfg)
     try:
-        return _BUILD[arch](r, label)
+        return family.read(ConfigReader(cfg, where, family), label)
     except ModelConfigError as e:
         msg = str(e)
         raise ModelConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
-
-
-def _rope_theta(r: _Reader) -> float:
-    rp = r.cfg.get("rope_parameters")
-    if isinstance(rp, dict) and isinstance(rp.get("rope_theta"), (int, float)):
-        return float(rp["rope_theta"])
-    return r.float("rope_theta", 10000.0)
-
-
-def _kv_heads(r: _Reader, heads: int) -> int:
-    kv = r.int("num_key_value_heads", none_ok=True)
-    return heads if kv is None else kv
-
-
-def _llama_like(r: _Reader, label: str, **kw) -> ModelConfig:
-    heads = r.int("num_attention_heads")
-    base = dict(name=label, hidden=r.int("hidden_size"), layers=r.int("num_hidden_layers"), heads=heads,
-                kv_heads=_kv_heads(r, heads), vocab=r.int("vocab_size"), seq=r.int("max_position_embeddings"),
-                norm_eps=r.float("rms_norm_eps"), rope_theta=_rope_theta(r),
-                init_std=r.float("initializer_range", 0.02), dropout=r.float("attention_dropout", 0.0),
-                tied_embeddings=r.bool("tie_word_embeddings"), mlp="swiglu", norm="rmsnorm")
-    if "head_dim" in r.defaults or "head_dim" in r.cfg:
-        base["head_size"] = r.int("head_dim", none_ok=True)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def _llama(r, label):
-    attn_bias = r.bool("attention_bias")
-    return _llama_like(r, label, ffn=r.int("intermediate_size"), qkv_bias=attn_bias, proj_bias=attn_bias,
-                       mlp_bias=r.bool("mlp_bias"))
-
-
-def _mistral(r, label):
-    return _llama_like(r, label, ffn=r.int("intermediate_size"))
-
-
-def _qwen2(r, label):
-    return _llama_like(r, label, ffn=r.int("intermediate_size"), qkv_bias=True)
-
-
-def _qwen3(r, label):
-    attn_bias = r.bool("attention_bias")
-    return _llama_like(r, label, ffn=r.int("intermediate_size"), qkv_bias=attn_bias, proj_bias=attn_bias,
-                       qk_norm=True)
-
-
-def _gpt2(r, label):
-    h = r.int("n_embd")
-    act = r.raw("activation_function", "gelu_new")
-    if not isinstance(act, str) or "gelu" not in act:
-        raise ModelConfigError(f"{r.where}: field 'activation_function' {act!r} is not a GeLU; pipeloom models "
-                               f"gpt2 with a GeLU MLP")
-    return ModelConfig(name=label, hidden=h, layers=r.int("n_layer"), heads=r.int("n_head"),
-                       ffn=r.int("n_inner", none_ok=True) or 4 * h, vocab=r.int("vocab_size"),
-                       seq=r.int("n_positions"), mlp="gelu", norm="layernorm", bias=True,
-                       gelu_saved=4 if act == "gelu_new" else 1,  # traced; gelu_fast (7 saves) is not modelled
-                       tied_embeddings=r.bool("tie_word_embeddings"), learned_positions=True,
-                       dropout=r.float("resid_pdrop"), norm_eps=r.float("layer_norm_epsilon"),
-                       init_std=r.float("initializer_range", 0.02))
-
-
-def _mixtral(r, label):
-    ffn = r.int("intermediate_size")
-    return _llama_like(r, label, ffn=ffn, experts=r.int("num_local_experts"),
-                       experts_per_token=r.int("num_experts_per_tok"), expert_ffn=ffn)
-
-
-def _dense_layers_refused(r: _Reader) -> None:
-    step = r.int("decoder_sparse_step")
-    only = r.raw("mlp_only_layers")
-    if step != 1:
-        raise ModelConfigError(f"{r.where}: field 'decoder_sparse_step' is {step}: dense and MoE layers alternate, "
-                               f"which pipeloom does not model (it needs 1: every layer MoE)")
-    if only:
-        raise ModelConfigError(f"{r.where}: field 'mlp_only_layers' lists dense layers {only!r}, which pipeloom "
-                               f"does not model (it needs [] : every layer MoE)")
-
-
-def _qwen3_moe(r, label):
-    _dense_layers_refused(r)
-    attn_bias = r.bool("attention_bias")
-    moe_ffn = r.int("moe_intermediate_size")
-    return _llama_like(r, label, ffn=r.int("intermediate_size", moe_ffn), qkv_bias=attn_bias,
-                       proj_bias=attn_bias, qk_norm=True, experts=r.int("num_experts"),
-                       experts_per_token=r.int("num_experts_per_tok"), expert_ffn=moe_ffn)
-
-
-def _qwen2_moe(r, label):
-    _dense_layers_refused(r)
-    moe_ffn = r.int("moe_intermediate_size")
-    shared = r.raw("shared_expert_intermediate_size")
-    if shared in (None, 0):
-        raise ModelConfigError(f"{r.where}: field 'shared_expert_intermediate_size' must be an integer >= 1 "
-                               f"(qwen2_moe always has a shared expert), got {shared!r}")
-    return _llama_like(r, label, ffn=r.int("intermediate_size", moe_ffn), qkv_bias=r.bool("qkv_bias"),
-                       experts=r.int("num_experts"), experts_per_token=r.int("num_experts_per_tok"),
-                       expert_ffn=moe_ffn, shared_experts=1,
-                       shared_expert_ffn=r.int("shared_expert_intermediate_size"), shared_expert_gate=True)
-
-
-_BUILD = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3, "gpt2": _gpt2,
-          "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe}
 
 
 # ------------------------------------------------------------------------------------- resolution
@@ -311,5 +134,5 @@ def resolve_model(spec: str | ModelConfig) -> ModelConfig:
                            f"or a path to a Hugging Face config.json")
 
 
-__all__ = ["ARCHITECTURES", "CONFIG_DIR", "from_hf_config", "hf_config_path", "load_hf_config", "resolve_model",
+__all__ = ["CONFIG_DIR", "from_hf_config", "hf_config_path", "load_hf_config", "resolve_model",
            "shipped_configs"]
