@@ -18,11 +18,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("sim",),         # event simulator, replay
     ("schedule",),    # registry, validator, families, search engines, file formats, planning
     ("models",),      # what pipeloom knows of a model; the built-in torch models
+    ("autograd",),    # torch autograd mechanisms below the runtime and the memory tracer (the split backward)
     ("partition",),   # layers -> chunks, cost balancing
     ("viz",),         # drawing only
     ("trace",),       # run logs: format, reader, check, synthetic logs
+    ("memory",),      # analytic and traced memory (never the runtime: the split backward it replays is in autograd)
     ("runtime",),     # torch.distributed executor, driver, launch
-    ("memory",),      # analytic and traced memory
     ("integrations",),  # other frameworks' runtimes (torch.distributed.pipelining)
     ("tune",),        # parallel-configuration search (cost model, bounds, launch files)
     ("api",),         # the facade for users; nothing inside the library imports it
@@ -172,3 +173,11 @@ def test_a_new_unlisted_folder_is_named(tmp_path):
     (root / "tuner").mkdir()
     (root / "tuner" / "__init__.py").write_text("from ..sim import simulate\n")
     assert any(p.startswith("tuner: a folder no layer names") for p in layer_problems(root))
+
+
+def test_the_memory_tracer_may_not_import_the_runtime(tmp_path):
+    # the split backward both use lives in autograd/, below both; memory sits below runtime
+    root = _copy(tmp_path)
+    traced = root / "memory" / "traced.py"
+    traced.write_text(traced.read_text() + "\n\ndef _late():\n    from ..runtime import executor\n")
+    assert any(p.startswith("upward import: memory/traced.py:") and "runtime" in p for p in layer_problems(root))

@@ -21,7 +21,7 @@ from pipeloom.cli import main  # noqa: E402
 from pipeloom.integrations.hf import (HFRunModel, build_model, canonical_names, pipeline_chunks,  # noqa: E402
                                       tied_parameters)
 from pipeloom.models.slicing import even_layer_split  # noqa: E402
-from pipeloom.runtime.splitgrad import deferred_share  # noqa: E402
+from pipeloom.autograd.splitgrad import deferred_share  # noqa: E402
 
 TOL = 1e-5
 VOCAB = 96

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from pipeloom.runtime.splitgrad import SplitGrad, deferrable_linears, deferred_share, is_conv1d, weight_grads  # noqa: E402
+from pipeloom.autograd.splitgrad import SplitGrad, deferrable_linears, deferred_share, is_conv1d, weight_grads  # noqa: E402
 
 
 class Conv1D(nn.Module):

@@ -13,7 +13,7 @@ Counting rules:
   ops count once, at its storage's full size.
 * Parameters and buffers (and views of them) are not activations.
 * W split: the weight gradient of a GEMM ``y = x W^T`` is ``dW = dy^T x``. The GEMMs are the
-  linears the runtime defers (:func:`pipeloom.runtime.splitgrad.deferrable_linears`: every
+  linears the runtime defers (:func:`pipeloom.autograd.splitgrad.deferrable_linears`: every
   :class:`torch.nn.Linear` but one tied to an embedding), or every module of the types passed in
   ``gemm_types``. Saved storages that are inputs of such
   a GEMM stay alive until W (``w_input_bytes``); B also makes ``dy`` of the shape of each GEMM's
@@ -143,7 +143,7 @@ def trace_chunk(module: nn.Module, example_input, *, target: torch.Tensor | None
             gemm_out[0] += output.numel() * output.element_size()
 
     if gemm_types is None:  # the linears the runtime's split backward defers (not a tied head)
-        from ..runtime.splitgrad import deferrable_linears
+        from ..autograd.splitgrad import deferrable_linears
         gemms = deferrable_linears(module)
     else:
         gemms = [m for m in module.modules() if isinstance(m, tuple(gemm_types))]
@@ -406,7 +406,7 @@ def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, in
     k's backward); a job whose local input does not exist yet is refused. A sent output's data is
     freed at once (Megatron's ``deallocate_output_tensor``); parameter gradients are preallocated
     (static, not in the peak). A pair the schedule splits into B and W runs with the runtime's own
-    split backward (:class:`pipeloom.runtime.splitgrad.SplitGrad`): during F every deferrable
+    split backward (:class:`pipeloom.autograd.splitgrad.SplitGrad`): during F every deferrable
     ``nn.Linear`` stashes its input, B differentiates only the chunk input and the other
     parameters (the linears' ``dy`` land in the stash), W adds ``dW = dy^T x`` and frees the stash.
     Uses the profiler's allocator records (:func:`live_bytes`).
@@ -416,7 +416,7 @@ def measure_schedule(schedule, device: int, modules: dict[int, nn.Module], *, in
 
     from ..core.ir import Kind, device_of
     from ..core.rules import ACT, EVENT_NAMES, GRAD, PRODUCES, needs
-    from ..runtime.splitgrad import SplitGrad, weight_grads
+    from ..autograd.splitgrad import SplitGrad, weight_grads
 
     nc, pp, placement = schedule.num_chunks, schedule.pp, schedule.placement
     split = {(mb, c) for seq in schedule.devices for kind, mb, c in seq if kind is Kind.B}

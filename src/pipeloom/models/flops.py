@@ -29,7 +29,7 @@ where ``P_active`` counts the weight-GEMM parameters one token goes through: the
 projections, the router, ``experts_per_token`` routed experts and the shared experts (all of the
 dense MLP). The attention core has no weights, so its whole backward is in B, as in pipeloom's
 runtime, which splits a layer's backward into B (input gradients) and W (weight gradients). The same
-runtime defers only ``nn.Linear`` and ``Conv1D`` weight gradients (:mod:`pipeloom.runtime.splitgrad`);
+runtime defers only ``nn.Linear`` and ``Conv1D`` weight gradients (:mod:`pipeloom.autograd.splitgrad`);
 transformers (5.x) holds routed experts as 3-D parameters run by grouped GEMMs and the router as a raw
 parameter used with ``F.linear``, so their weight gradients (``2*tokens*P_undeferred``,
 :func:`undeferred_params`) move from W to B: the costs and the memory model follow the split the runtime

@@ -4,8 +4,9 @@ Importing this package imports torch. Main pieces:
 
 * :class:`PipelineExecutor` (executor.py): runs one rank's job list (F, B, W, BW) of any valid
   schedule; link-ordered batched P2P; ``on_job`` observes or wraps every job.
-* :mod:`.splitgrad`: the split backward (weight grads of the linears deferred from B to W), by
-  forward hooks on module instances; the memory tracer replays schedules with it too.
+* :class:`SplitGrad` (from :mod:`pipeloom.autograd.splitgrad`, below both the runtime and the memory
+  tracer, which replays schedules with it too): the split backward (weight grads of the linears
+  deferred from B to W), by forward hooks on module instances.
 * :mod:`.grads`: the step's flat fp32 gradient buffer and the :class:`GradReducer` seam
   (default: one all-reduce over data parallelism after accumulation).
 * :mod:`.commplan`: the messages of a schedule and the per-link order both ends agree on (no torch).
@@ -22,7 +23,7 @@ Importing this package imports torch. Main pieces:
 from .commplan import build_comm_plan
 from .executor import NonFiniteLossError, PipelineExecutor, ScheduleRuntimeError, reference_step
 from .grads import AllReduceAfterAccumulation, GradBuffer, GradReducer
-from .splitgrad import SplitGrad
+from ..autograd.splitgrad import SplitGrad
 from ..trace.writer import JobLog, parse_profile_steps
 from .launch import RankFailure, spawn
 from .p2p import PeerError

@@ -6,7 +6,7 @@ job list with a dispatch table ``Kind -> handler`` (F, B, W, BW). Per (microbatc
     F(m,k)   x = input (tokens for chunk 0, else the activation from chunk k-1, received or local);
              y = module_k(x); the last chunk also computes loss_m = loss_fn(y, target_m).
              If the schedule splits this pair's backward (B and W jobs) every nn.Linear runs as a
-             *deferred* linear (:mod:`.splitgrad`): B computes only its input grad, (x, dy) wait in a stash.
+             *deferred* linear (:mod:`pipeloom.autograd.splitgrad`): B computes only its input grad, (x, dy) wait in a stash.
     B(m,k)   autograd.grad of y (or loss_m / M) w.r.t. the chunk input and its parameters, with the
              incoming output grad; deferred linears contribute only dx, other parameters (norms,
              embeddings) get their grads here. The graph is freed; the input grad goes to chunk k-1.
@@ -43,7 +43,7 @@ from .commplan import Msg, build_comm_plan, needed, produced
 from ..trace.writer import JobLog
 from .p2p import P2P, PeerError
 from .grads import GradBuffer, GradReducer, barrier, make_reducer
-from .splitgrad import SplitGrad, weight_grads
+from ..autograd.splitgrad import SplitGrad, weight_grads
 
 
 class NonFiniteLossError(RuntimeError):
@@ -183,7 +183,7 @@ class PipelineExecutor:
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
         }
         self.on_job = on_job
-        # deferred linears (.splitgrad): forward hooks on the nn.Linear instances of the chunks that
+        # deferred linears (autograd/splitgrad.py): forward hooks on the nn.Linear instances of the chunks that
         # some W job of this rank splits (the other chunks' modules run exactly as given)
         self._splitgrad: dict[int, SplitGrad] = {k: SplitGrad(m) for k, m in self.modules.items()
                                                  if any(c == k for _, c in split)}
