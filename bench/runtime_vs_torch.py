@@ -231,9 +231,10 @@ def _chunk_costs(log_dir: str, pp: int, sched, warm: int, steps: int):
 def _torch_order(pipeline_order: dict, like, tname: str):
     """torch's per-rank action lists as a pipeloom Schedule (same placement as ``like``):
     F -> F, I (input grad) -> B, W -> W, B (full backward) -> BW; stage index = global chunk."""
+    from pipeloom.core.torch_kinds import KIND_OF_LETTER
     from pipeloom.schedule.validate import validate
 
-    kinds = {"F": "F", "I": "B", "W": "W", "B": "BW"}
+    kinds = {letter: kind.value for letter, kind in KIND_OF_LETTER.items()}
     devices = []
     for r in range(like.pp):
         seq = []

@@ -33,6 +33,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..core.costs import Costs
+from ..core.ir import Kind
+from ..core.torch_kinds import KIND_OF_LETTER, TORCH_LETTER
 from ..trace.run import LogError
 from ..trace.torch_profile import PP_COMPUTE as _COMPUTE
 from ..trace.torch_profile import complete_events, find_traces, load_trace, trace_rank
@@ -135,7 +137,7 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
     def may_wait(stage: int, kind: str) -> bool:  # does this action wait for another rank's output first?
         if kind == "F":
             return stage > 0 and home[stage - 1] != home[stage]
-        if kind in ("I", "B"):
+        if KIND_OF_LETTER[kind] in (Kind.B, Kind.BW):
             return stage < nc - 1 and home[stage + 1] != home[stage]
         return False
 
@@ -166,10 +168,8 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
             stop = compute[i + 1].start if i + 1 < len(compute) else float("inf")
             sends = sum(x.end - x.start for x in spans if s.end <= x.start < stop and _SEND.match(x.name))
             cost = max(0.0, s.end - begin) + sends
-            if kind == "B":  # a full backward: what pipeloom splits into B and W; kept whole under 'BW'
-                samples.setdefault((st, "BW"), []).append(cost)
-            else:
-                samples.setdefault((st, {"F": "F", "I": "B", "W": "W"}[kind]), []).append(cost)
+            # torch's B is a full backward (what pipeloom splits into B and W): kept whole under 'BW'
+            samples.setdefault((st, KIND_OF_LETTER[kind].value), []).append(cost)
     # a consumer surely waited for the transfer when its producer's send was posted after the consumer began (a
     # late first operator alone may be the process being descheduled, not a wait)
     comm = [max(0.0, t - produced[(k, st, mb)]) for k, st, mb, began, t in waited
@@ -184,7 +184,7 @@ def profile_costs(source, *, quantile: float = 0.5, comm_quantile: float = 0.25)
                                f"split into I and W: profile a schedule that splits them (e.g. "
                                f"ZBVZeroBubble or InterleavedZeroBubble)")
             else:
-                raise LogError(f"the traces hold no {'I' if k == 'B' else k} action of stage {c}")
+                raise LogError(f"the traces hold no {TORCH_LETTER[Kind(k)]} action of stage {c}")
     costs = Costs(F=tuple(per["F"]), B=tuple(per["B"]), W=tuple(per["W"]),
                   comm=_quantile(comm, comm_quantile) if comm else 0.0)
     steps = max(1, len(per_trace) // max(1, len({r for r, _, _ in per_trace})))
@@ -212,7 +212,6 @@ def peak_with_retention(schedule, mem, kept) -> list[float]:
     torch's then holds more than planned; compare plans with this peak instead (``kept`` all 0 gives the model's
     own peak)."""
     from ..core import rules
-    from ..core.ir import Kind
 
     nc = schedule.num_chunks
     a, b = mem.per_chunk(nc, schedule.vpp)

@@ -28,12 +28,9 @@ import re
 
 from ...core.errors import ScheduleFormatError
 from ...core.ir import Job, Kind, Placement, Schedule, device_of
+from ...core.torch_kinds import KIND_OF_LETTER, TORCH_LETTER  # noqa: F401  (the one map; re-exported)
 from .native import _check_size
 
-#: pipeloom kind -> torch action letter
-TORCH_LETTER = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
-#: torch action letter -> pipeloom kind
-KIND_OF_LETTER = {v: k for k, v in TORCH_LETTER.items()}
 #: communication and sharding actions a compute+comms file may hold; reading drops them
 COMM_ACTIONS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 
