@@ -29,6 +29,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from _harness import median, paired_ratios, round_orders, write_text  # noqa: E402
+
 SCHEDULES = ("1f1b", "interleaved", "zbv")
 
 
@@ -50,7 +52,7 @@ def _timed_allreduces(dp_group, sizes: list[int], reps: int) -> list[float]:
             ts.append(time.perf_counter() - t0)
         t = torch.tensor(ts, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out.append(statistics.median(t.tolist()))
+        out.append(median(t.tolist()))
     return out
 
 
@@ -109,9 +111,9 @@ def bench_worker(a: dict) -> dict:
         step(False)
         for w in (*waits.values(), *computes.values()):
             w.clear()
-        seq = []
-        for i in range(a["pairs"]):
-            for ov in ((True, False) if i % 2 == 0 else (False, True)):
+        seq = []  # on off, off on, on off, ...
+        for order in round_orders((True, False), a["pairs"], mirror=True):
+            for ov in order:
                 seq.append((ov, step(ov)))
         log.close(timed[1] - 1)
         t = torch.tensor([s for _, s in seq], dtype=torch.float64)
@@ -127,7 +129,7 @@ def bench_worker(a: dict) -> dict:
             dist.all_reduce(c, op=dist.ReduceOp.MAX)
             out["compute"][(name, ov)] = c.tolist()
             out["times"][(name, ov)] = ordered[ov]
-        out["ratios"][name] = [on / off for on, off in zip(ordered[True], ordered[False])]
+        out["ratios"][name] = paired_ratios(ordered[True], ordered[False])
         out["logs"][name] = box[0]
         out["off_steps"][name] = [timed[0] + i for i, (ov, _) in enumerate(seq) if not ov]
         sizes = [0] * sched.num_chunks
@@ -238,11 +240,11 @@ def main() -> None:
              "measured hidden share | predicted reduction (ms) | predicted step off / on (ms) | predicted on/off | "
              "predicted hidden share |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.schedules:
-        on, off = (statistics.median(res["times"][(name, v)]) for v in (True, False))
+        on, off = (median(res["times"][(name, v)]) for v in (True, False))
         pred = local_prediction(res, name, link)
-        pair = statistics.median(res["ratios"][name])
-        w_on, w_off = (statistics.median(res["finish"][(name, v)]) for v in (True, False))
-        c_on, c_off = (statistics.median(res["compute"][(name, v)]) for v in (True, False))
+        pair = median(res["ratios"][name])
+        w_on, w_off = (median(res["finish"][(name, v)]) for v in (True, False))
+        c_on, c_off = (median(res["compute"][(name, v)]) for v in (True, False))
         p_on, p_off = pred["on"], pred["off"]
         lines.append(f"| {name} | {ms(off)} | {ms(on)} | {pair:.3f} | {ms(c_off)} / {ms(c_on)} | {ms(w_off)} / {ms(w_on)} | "
                      f"{1 - w_on / w_off:.1%} | {p_off.dp_time:.1f} | {p_off.step_time:.1f} / {p_on.step_time:.1f} | "
@@ -266,8 +268,7 @@ def main() -> None:
                       "## Llama-2 7B, pp 4 x dp 8, 100 Gb/s (simulated)", "", *big, ""])
     print(text)
     if args.out:  # the tables only (docs/bench/dp_overlap.md has them with the reading around them)
-        with open(args.out, "w") as fh:
-            fh.write(f"<!-- {cmd.strip()} -->\n{text}")
+        write_text(args.out, f"<!-- {cmd.strip()} -->\n{text}")
         print(f"wrote {args.out}")
 
 

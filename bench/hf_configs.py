@@ -21,6 +21,8 @@ import json
 import sys
 import time
 
+from _harness import write_text
+
 #: nominal sizes as published (model name / model card)
 NOMINAL = {
     "Llama-2-7b": "7B",
@@ -106,8 +108,7 @@ All counts are exact integers; the comparison is also a test
 (`tests/models/test_models_hf_config.py::test_published_config_counts_like_transformers`).
 The whole table takes {time.perf_counter() - t0:.0f} s, mostly transformers' import.
 """
-    with open(args.out, "w") as f:
-        f.write(page)
+    write_text(args.out, page)
     print(table)
     return 0
 

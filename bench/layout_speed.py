@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _harness import alternate, median, ratio_summary
 
 HERE = Path(__file__).resolve().parents[1] / "src"
 PLAN = ["-m", "pipeloom", "plan", "--schedule", "zbv", "--pp", "64", "--microbatches", "512", "--mem-limit", "1p"]
@@ -32,11 +32,10 @@ SIM = ["-c", "import pipeloom as pl\n"
        " mem_limit=spec.mem_limit)\n"]
 
 
-def wall(src: Path, args: list[str]) -> float:
+def process(src: Path, args: list[str]):
+    """One whole process of ``python ARGS`` with ``src`` on the path (the bench times the call)."""
     env = dict(os.environ, PYTHONPATH=str(src))
-    t = time.perf_counter()
-    subprocess.run([sys.executable, *args], env=env, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    return lambda: subprocess.run([sys.executable, *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -48,13 +47,10 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, cmd in (("`pipeloom plan -s zbv --pp 64 -m 512 --mem-limit 1p` (whole process)", PLAN),
                       ("plan + 196 608-job simulation + job-by-job validation (one process)", SIM)):
-        wall(HERE, cmd), wall(args.before, cmd)  # warm-up: file caches
-        a, b = [], []
-        for _ in range(args.runs):
-            a.append(wall(HERE, cmd))
-            b.append(wall(args.before, cmd))
-        ratio = statistics.median(x / y for x, y in zip(a, b))
-        print(f"| {name} | {statistics.median(a):.3f} s | {statistics.median(b):.3f} s | {ratio:.3f} |")
+        # one warm-up round (file caches), then A B A B ...
+        t = alternate({"this": process(HERE, cmd), "before": process(args.before, cmd)}, args.runs, warmup=1)
+        ratio = ratio_summary(t["this"], t["before"])["median"]
+        print(f"| {name} | {median(t['this']):.3f} s | {median(t['before']):.3f} s | {ratio:.3f} |")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from _harness import write_text
 from pipeloom.memory import analytic as an
 from pipeloom.memory.traced import measure_chunk, measure_schedule, trace_chunk, trace_chunks
 from pipeloom.models import llama
@@ -287,8 +288,7 @@ Notes:
 """
     print(doc)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(doc)
+        write_text(args.out, doc)
     return 0 if max(w1, w2a, w2, w3) <= 0.05 else 1
 
 

@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 
+from _harness import write_text
 from pipeloom.partition import balance, default_layer_costs, placement_of
 from pipeloom.core.costs import Costs
 
@@ -124,8 +125,7 @@ def main(argv=None) -> int:
           (f" --max-evals {args.max_evals}" if args.max_evals != 400 else "") + (f" --out {args.out}" if args.out else "")
     md = to_markdown(rows, cmd, args.comm, args.max_evals)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(md)
+        write_text(args.out, md)
     else:
         print(md)
     return 0

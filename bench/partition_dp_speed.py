@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import statistics
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from _harness import median, write_section
+from _harness import timed as _timed
 
 from pipeloom.partition import bottleneck_dp, default_layer_costs
 
@@ -48,12 +49,10 @@ def former_scan(costs, nc):
 
 
 def timed(f, reps):
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        r = f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), r
+    """(median seconds of ``reps`` calls, the last call's result)."""
+    box = []
+    ts = [_timed(lambda: box.append(f())) for _ in range(reps)]
+    return median(ts), box[-1]
 
 
 def main() -> None:
@@ -87,11 +86,7 @@ def main() -> None:
         f"loaded machine.", ""])
     print(md)
     if args.out:
-        text = open(args.out).read() if os.path.exists(args.out) else ""
-        if HEAD in text:
-            text = text[:text.index(HEAD)]
-        with open(args.out, "w") as f:
-            f.write(text.rstrip("\n") + "\n\n" + md)
+        write_section(args.out, HEAD, md)
 
 
 if __name__ == "__main__":

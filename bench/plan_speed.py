@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _harness import alternate, median
 from pipeloom.schedule import io as schedule_io
 
 TARGET = ["plan", "--schedule", "zbv", "--pp", "64", "--microbatches", "512", "--mem-limit", "1p"]
@@ -38,10 +39,9 @@ def _cli() -> list[str]:
     return [sys.executable, "-c", "import sys; from pipeloom.cli import main; sys.exit(main())"]
 
 
-def _wall(argv: list[str], env: dict) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t0
+def _process(argv: list[str], env: dict):
+    """One whole process (the harness times the call)."""
+    return lambda: subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 
 
 def end_to_end(runs: int) -> list[dict]:
@@ -56,14 +56,9 @@ def end_to_end(runs: int) -> list[dict]:
         ("same, written with -o plan.json", cli + TARGET + ["-o", out_file], base),
         ("trivial plan (start-up: 1f1b pp2 m2)", cli + TRIVIAL, base),
     ]
-    times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-    for name, argv, env in variants:  # one warm-up each (page cache, .pyc files)
-        _wall(argv, env)
-    for _ in range(runs):
-        for name, argv, env in variants:
-            times[name].append(_wall(argv, env))
-    return [{"variant": name, "runs": runs, "min_s": min(ts), "median_s": statistics.median(ts)}
-            for name, ts in times.items()]
+    # one warm-up round (page cache, .pyc files), then the variants in turn, ``runs`` rounds
+    times = alternate({name: _process(argv, env) for name, argv, env in variants}, runs, warmup=1)
+    return [{"variant": name, "runs": runs, "min_s": min(ts), "median_s": median(ts)} for name, ts in times.items()]
 
 
 def breakdown() -> dict:

@@ -15,10 +15,10 @@ import argparse
 import dataclasses
 import os
 import platform
-import statistics
 import sys
 import time
 
+from _harness import median, round_orders, write_text
 from pipeloom.runtime.driver import RunConfig, calibrate, prepare, run
 
 # (label, schedule, pp, microbatches, decoder layers): 6 layers on 4 chunks split 2,2,1,1, so the
@@ -41,11 +41,12 @@ def bench_case(label, schedule, pp, m, layers, *, repeats: int, steps: int, cali
     measured = calibrate(prepare(dataclasses.replace(base, measure_costs=True)))
     calib_s = time.perf_counter() - t0
     same = unit.schedule.devices == measured.schedule.devices
-    times = {"unit": [], "measured": []}
-    for _ in range(repeats):
-        for name, cfg in (("unit", unit), ("measured", measured)):
-            times[name].append(run(cfg)["step_time_s"])
-    med = {k: statistics.median(v) for k, v in times.items()}
+    cfgs = {"unit": unit, "measured": measured}
+    times = {name: [] for name in cfgs}
+    for order in round_orders(list(cfgs), repeats):  # alternating; a run reports its own step time
+        for name in order:
+            times[name].append(run(cfgs[name])["step_time_s"])
+    med = {k: median(v) for k, v in times.items()}
     return {"case": label, "pp": pp, "m": m, "layers": layers, "unit_s": med["unit"], "measured_s": med["measured"],
             "speedup": med["unit"] / med["measured"], "same_order": same, "costs": _fmt_costs(measured.planned_costs),
             "calibrate_s": calib_s, "runs": times}
@@ -71,10 +72,9 @@ def main(argv=None) -> int:
         table.append(f"| {r['case']} | {r['pp']} | {r['m']} | {r['unit_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | "
                      f"{r['speedup']:.3f} | {'yes' if r['same_order'] else 'no'} | {r['costs']} |")
     body = "\n".join(table)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write(TEMPLATE.format(cmd=cmd.strip(), table=body, cpus=os.cpu_count(), py=platform.python_version(),
-                                date=time.strftime("%Y-%m-%d", time.gmtime()), repeats=a.repeats, steps=a.steps))
+    write_text(a.out, TEMPLATE.format(cmd=cmd.strip(), table=body, cpus=os.cpu_count(), py=platform.python_version(),
+                                      date=time.strftime("%Y-%m-%d", time.gmtime()), repeats=a.repeats,
+                                      steps=a.steps))
     print(body)
     return 0
 

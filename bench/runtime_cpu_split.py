@@ -24,6 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _harness import median, round_orders  # noqa: E402
+
 PAIRS = {"fthenb": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1),
          "interleaved": ("ScheduleInterleaved1F1B", 2), "zbv": ("ScheduleZBVZeroBubble", 2)}
 CATS = ("F", "B", "W", "wait", "post")
@@ -129,8 +131,10 @@ def _worker(opts: dict):
 
     steps, warm = opts["steps"], 2
     per_step: dict[str, list[tuple[float, float, float]]] = {}
-    for i in range(warm + steps):
-        for name, fn, mods in runs:
+    entry = {name: (fn, mods) for name, fn, mods in runs}
+    for i, order in enumerate(round_orders(list(entry), warm + steps)):
+        for name in order:
+            fn, mods = entry[name]
             dist.barrier()
             current[0] = name if i >= warm else None
             w0, c0 = time.perf_counter(), time.thread_time()
@@ -180,7 +184,7 @@ def main(argv=None) -> int:
                 parts.append(f"{pw:.1f} ({pc:.1f})" if (name, cat) in acc else "")
             print(f"| {r} | {name} | {w:.1f} ({c:.1f}) | {b:.1f} | " + " | ".join(parts)
                   + f" | {w - sw:.1f} ({c - sc:.1f}) |")
-    slow = {n: statistics.median(max(res[r][1][n][i][2] for r in range(len(res))) for i in range(a.steps)) for n in names}
+    slow = {n: median(max(res[r][1][n][i][2] for r in range(len(res))) for i in range(a.steps)) for n in names}
     print("barrier-to-barrier step (slowest rank), ratio to torch: "
           + ", ".join(f"{n} {slow[n] / slow['torch']:.3f}" for n in names if n != "torch"))
     return 0

@@ -33,7 +33,8 @@ import os
 import statistics
 import sys
 import tempfile
-import time
+
+from _harness import median, round_orders, timed
 from pipeloom.schedule import io as schedule_io
 
 PAIRS = [  # (torch schedule class, pipeloom registry name, vpp)
@@ -118,22 +119,20 @@ def _worker(opts: dict) -> list[dict] | None:
         tp, tt = [], []
         # timed steps with the job log off (torch runs without one); then `logged` more steps, same
         # alternation, with pipeloom's job log on, for the bubble columns
-        for i in range(warm + steps + logged):
-            for fn, acc in ((pl_step, tp), (torch_step, tt)):
+        fns, acc = {"pipeloom": pl_step, "torch": torch_step}, {"pipeloom": tp, "torch": tt}
+        for i, order in enumerate(round_orders(list(fns), warm + steps + logged)):
+            for name in order:
                 dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                dist.barrier()
+                t = timed(lambda: (fns[name](), dist.barrier()))
                 if warm <= i < warm + steps:
-                    acc.append(time.perf_counter() - t0)
+                    acc[name].append(t)
         log.close(warm + steps + logged - 1)
         dist.barrier()
         if rank == 0:
             meas, sim0, sim, comm, meas_c, rep = _bubbles(log_dir, pp, sched, warm + steps, logged)
             rows.append({"schedule": pname, "torch_schedule": tname, "pp": pp, "vpp": vpp, "microbatches": m,
                          "order": order,
-                         "pipeloom_s": statistics.median(tp), "torch_s": statistics.median(tt),
-                         "ratio": statistics.median(tp) / statistics.median(tt),
+                         "pipeloom_s": median(tp), "torch_s": median(tt), "ratio": median(tp) / median(tt),
                          "bubble_measured": meas, "bubble_measured_compute_only": meas_c, "bubble_replayed": rep,
                          "bubble_simulated": sim, "bubble_simulated_comm0": sim0,
                          "comm_fitted_s": comm} | ({"calibration": calib} if calib else {}))
@@ -290,8 +289,7 @@ def _bubbles(log_dir: str, pp: int, sched, warm: int, steps: int) -> tuple[float
         replayed.append(1 - sum(map(sum, durs)) / (pp * rp.makespan))
     res0 = simulate(sched, Costs(F=F, B=B, W=W))
     res = simulate(sched, Costs(F=F, B=B, W=W, comm=comm))
-    return (statistics.median(per_step), res0.bubble, res.bubble, comm, statistics.median(per_step_compute),
-            statistics.median(replayed))
+    return (median(per_step), res0.bubble, res.bubble, comm, median(per_step_compute), median(replayed))
 
 
 def _fit_comm(jobs: list[dict], sched, warm: int, steps: int) -> float:

@@ -15,10 +15,7 @@ last two.
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,6 +24,7 @@ import torch  # noqa: E402
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight  # noqa: E402
 
 import torch_runtime_plans as trp  # noqa: E402
+from _harness import alternate, median  # noqa: E402
 from pipeloom.core.costs import Costs, MemModel  # noqa: E402
 from pipeloom.core.ir import Kind  # noqa: E402
 
@@ -83,17 +81,11 @@ def main() -> None:
     chunks = {name: trp.make_chunks(HIDDEN, True) for name in jobs}  # each entry on its own model copy
     x, y = trp.data(M, HIDDEN, True)
     xs, ys, loss = x.chunk(M), y.chunk(M), trp.loss_fn(True)
-    for name in jobs:  # warm-up
-        run(jobs[name], chunks[name], xs, ys, loss)
-    names = list(jobs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    shuffle = random.Random(0)
-    for _ in range(args.rounds):  # a fresh order each round (as torch_runtime_plans.py: a fixed rotation made the
-        for name in shuffle.sample(names, len(names)):  # control always follow the order it copies)
-            t0 = time.perf_counter()
-            run(jobs[name], chunks[name], xs, ys, loss)
-            times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    # one warm-up round, then a fresh order each round (as torch_runtime_plans.py: a fixed rotation made the
+    # control always follow the order it copies)
+    entries = {name: (lambda name=name: run(jobs[name], chunks[name], xs, ys, loss)) for name in jobs}
+    times = alternate(entries, args.rounds, shuffle=True, seed=0, warmup=1)
+    med = {name: median(v) * 1e3 for name, v in times.items()}
     print("median ms: " + ", ".join(f"{name} {v:.1f}" for name, v in med.items()))
     print(f"pipeloom / torch {med['pipeloom'] / med['torch']:.3f}; "
           f"A/A (torch again / torch) {med['torch again'] / med['torch']:.3f}")

@@ -50,11 +50,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -66,6 +63,7 @@ from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining import schedules as ts  # noqa: E402
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight  # noqa: E402
 
+from _harness import median, paired_ratios, quartiles, round_orders, timed  # noqa: E402
 from pipeloom.core.costs import MemModel  # noqa: E402
 from pipeloom.integrations.torch import build_torch_schedule, torch_builtin  # noqa: E402
 from pipeloom.core.errors import ScheduleError  # noqa: E402
@@ -339,22 +337,19 @@ def _bench_rank(case: str, m: int, hidden: int, rounds: int, profile_steps: int,
             step(*runs[name])
         peaks[name] = saved.peak / 2**20
     times: dict[str, list[float]] = {name: [] for name in names}
-    shuffle = random.Random(0)  # the same sequence on every rank
-    for _ in range(rounds):  # a fresh order each round: no schedule always follows the same one
-        for name in shuffle.sample(names, len(names)):
+    # a fresh order each round (no schedule always follows the same one), the same sequence on every rank
+    for order in round_orders(names, rounds, shuffle=True, seed=0):
+        for name in order:
             dist.barrier()
-            t0 = time.perf_counter()
-            step(*runs[name])
-            dist.barrier()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(timed(lambda: (step(*runs[name]), dist.barrier())))
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, (times, peaks))
     if rank:
         return None
     slowest = {n: [max(o[0][n][i] for o in out) for i in range(rounds)] for n in names}
-    step_ms = {n: statistics.median(v) * 1e3 for n, v in slowest.items()}
+    step_ms = {n: median(v) * 1e3 for n, v in slowest.items()}
     # the ratio to pipeloom's step within each round (steps next to each other), its median and quartiles
-    paired = {n: statistics.quantiles([a / b for a, b in zip(v, slowest[OURS])], n=4) for n, v in slowest.items()}
+    paired = {n: quartiles(paired_ratios(v, slowest[OURS])) for n, v in slowest.items()}
     peak_mb = {n: max(o[1][n] for o in out) for n in names}
     fused = s.meta.get("fused_backward")  # (rank 0 made the plan)
     return (step_ms, paired, peak_mb, sim_ms, costs, counts, mem, kept,

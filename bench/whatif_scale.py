@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from _harness import median, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
@@ -43,8 +44,7 @@ def make(path: str, extra: list[str]) -> dict:
         cmd = [sys.executable, "-m", "pipeloom.trace.optrace_synth", path, "--steps", "40", "--cause", "slow_worker",
                "--where", "1,3", "--factor", "1.5", *extra]
         out = subprocess.run(cmd, env=_env(), check=True, capture_output=True, text=True).stdout
-        with open(path + ".info.json", "w") as fh:
-            fh.write(out)
+        write_text(path + ".info.json", out)
     return json.load(open(path + ".info.json"))
 
 
@@ -85,8 +85,7 @@ def main() -> int:
             cpus.append(cpu)
         sw = d["by_worker"]
         top = max(sw, key=lambda x: x["slowdown"])
-        rows.append((name, info["ops"], d["ops"], len(d["steps"]), statistics.median(walls), statistics.median(cpus),
-                     max(peaks), statistics.median(loads),
+        rows.append((name, info["ops"], d["ops"], len(d["steps"]), median(walls), median(cpus), max(peaks), median(loads),
                      d["replay"]["error"], info["planted_slowdown"], d["slowdown"],
                      f"dp {top['dp_rank']} / pp {top['stage']}",
                      d["model"]["scenarios"]))
@@ -102,8 +101,7 @@ def main() -> int:
             text = fh.read()
         start, end = "<!-- table -->", "<!-- /table -->"
         i, j = text.index(start) + len(start), text.index(end)
-        with open(a.out, "w") as fh:
-            fh.write(text[:i] + "\n" + table + "\n" + text[j:])
+        write_text(a.out, text[:i] + "\n" + table + "\n" + text[j:])
     print(table)
     return 0
 

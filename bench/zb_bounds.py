@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from _harness import write_json
 from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule.io.official import BUILDER_OF, case_costs, load_reference, official_schedule
 from pipeloom.schedule.search.bounds import graph_bound
@@ -88,8 +89,7 @@ def main(argv=None) -> int:
         rows[case["id"]] = row
         print(f"{row['id']:22s} bound {row['bound']:g} ({row['how']}), best known {row['best_known']:g} "
               f"({row['best_known_from']})", flush=True)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps({"cases": rows}, indent=1, sort_keys=True) + "\n")
+    write_json(out_path, {"cases": rows}, sort_keys=True)
     return 0
 
 

@@ -9,8 +9,9 @@ Imports (ortools included) are done before the timing.
 from __future__ import annotations
 
 import importlib
-import statistics
 import time
+
+from _harness import median
 
 from pipeloom.core.costs import Costs, MemModel, runtime_mem_model
 from pipeloom.schedule.planning import make_spec, plan
@@ -33,8 +34,8 @@ def main() -> None:
                         rows.append((time.process_time() - c, time.perf_counter() - t, pp, m, vpp, cs, mname))
     cpu = sorted(r[0] for r in rows)
     wall = sorted(r[1] for r in rows)
-    print(f"{len(rows)} shapes: CPU s median {statistics.median(cpu):.2f}, max {cpu[-1]:.2f}; "
-          f"wall s median {statistics.median(wall):.2f}, max {wall[-1]:.2f}")
+    print(f"{len(rows)} shapes: CPU s median {median(cpu):.2f}, max {cpu[-1]:.2f}; "
+          f"wall s median {median(wall):.2f}, max {wall[-1]:.2f}")
     for r in sorted(rows)[-6:]:
         print(f"  cpu {r[0]:.2f} wall {r[1]:.2f}  pp {r[2]} m {r[3]} vpp {r[4]} costs {r[5]} memory {r[6]}")
 
