@@ -76,6 +76,33 @@ def test_chunks_compose_to_the_model(model_dirs, name):
     assert names == set(canonical_names(model))
 
 
+def test_a_familys_torch_hooks_wrap_the_embedding_and_the_head(model_dirs):
+    """A family's TorchChunks hooks (what a Gemma-like forward adds around its layers) run in the chunks: with the
+    embedding scaled by 1 (a no-op) and the logits halved, the chunks give half the model's logits."""
+    import dataclasses
+
+    from pipeloom.models import families
+    from pipeloom.models.registry import TorchChunks, register
+
+    llama = families.get("llama")
+    seen = []
+    hooks = TorchChunks(embedding=lambda h, cfg: seen.append(cfg.model_type) or h * 1.0, logits=lambda y, cfg: y * 0.5)
+    register(dataclasses.replace(llama, torch=hooks), replace=True)
+    try:
+        model = build_model(model_dirs["llama"], seed=3)
+        x = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+        h = x
+        for c in pipeline_chunks(model, even_layer_split(model.config.num_hidden_layers, 4)):
+            h = c(h)
+        assert (h - 0.5 * model(input_ids=x).logits).abs().max().item() <= 1e-6
+        assert seen == ["llama"]  # the embedding hook ran once, in chunk 0
+        register(dataclasses.replace(llama, torch=None), replace=True)  # estimates only: not cut for a run
+        with pytest.raises(ValueError, match="model_type 'llama' is not supported; pipeloom cuts: mistral"):
+            pipeline_chunks(model, even_layer_split(model.config.num_hidden_layers, 4))
+    finally:
+        register(llama, replace=True)
+
+
 def test_tied_embedding_found_across_chunks(model_dirs):
     for name, tied in (("gpt2", True), ("qwen2", True), ("llama", False)):
         model = build_model(model_dirs[name])
