@@ -115,6 +115,7 @@ def test_tied_embedding_found_across_chunks(model_dirs):
             assert ties == []
 
 
+@pytest.mark.slow
 def test_deferred_share_sees_what_stays_in_b(model_dirs):
     """Linear and Conv1D weights all go to W (share 1); fused MoE experts stay in B (share well below 1)."""
     x = torch.randint(0, VOCAB, (2, 8))

@@ -35,6 +35,7 @@ def test_moe_layer_cost_charges_top_k_experts(capsys):
     assert d["chunk_costs"]["F"][3] - 1.0 == pytest.approx(head_w / layer_f / 8, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_model_balance_and_simulate(capsys):
     d = _json(capsys, "--pp", "4", "--vpp", "2", "-s", "zbv", "-m", "8", "--model", "Qwen3-30B-A3B", "--balance")
     assert sum(d["seg_layer_num"]) == 48 and d["how"].startswith("balanced")

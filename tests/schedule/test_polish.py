@@ -150,6 +150,7 @@ def test_polish_refused_on_large_shapes():
     plan("zbv", make_spec(pp=8, microbatches=16, vpp=2, mem_limit="1p", options={"polish": 0}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m, official, bound, ours", [
     # m 8 (192 jobs): greedy and official 240; the polish, the insertion search and a second polish
     (8, 240, 235, 237),

@@ -52,6 +52,7 @@ def test_zbv_valid_and_memory_safe(shape):
     assert all(len(seq) == 3 * m * vpp for seq in sched.devices)
 
 
+@pytest.mark.slow
 @FAST
 @given(pp=st.integers(2, 16), vpp=st.integers(2, 4), m=st.integers(1, 64),
        f=st.sampled_from([0.5, 1.0, 2.0]), b=st.sampled_from([0.5, 1.0, 2.0]), w=st.sampled_from([0.5, 1.0, 2.0]))

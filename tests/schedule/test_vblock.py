@@ -60,6 +60,7 @@ def test_every_block_candidate_complete_valid_within_limit(case):
         assert max(sim.peak_memory) <= limit + 1e-9
 
 
+@pytest.mark.slow
 @FAST
 @given(problems())
 def test_zbv_with_blocks_valid_within_limit(case):

@@ -35,6 +35,7 @@ def shapes(draw):
     return pp, vpp, m, costs, mem, limit
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes())
 def test_valid_and_within_limit(shape):

@@ -69,6 +69,7 @@ def test_measured_on_the_gpu_gives_an_efficiency():
         Calibration.from_dict({"achieved_flops": -1})
 
 
+@pytest.mark.slow
 def test_calibrate_bad_path_is_one_line_before_the_run(tmp_path):
     r = _pipeloom("run", "--pp", "2", "--calibrate", str(tmp_path / "no" / "cal.json"))
     assert r.returncode != 0 and r.stderr.startswith("pipeloom: error: --calibrate") and r.stderr.count("\n") == 1

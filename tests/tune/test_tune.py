@@ -70,6 +70,7 @@ def _sweep_is_final(monkeypatch):
     monkeypatch.setattr(search, "SWEEP_OPTIONS", {})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [
     dict(),
     pytest.param(dict(global_batch=8, recompute=("none", "selective", "full"), schedules=SCHEDS + ("vhalf", "fthenb")),
