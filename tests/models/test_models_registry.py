@@ -92,3 +92,13 @@ def test_cli_memory_reads_a_registered_family(tmp_path, dummy, capsys):
     (tmp_path / "config.json").write_text(json.dumps(DUMMY))
     assert main(["memory", "--model", str(tmp_path), "--pp", "3", "--microbatches", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total_params"] == TOTAL
+
+
+def test_every_family_is_listed_in_the_docs():
+    from pathlib import Path
+
+    memory_md = (Path(__file__).resolve().parents[2] / "docs" / "memory.md").read_text()
+    for fam in families.families():
+        assert f"\n{fam.model_type} " in families.__doc__, f"{fam.model_type}: not in models/families' table"
+        assert f"| `{fam.model_type}` |" in memory_md, f"{fam.model_type}: not in docs/memory.md's table"
+        assert fam.summary and fam.defaults is not None
