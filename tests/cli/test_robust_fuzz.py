@@ -188,6 +188,7 @@ def log_lines(tmp_path_factory):
 FIELD_VALUES = st.sampled_from([0, -1, 1e308, -1e308, 1.5, "x", None, [], {}, 10**30, True, "1f1b"])
 
 
+@pytest.mark.slow
 @fuzz(40)
 @given(edits=st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["start", "end", "t", "step", "mb", "chunk",
                                                                      "kind", "schedule", "rank", "world_size",
