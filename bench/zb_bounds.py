@@ -25,7 +25,7 @@ from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule.io.official import BUILDER_OF, case_costs, load_reference, official_schedule
 from pipeloom.schedule.search.bounds import graph_bound
 from pipeloom.core.ir import Placement
-from pipeloom.schedule.optimal import _hint_starts, _relabel_hint, job_graph, solve_graph
+from pipeloom.schedule.search.cpsat import hint_starts, job_graph, relabel_hint, solve_graph
 from pipeloom.sim.simulate import simulate
 
 OUT = Path(__file__).resolve().parent / "data" / "zb_bounds.json"
@@ -52,7 +52,7 @@ def bound_case(case: dict, det_time: float) -> dict:
            if best_s is ours else "official"}
     if lb >= best_ms or det_time <= 0:
         return row
-    hint = _relabel_hint(_hint_starts(best_r), m, g.nc)
+    hint = relabel_hint(hint_starts(best_r), m, g.nc)
     t0 = time.perf_counter()
     res = solve_graph(g, "interval", hint, best_ms, det_time=det_time, workers=1, seed=0, extra_lb=lb)
     row["cp_sat_wall_s"] = round(time.perf_counter() - t0, 1)
