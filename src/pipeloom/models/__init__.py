@@ -3,9 +3,12 @@
     config   ModelConfig: THE description of a decoder-only transformer (no torch), read by the
              memory model, the partitioner's layer costs and the torch Llama
     presets  published shapes (Llama 2/3, GPT-3, llama-tiny) as ModelConfig (no torch)
-    hf_config  a Hugging Face config.json as ModelConfig (llama, mistral, qwen2, qwen3, gpt2, mixtral,
-             qwen3_moe, qwen2_moe; read as JSON, no torch) and resolve_model, the one --model resolution;
-             published configs shipped in hf_configs/
+    registry the model-architecture registry: one Family per Hugging Face model_type (config reader,
+             transformers defaults, optional layer params/FLOPs, torch chunk hooks; no torch)
+    families one module per model_type, each registering its Family (llama, mistral, qwen2, qwen3, gpt2,
+             mixtral, qwen3_moe, qwen2_moe); a new architecture is one module there + one import line
+    hf_config  a Hugging Face config.json as ModelConfig (read as JSON by its family's reader, no torch) and
+             resolve_model, the one --model resolution; published configs shipped in hf_configs/
     flops    parameters of a layer / embedding / head and per-layer F/B/W FLOPs, dense and MoE (no torch)
     slicing  cut a model's layers into the schedule's chunks (even_layer_split: no torch;
              chunk_modules: torch)
