@@ -203,7 +203,7 @@ def worker(cfg: RunConfig) -> dict:
 def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, dp_rank: int) -> dict | None:
     """Per chunk with W jobs: the share of its weight-gradient FLOPs the split backward defers to W
     (:func:`.splitgrad.deferred_share`, measured on one microbatch); None when the schedule has no W."""
-    from .splitgrad import deferred_share
+    from ..autograd.splitgrad import deferred_share
     mine = {}
     if dp_rank == 0:
         g = torch.Generator().manual_seed(cfg.seed)
