@@ -103,11 +103,32 @@ def head_params(model: ModelConfig, tp: int = 1, *, with_tied_copy: bool = True)
     return _norm(model, model.hidden) + head
 
 
+def layer_groups(model: ModelConfig) -> tuple[tuple[int, ModelConfig], ...]:
+    """``(count, layer model)`` runs of the model's layers, in order: one run of ``model.layers`` times
+    ``model`` unless the model's family says its layers differ
+    (:attr:`pipeloom.models.registry.Family.layer_groups`: DeepSeek's first dense layers, then MoE)."""
+    fam = _family(model.arch) if model.arch else None
+    if fam is not None and fam.layer_groups is not None:
+        groups = tuple((int(n), m) for n, m in fam.layer_groups(model) if n)
+        if sum(n for n, _ in groups) != model.layers:
+            raise ValueError(f"family {model.arch!r}: layer groups {[n for n, _ in groups]} do not sum to the "
+                             f"model's {model.layers} layers")
+        return groups
+    return ((model.layers, model),)
+
+
 def total_params(model: ModelConfig) -> int:
     """Unique parameters of the whole model (tied matrices counted once): what
     ``sum(p.numel() for p in model.parameters())`` gives for the same architecture in transformers."""
-    return (model.layers * layer_params(model) + embedding_params(model)
+    return (sum(n * layer_params(m) for n, m in layer_groups(model)) + embedding_params(model)
             + head_params(model, with_tied_copy=False))
+
+
+def _idle_expert_params(model: ModelConfig) -> int:
+    """Parameters of the routed experts a token does not go through, in one layer (0 for a dense layer)."""
+    if not model.moe:
+        return 0
+    return (model.experts - model.experts_per_token) * _mlp(model, model.expert_ffn, 1)
 
 
 def active_params(model: ModelConfig) -> int:
@@ -115,10 +136,7 @@ def active_params(model: ModelConfig) -> int:
     Qwen3-30B-A3B: 3.3B): the whole model with only ``experts_per_token`` routed experts per layer
     (plus the router and shared experts); embedding and head counted in full. Equals
     :func:`total_params` for a dense model."""
-    if not model.moe:
-        return total_params(model)
-    idle = (model.experts - model.experts_per_token) * _mlp(model, model.expert_ffn, 1)
-    return total_params(model) - model.layers * idle
+    return total_params(model) - sum(n * _idle_expert_params(m) for n, m in layer_groups(model))
 
 
 def active_layer_params(model: ModelConfig) -> int:
@@ -180,5 +198,5 @@ def embedding_flops(model: ModelConfig, tokens: int | float) -> tuple[float, flo
     return 0.0, 0.0, 0.0
 
 
-__all__ = ["active_layer_params", "active_params", "undeferred_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
+__all__ = ["active_layer_params", "active_params", "layer_groups", "undeferred_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
            "head_params", "layer_flops", "layer_params", "mlp_params", "total_params"]

@@ -25,7 +25,7 @@ import line in ``models/families/__init__.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .config import ModelConfig, ModelConfigError
 
@@ -108,6 +108,11 @@ class Family:
     shared formula"""
     layer_flops: Callable[[ModelConfig, float, int], tuple[float, float, float]] | None = None
     """(model, tokens, seq) -> (F, B, W) FLOPs of one layer; None = the shared formula"""
+    layer_groups: Callable[[ModelConfig], Sequence[tuple[int, ModelConfig]]] | None = None
+    """model -> ``(count, layer model)`` runs, in order, for a model whose layers are not all alike (DeepSeek's
+    first dense layers, then MoE layers); their counts sum to ``model.layers``. :func:`pipeloom.models.flops.total_params`
+    and ``active_params`` sum over them; where pipeloom costs one layer for all (memory per chunk, layer costs)
+    the model itself stands for every layer. None = every layer is ``model``"""
     torch: TorchChunks | None = field(default_factory=TorchChunks)
     """how ``pipeloom run --model`` cuts its transformers model; None = not runnable (estimates only)"""
 

@@ -35,5 +35,6 @@ from . import gpt2  # noqa: E402,F401
 from . import mixtral  # noqa: E402,F401
 from . import qwen3_moe  # noqa: E402,F401
 from . import qwen2_moe  # noqa: E402,F401
+from . import deepseek  # noqa: E402,F401  (deepseek_v3, deepseek_v2)
 
 __all__ = ["Family", "TorchChunks", "architectures", "families", "get", "register", "unregister"]
