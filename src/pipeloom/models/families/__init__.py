@@ -36,5 +36,7 @@ from . import mixtral  # noqa: E402,F401
 from . import qwen3_moe  # noqa: E402,F401
 from . import qwen2_moe  # noqa: E402,F401
 from . import deepseek  # noqa: E402,F401  (deepseek_v3, deepseek_v2)
+from . import gemma  # noqa: E402,F401  (gemma, gemma2)
+from . import phi3  # noqa: E402,F401
 
 __all__ = ["Family", "TorchChunks", "architectures", "families", "get", "register", "unregister"]
