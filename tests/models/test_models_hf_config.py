@@ -41,6 +41,23 @@ TINY = {
                             num_experts_per_tok=3, **_LLAMA),
     "qwen2_moe": dict(model_type="qwen2_moe", num_key_value_heads=2, num_experts=5, num_experts_per_tok=2,
                       moe_intermediate_size=24, shared_expert_intermediate_size=56, **_LLAMA),
+    # MLA: low-rank q (q_lora_rank) or a full q_proj (null), one dense layer first, two shared experts
+    "deepseek_v3": dict(model_type="deepseek_v3", n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
+                        first_k_dense_replace=1, n_shared_experts=2, q_lora_rank=40, kv_lora_rank=24,
+                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, **_LLAMA),
+    "deepseek_v3-fullq-bias-tied-alldense": dict(model_type="deepseek_v3", n_routed_experts=6, num_experts_per_tok=2,
+                                                 moe_intermediate_size=24, first_k_dense_replace=2, q_lora_rank=None,
+                                                 kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                                 v_head_dim=12, attention_bias=True, tie_word_embeddings=True,
+                                                 **_LLAMA),
+    "deepseek_v2": dict(model_type="deepseek_v2", n_routed_experts=5, num_experts_per_tok=3, moe_intermediate_size=20,
+                        first_k_dense_replace=0, n_shared_experts=1, q_lora_rank=None, kv_lora_rank=24,
+                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, **_LLAMA),
+    "gemma": dict(model_type="gemma", num_key_value_heads=2, head_dim=24, **_LLAMA),
+    "gemma-bias-untied": dict(model_type="gemma", num_key_value_heads=1, attention_bias=True,
+                              tie_word_embeddings=False, **_LLAMA),
+    "gemma2": dict(model_type="gemma2", num_key_value_heads=2, head_dim=16, **_LLAMA),
+    "phi3": dict(model_type="phi3", num_key_value_heads=2, pad_token_id=0, **_LLAMA),
 }
 
 
@@ -76,7 +93,8 @@ def test_published_config_counts_like_transformers(name):
 
 def test_shipped_configs_cover_the_architectures():
     types = {json.loads(p.read_text())["model_type"] for p in shipped_configs().values()}
-    assert {"llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen3_moe"} <= types
+    assert {"llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen3_moe", "deepseek_v3", "gemma", "gemma2",
+            "phi3"} <= types
 
 
 def test_fields_read_from_the_config():

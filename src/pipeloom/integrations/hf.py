@@ -207,10 +207,13 @@ class HFChunk(nn.Module):
             if path:
                 _mount(self, path, parts[role])
         self._parts = parts
-        # each layer's mask: its own ``attention_type`` (llama, qwen2/3: layer_types); models whose layers have none
-        # pick one mask for the whole decoder from ``config.sliding_window`` (mistral, mixtral), as they do
+        # each layer's mask: ``config.layer_types[i]`` as the decoder's own forward picks it (gemma2's layers carry
+        # no ``attention_type``), else the layer's ``attention_type`` (llama, qwen2/3); models whose layers have
+        # neither pick one mask for the whole decoder from ``config.sliding_window`` (mistral, mixtral), as they do
         whole = "full_attention" if getattr(self.config, "sliding_window", None) is None else "sliding_attention"
-        self._types = [getattr(m, "attention_type", whole) for m in parts["layers"]]
+        kinds = getattr(self.config, "layer_types", None)
+        self._types = [kinds[i] if isinstance(kinds, (list, tuple)) and len(kinds) > i
+                       else getattr(m, "attention_type", whole) for i, m in zip(self.layer_ids, parts["layers"])]
         self._window = "sliding_attention" in self._types
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

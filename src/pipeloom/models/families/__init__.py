@@ -17,10 +17,18 @@ mixtral       llama attention + ``num_local_experts`` SwiGLU experts of ``interm
 qwen3_moe     qwen3 attention + ``num_experts`` experts of ``moe_intermediate_size``, a router, no shared expert
 qwen2_moe     qwen2 attention (``qkv_bias``) + routed experts + one shared expert of
               ``shared_expert_intermediate_size`` with a sigmoid gate
+deepseek_v3   MLA (low-rank ``q_lora_rank`` query, ``kv_lora_rank`` latent, ``qk_nope``/``qk_rope``/``v`` head
+              widths); the first ``first_k_dense_replace`` layers dense, then ``n_routed_experts`` experts of
+              ``moe_intermediate_size`` + ``n_shared_experts`` shared; MTP modules counted apart
+deepseek_v2   as deepseek_v3 without MTP; ``q_lora_rank`` null = a full query projection (V2-Lite)
+gemma         llama layout, explicit ``head_dim`` (256), gated GeLU MLP, tied embeddings by default
+gemma2        as gemma with four RMSNorms per layer, attention and final-logit soft-capping
+phi3          llama layout with fused ``qkv_proj`` and ``gate_up_proj``, no biases
 ============  =======================================================================================
 
 ``common`` holds what several of them read alike (Llama-style fields, the rotary base, the refusal of
-MoE models whose dense and sparse layers alternate).
+MoE models whose dense and sparse layers alternate). ``deepseek`` and ``gemma`` register two ``model_type``
+each (one module per architecture lineage).
 """
 from __future__ import annotations
 
