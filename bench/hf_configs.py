@@ -35,6 +35,10 @@ NOMINAL = {
     "Qwen3-8B": "8.2B",
     "Qwen3-30B-A3B": "30.5B, 3.3B active",
     "gpt2": "124M (117M in the GPT-2 paper)",
+    "DeepSeek-V3": "671B, 37B active (36.6B without the embedding); + 11.5B MTP module",
+    "gemma-7b": "8.54B (7,751,248,896 non-embedding)",
+    "gemma-2-9b": "9.24B (8,324,201,984 non-embedding)",
+    "Phi-3-mini-4k-instruct": "3.8B",
 }
 
 COMMAND = ".venv/bin/python bench/hf_configs.py --out docs/bench/hf_configs.md"
@@ -97,6 +101,10 @@ The configs are the published `config.json` files (configuration fields only) sh
 experts of each MoE layer (plus the router), the size MoE model cards publish as "active".
 The "published" column is the nominal size from the model's name or card. Qwen2-7B's 7.07B counts the
 embedding matrix once although the model's head is a separate matrix (7.07B + 0.55B = 7.62B).
+DeepSeek-V3 is the main model as transformers' `DeepseekV3ForCausalLM` builds it, like the 671B its report
+publishes: its multi-token prediction module (11,610,067,968 more parameters besides the shared embedding and
+head, counted by `pipeloom.models.families.deepseek.mtp_params` and equal to transformers' `MtpModel`) is not
+in it; its "active per token" counts the input embedding (0.93B), which the published 37B (36.6B) leaves out.
 
 Produced with transformers {transformers.__version__} by
 

@@ -6,7 +6,8 @@
     registry the model-architecture registry: one Family per Hugging Face model_type (config reader,
              transformers defaults, optional layer params/FLOPs, torch chunk hooks; no torch)
     families one module per model_type, each registering its Family (llama, mistral, qwen2, qwen3, gpt2,
-             mixtral, qwen3_moe, qwen2_moe); a new architecture is one module there + one import line
+             mixtral, qwen3_moe, qwen2_moe, deepseek_v3, deepseek_v2, gemma, gemma2, phi3); a new
+             architecture is one module there + one import line
     hf_config  a Hugging Face config.json as ModelConfig (read as JSON by its family's reader, no torch) and
              resolve_model, the one --model resolution; published configs shipped in hf_configs/
     flops    parameters of a layer / embedding / head and per-layer F/B/W FLOPs, dense and MoE (no torch)
