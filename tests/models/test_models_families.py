@@ -89,6 +89,25 @@ def test_layer_groups_dense_first_then_moe():
     assert not all_dense.moe and flops.layer_groups(all_dense) == ((5, all_dense),)
 
 
+def test_layers_params_counts_each_layer_as_its_kind():
+    """A chunk of layers 1..3 holds 1 dense and 2 MoE layers (the split the memory model should price)."""
+    m = _model()
+    dense, moe = ATTN_GEMMS + DENSE_MLP + NORMS, ATTN_GEMMS + MOE_ALL + NORMS
+    assert flops.layers_params(m, 1, 3) == dense + 2 * moe
+    assert flops.layers_params(m, 0, 2) == 2 * dense and flops.layers_params(m, 2, 0) == 0
+    assert sum(flops.layers_params(m, i, 1) for i in range(5)) == 2 * dense + 3 * moe
+    v3 = from_hf_config(shipped_configs()["deepseek-v3"])
+    # DeepSeek-V3 by hand: MLA h=7168, r_q=1536, H=128, d_q=192, r_kv=512, d_r=64, d_n+d_v=256, d_v=128
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    v3_dense = mla + 3 * 7168 * 18432 + 2 * 7168
+    v3_moe = mla + 256 * 3 * 7168 * 2048 + 7168 * 256 + 3 * 7168 * 2048 + 2 * 7168
+    assert (mla, v3_dense, v3_moe) == (187_107_328, 583_483_392, 11_507_286_016)
+    assert flops.layers_params(v3, 0, 4) == 3 * v3_dense + v3_moe
+    assert flops.total_params(v3) == 3 * v3_dense + 58 * v3_moe + 2 * 129280 * 7168 + 7168
+    with pytest.raises(ValueError, match="not within the model's 5 layers"):
+        flops.layers_params(m, 3, 3)
+
+
 def test_reader_refusals_are_one_line():
     with pytest.raises(ModelConfigError, match="'n_shared_experts' is 0"):
         _model(n_shared_experts=0)

@@ -117,6 +117,21 @@ def layer_groups(model: ModelConfig) -> tuple[tuple[int, ModelConfig], ...]:
     return ((model.layers, model),)
 
 
+def layers_params(model: ModelConfig, first: int, count: int, tp: int = 1) -> int:
+    """Parameters of the ``count`` layers from layer ``first`` on one TP rank, each counted as its own kind
+    (:func:`layer_groups`): what a pipeline chunk holding those layers holds of them. Equals
+    ``count * layer_params(model, tp)`` when all layers are alike."""
+    if first < 0 or count < 0 or first + count > model.layers:
+        raise ValueError(f"layers {first}..{first + count - 1} are not within the model's {model.layers} layers")
+    n, start = 0, 0
+    for k, m in layer_groups(model):
+        lo, hi = max(start, first), min(start + k, first + count)
+        if hi > lo:
+            n += (hi - lo) * layer_params(m, tp)
+        start += k
+    return n
+
+
 def total_params(model: ModelConfig) -> int:
     """Unique parameters of the whole model (tied matrices counted once): what
     ``sum(p.numel() for p in model.parameters())`` gives for the same architecture in transformers."""
@@ -198,5 +213,5 @@ def embedding_flops(model: ModelConfig, tokens: int | float) -> tuple[float, flo
     return 0.0, 0.0, 0.0
 
 
-__all__ = ["active_layer_params", "active_params", "layer_groups", "undeferred_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
+__all__ = ["active_layer_params", "active_params", "layer_groups", "layers_params", "undeferred_params", "attention_params", "embedding_flops", "embedding_params", "head_flops",
            "head_params", "layer_flops", "layer_params", "mlp_params", "total_params"]
