@@ -35,6 +35,7 @@ NOMINAL = {
     "Qwen3-8B": "8.2B",
     "Qwen3-30B-A3B": "30.5B, 3.3B active",
     "gpt2": "124M (117M in the GPT-2 paper)",
+    "DeepSeek-V2-Lite": "15.7B, 2.4B active (without the embedding)",
     "DeepSeek-V3": "671B, 37B active (36.6B without the embedding); + 11.5B MTP module",
     "gemma-7b": "8.54B (7,751,248,896 non-embedding)",
     "gemma-2-9b": "9.24B (8,324,201,984 non-embedding)",

@@ -142,6 +142,15 @@ def test_deepseek_v3_published_sizes():
     assert m.mtp_layers == 1 and m.dense_layers == 3 and m.experts == 256 and m.experts_per_token == 8
 
 
+def test_deepseek_v2_lite_published_sizes():
+    """DeepSeek-V2-Lite (model card; arXiv 2405.04434 appendix B): 15.7B total, 2.4B activated; a full query
+    projection (``q_lora_rank`` null), 1 dense layer then 26 MoE layers of 64 experts (top 6) + 2 shared."""
+    m = from_hf_config(shipped_configs()["deepseek-v2-lite"])
+    assert m.q_lora_rank is None and m.dense_layers == 1 and m.shared_expert_ffn == 2 * 1408
+    assert round(flops.total_params(m) / 1e9, 1) == 15.7
+    assert 2.4e9 <= flops.active_params(m) - 102400 * 2048 < 2.5e9  # 2.45B, published as 2.4B
+
+
 def test_deepseek_v3_mtp_counts_like_transformers_mtp_model():
     """transformers' causal LM leaves the MTP module out; its ``MtpModel`` (speculative decoding) builds it."""
     torch = pytest.importorskip("torch")
