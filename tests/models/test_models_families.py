@@ -196,6 +196,18 @@ def test_gemma_published_non_embedding_parameters():
     assert 256000 * 3584 == 917_504_000
 
 
+def test_gemma_7b_layer_flops_by_hand():
+    """Gemma 7B's heads are 256 wide whatever the hidden width (16 x 256 = 4096 > 3072, arXiv 2403.08295 table 1):
+    F = 2*t*(h*q + 2*h*kv + q*h + 3*h*f) + 4*t*s*q (Narayanan et al. 2021's GEMM count; GeGLU has SwiGLU's three
+    GEMMs), B = the same GEMMs + twice the core, W = the GEMMs."""
+    m = from_hf_config(shipped_configs()["gemma-7b"])
+    t, s = 4096, 4096
+    q = kv = 16 * 256
+    gemm = 2 * t * (3072 * q + 2 * 3072 * kv + q * 3072 + 3 * 3072 * 24576)
+    core = 4 * t * s * q
+    assert flops.layer_flops(m, t, seq=s) == (gemm + core, gemm + 2 * core, gemm)
+
+
 def test_gemma2_has_four_norms_per_layer():
     g1 = from_hf_config(dict(model_type="gemma", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128))
