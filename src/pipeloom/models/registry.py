@@ -13,6 +13,9 @@ A family says everything pipeloom needs of one architecture, in one file under
   attention + MLP block) counts its own layer; :mod:`pipeloom.models.flops` asks the family of a
   ModelConfig (its ``arch``) first, so the memory model's static bytes, the layer costs and the tuner
   follow it.
+* **layer groups** (``layer_groups``; optional): for a model whose layers are not all alike (DeepSeek's first
+  dense layers, then MoE layers), the runs of like layers; the totals (:func:`pipeloom.models.flops.total_params`,
+  ``active_params``, ``layers_params``) sum over them.
 * **torch chunk builder** (``torch``; :class:`TorchChunks`): how
   :mod:`pipeloom.integrations.hf` cuts the family's transformers model into pipeline chunks, with
   hooks for what the model's ``forward`` adds around its layers (an embedding scale, a logit
