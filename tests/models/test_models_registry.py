@@ -31,7 +31,9 @@ def dummy():
 def test_the_existing_families_are_registered_in_order():
     assert families.architectures() == ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen3_moe",
                                         "qwen2_moe", "deepseek_v3", "deepseek_v2", "gemma", "gemma2", "phi3")
-    assert all(f.torch is not None for f in families.families())  # every one of them runs under pipeloom run
+    # every one of them runs under pipeloom run but DeepSeek's (estimates only)
+    assert families.architectures(runnable=True) == tuple(a for a in families.architectures()
+                                                          if not a.startswith("deepseek"))
 
 
 def test_unknown_until_registered(dummy):
