@@ -75,7 +75,8 @@ def test_cli_memory_model_file_counts_like_transformers(capsys, name):
     d = json.loads(capsys.readouterr().out)
     assert d["total_params"] == _transformers_count(json.loads(path.read_text()))
     assert d["model"] == path.stem
-    moe = json.loads(path.read_text()).get("model_type", "").endswith("moe") or name.startswith("mixtral")
+    kind = json.loads(path.read_text()).get("model_type", "")
+    moe = kind.endswith("moe") or kind.startswith("deepseek") or name.startswith("mixtral")
     assert (d["active_params"] < d["total_params"]) == moe      # MoE: only the top-k experts are active
 
 
