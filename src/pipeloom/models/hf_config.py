@@ -21,10 +21,10 @@ MoE models whose dense/sparse layers alternate (``decoder_sparse_step`` > 1 or a
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from ..core.files import InputFileError, load_json
 from .config import ModelConfig, ModelConfigError
 from .families import architectures, get
 from .registry import ConfigReader
@@ -40,14 +40,10 @@ def load_hf_config(path: str | os.PathLike) -> tuple[dict, str]:
         p = p / "config.json"
         if not p.is_file():
             raise ModelConfigError(f"{path}: the directory holds no config.json")
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ModelConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    try:  # bounded (a weights file given for its config.json is refused unread), every error naming the file
+        data = load_json(p, "model config")
+    except InputFileError as e:
+        raise ModelConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise ModelConfigError(f"{p}: expected a JSON object (a Hugging Face config.json)")
     return data, str(p)

@@ -35,10 +35,10 @@ Optimizer
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 
+from ..core.files import InputFileError, load_json
 from ..models import flops as _flops
 from ..models.config import ModelConfig
 from .gpus import GPU, GPUError, Link, with_overrides
@@ -207,12 +207,10 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str) -> "Calibration":
-        with open(path) as fh:
-            text = fh.read()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CalibrationError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        try:  # bounded; not UTF-8, invalid JSON, too deep, a key given twice: one line naming the file
+            data = load_json(path, "calibration file")
+        except InputFileError as e:
+            raise CalibrationError(str(e)) from None
         return cls.from_dict(data, source=path)
 
     def to_dict(self) -> dict:
