@@ -54,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    saved = _guard_stderr()
+    try:
+        return _main(argv)
+    finally:
+        if saved is not False:
+            sys.stderr = saved
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             words = list(sys.argv[1:] if argv is None else argv)
             apply_config(args, args._subparsers.choices[args.command], words[words.index(args.command) + 1:],
                          args._config_flags)
+        _check_files(args)  # an output that would replace an input, or that cannot be written: before any work
         with _progress(args):
             rc = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away is seen now (a BrokenPipeError below)
@@ -112,6 +122,105 @@ def main(argv: list[str] | None = None) -> int:
 
 #: exit code of an unforeseen error (a bug in pipeloom); bad input is 2, a failed check 1, SIGINT 130
 INTERNAL_ERROR = 3
+
+#: options (argparse dests) naming files a command reads, and files or directories it writes: checked once,
+#: before any work, for every command (:func:`pipeloom.core.files.check_outputs`)
+INPUT_OPTIONS = {"config": "--config", "plan": "--plan", "file": "FILE", "input": "IN", "logdir": "LOGDIR",
+                 "model": "--model", "layer_costs": "--layer-costs", "calibration": "--calibration", "meta": "--meta",
+                 "data": "--data"}
+OUTPUT_OPTIONS = {"out": "--out", "output": "OUT", "calibrate": "--calibrate", "png": "--png", "html": "--html",
+                  "dp_gantt": "--dp-gantt", "log_dir": "--log-dir"}
+#: (command, dest) of the outputs that are directories
+DIRECTORY_OUTPUTS = {("check", "out"), ("tune", "out"), ("run", "log_dir")}
+
+
+def _check_files(args) -> None:
+    """Refuse an output equal to an input or to another output (links resolved, same inode), and one that
+    cannot be written, before the command starts."""
+    from ..core.files import check_outputs
+
+    def pairs(table, dirs: bool):
+        for dest, flag in table.items():
+            v = getattr(args, dest, None)
+            for p in (v if isinstance(v, list) else [v]):
+                if isinstance(p, str) and p and ((args.command, dest) in DIRECTORY_OUTPUTS) == dirs:
+                    yield flag, p
+    check_outputs(list(pairs(INPUT_OPTIONS, False)), list(pairs(OUTPUT_OPTIONS, False)),
+                  list(pairs(OUTPUT_OPTIONS, True)))
+
+
+class _SafeStderr:
+    """stderr that never fails the command: written straight to the descriptor, and silent from the first
+    failed write on (a closed pipe, /dev/full). The result on stdout and the exit code never depend on it."""
+
+    encoding = "utf-8"
+    errors = "backslashreplace"
+
+    def __init__(self, fd: int = 2):
+        self._fd = fd
+        self._dead = False
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", "backslashreplace")
+        while data and not self._dead:
+            try:
+                n = os.write(self._fd, data)
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                self._dead = True
+                break
+            data = data[n:]
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        try:
+            return not self._dead and os.isatty(self._fd)
+        except OSError:
+            return False
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+def _guard_stderr():
+    """Make stderr safe for this command: when the process's own stderr is in use (not a caller's stream),
+    replace it by :class:`_SafeStderr`; a closed descriptor 2 is first held by /dev/null, so that no file
+    opened later becomes "stderr". Returns the stream to restore, or False when nothing was changed."""
+    orig = sys.stderr
+    if orig is not None and orig is not sys.__stderr__:
+        return False  # a test's capture or a caller's own stream: theirs to manage
+    try:
+        os.fstat(2)
+    except OSError:
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            if fd != 2:
+                os.dup2(fd, 2)
+                os.close(fd)
+        except OSError:
+            pass
+    try:
+        if orig is not None:
+            orig.flush()
+    except (OSError, ValueError):
+        pass
+    sys.stderr = _SafeStderr(2)
+    return orig
 
 
 def _progress(args):

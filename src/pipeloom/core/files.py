@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 
 @contextmanager
@@ -187,3 +187,81 @@ def parse_json(text: str, where: str, *, duplicates: bool = False):
 def load_json(path: str | os.PathLike, kind: str, *, duplicates: bool = False):
     """:func:`read_input` then :func:`parse_json`, every error naming the file."""
     return parse_json(read_input(path, kind), f"{kind} {os.fspath(path)}", duplicates=duplicates)
+
+
+# ------------------------------------------------------------------------------------------ outputs
+def _identity(path: str):
+    """(device, inode) of an existing regular file or directory, else its resolved path."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return ("path", real)
+    return ("inode", st.st_dev, st.st_ino)
+
+
+def _is_special(path: str) -> bool:
+    """An existing path that is neither a regular file nor a directory (/dev/null, a FIFO): written in place,
+    nothing in it to lose."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def check_outputs(inputs: Iterable[tuple[str, str | None]], outputs: Iterable[tuple[str, str | None]],
+                  out_dirs: Iterable[tuple[str, str | None]] = ()) -> None:
+    """Refuse, before any work, outputs that would destroy an input or each other, or that cannot be written.
+
+    ``inputs``/``outputs``/``out_dirs`` are (option, path) pairs (``("--plan", "p.json")``). An output file
+    that is an input (the same path once links are resolved, or the same inode: a hard link) or another
+    output is refused, as is an output (file or directory) that cannot be created: its path is a directory
+    (for a file), a file (for a directory), or the nearest existing folder above it is not a writable folder.
+    Outputs that exist and are devices or pipes (/dev/null) are written in place and pass."""
+    seen: dict = {}
+    for opt, p in inputs:
+        if p is not None and os.path.exists(p) and not _is_special(p):
+            seen.setdefault(_identity(p), ("input", f"the input {opt} {p}"))
+    for opt, p in outputs:
+        if p is None or _is_special(p):
+            continue
+        key = _identity(p)
+        if key in seen:
+            what, earlier = seen[key]
+            raise InputFileError(f"{opt} {p} is {earlier}: " + (
+                "writing it would replace that file before it is read; give another path" if what == "input" else
+                "two outputs cannot be one file; give each its own path"))
+        seen[key] = ("output", f"the output {opt} {p}")
+        _check_writable(opt, p, directory=False)
+    for opt, p in out_dirs:
+        if p is not None:
+            _check_writable(opt, p, directory=True)
+
+
+def _check_writable(opt: str, path: str, *, directory: bool) -> None:
+    if os.path.isdir(path):
+        if not directory:
+            raise InputFileError(f"{opt} {path} is a directory; give a file name")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise InputFileError(f"{opt} {path}: the directory is not writable")
+        return
+    if os.path.exists(path):
+        if directory:
+            raise InputFileError(f"{opt} {path} is a file; give a directory")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.access(parent, os.W_OK | os.X_OK):  # atomic_write puts a temporary file beside it
+            raise InputFileError(f"{opt} {path} cannot be replaced: the directory {parent} is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):  # atomic_write creates missing folders: the nearest existing one counts
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if not os.path.isdir(parent):
+        raise InputFileError(f"{opt} {path} cannot be created: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputFileError(f"{opt} {path} cannot be created: the directory {parent} is not writable")
