@@ -232,7 +232,7 @@ def check_outputs(inputs: Iterable[tuple[str, str | None]], outputs: Iterable[tu
         if key in seen:
             what, earlier = seen[key]
             raise InputFileError(f"{opt} {p} is {earlier}: " + (
-                "writing it would replace that file before it is read; give another path" if what == "input" else
+                "writing it would replace that input; give another path" if what == "input" else
                 "two outputs cannot be one file; give each its own path"))
         seen[key] = ("output", f"the output {opt} {p}")
         _check_writable(opt, p, directory=False)
