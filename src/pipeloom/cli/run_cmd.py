@@ -228,6 +228,7 @@ def _write_calibration(args, cfg, res: dict) -> None:
     """The calibration file of ``--calibrate`` (:func:`pipeloom.tune.measured.calibration_from_run`)."""
     import json
 
+    from ..core.files import write_text
     from ..runtime.driver import model_config
     from ..trace.reader import read_logs
     from ..tune.measured import calibration_from_run
@@ -247,14 +248,12 @@ def _write_calibration(args, cfg, res: dict) -> None:
                                     device=res["device"], dp_allreduce=res.get("dp_allreduce"), what=what)
     except ValueError as e:
         raise CLIError(f"--calibrate {args.calibrate}: {e}") from None
-    from ..core.files import atomic_write
-
-    try:
-        with atomic_write(args.calibrate) as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
+    try:  # whole or not at all (writability was checked before the run)
+        write_text(args.calibrate, json.dumps(data, indent=1, allow_nan=False) + "\n")
     except OSError as e:
         raise CLIError(f"--calibrate {args.calibrate}: cannot write it ({e.strerror})") from None
+    except ValueError as e:  # a measured figure that is not finite: no file rather than a non-JSON one
+        raise CLIError(f"--calibrate {args.calibrate}: the measured figures are not finite ({e})") from None
     res["calibration_file"] = args.calibrate
 
 
