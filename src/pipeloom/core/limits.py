@@ -123,5 +123,14 @@ MAX_FILE_BYTES: dict[str, int] = {
     "op trace": 8 * 2**30,
 }
 
-#: GPUs of one ``tune`` problem: ~16 times the largest published training clusters
+#: GPUs of one ``tune`` problem (``--gpus``): ~16 times the largest published training clusters
 MAX_GPUS = 1_048_576
+#: configurations ``tune`` ranks (``--top``): each one more keeps more of the space from being pruned
+MAX_TOP = 1_000
+#: processes ``tune`` starts to build plans (``--workers``)
+MAX_WORKERS = 256
+#: layers of a model ``tune`` searches (the search grows with the layer count: 1,000 layers take about a
+#: minute on a loaded 2-core machine; published models have at most ~200)
+MAX_TUNE_LAYERS = 1_024
+#: tokens per sequence (``--seq``, ``--seq-len``): 16 M, far above any published context length
+MAX_SEQ = 16_777_216

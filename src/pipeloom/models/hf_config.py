@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from ..core.files import InputFileError, load_json
+from ..core.limits import MAX_LAYERS, check_at_most
 from .config import ModelConfig, ModelConfigError
 from .families import architectures, get
 from .registry import ConfigReader
@@ -74,10 +75,12 @@ def from_hf_config(src: str | os.PathLike | dict, *, name: str | None = None) ->
         raise ModelConfigError(f"{where}: model_type {arch!r} is not supported; supported are: {known}")
     label = name or _default_name(where, cfg)
     try:
-        return family.read(ConfigReader(cfg, where, family), label)
+        model = family.read(ConfigReader(cfg, where, family), label)
     except ModelConfigError as e:
         msg = str(e)
         raise ModelConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    check_at_most(f"{where}: num_hidden_layers", model.layers, MAX_LAYERS)  # the cap of --layers, for every command
+    return model
 
 
 # ------------------------------------------------------------------------------------- resolution

@@ -96,4 +96,20 @@ def with_overrides(gpu: GPU, **kw) -> GPU:
     return replace(gpu, intra=intra, inter=inter, **fields)
 
 
-__all__ = ["GPU", "GPUError", "GPUS", "GiB", "Link", "MiB", "gpu_preset", "with_overrides"]
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1 in increasing order, by trial division up to sqrt(n) (a million steps for
+    n = 10^12, where counting to n never ends)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise GPUError(f"divisors of {n!r}: need an integer >= 1")
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+__all__ = ["GPU", "GPUError", "GPUS", "GiB", "Link", "MiB", "divisors", "gpu_preset", "with_overrides"]
