@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 
 from ..core.limits import MAX_GPUS, MAX_PP, MAX_SEQ, MAX_TOP, MAX_TUNE_LAYERS, MAX_VPP, MAX_WORKERS, check_at_most
@@ -113,6 +114,15 @@ def problem_from_args(args):
     from ..tune import Calibration, Problem, gpu_preset, with_overrides
     from ..tune.search import RECOMPUTES
 
+    from ..tune.gpus import check_figure
+
+    for flag, value, kind in (("--gpu-flops", args.gpu_flops, "flops"), ("--intra-bw", args.intra_bw, "bandwidth"),
+                              ("--inter-bw", args.inter_bw, "bandwidth"), ("--intra-latency", args.intra_latency,
+                                                                           "latency"),
+                              ("--inter-latency", args.inter_latency, "latency"),
+                              ("--efficiency", args.efficiency, "efficiency")):
+        if value is not None:
+            check_figure(flag, value, kind)
     model = _resolve_model(args.model)
     check_at_most(f"--model {args.model}: the layers tune searches", model.layers, MAX_TUNE_LAYERS,
                   "a smaller num_hidden_layers ('simulate'/'memory --model' take up to the general layer cap)")
@@ -176,15 +186,22 @@ def run(args) -> int:
 
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise ValueError(f"--out {args.out!r} is a file; give a directory")
-    if args.json:
-        res = tune(prob, workers=args.workers)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    try:
+        if args.json:
+            res = tune(prob, workers=args.workers)
+        else:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), transient=True) as bar:
-            task = bar.add_task("tune", total=None)
-            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
+            with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), transient=True) as bar:
+                task = bar.add_task("tune", total=None)
+                res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
+    except ValueError as e:  # the cost model's internal fields (F, B, W, comm) are not what the user gave
+        if not re.match(r"(F|B|W|comm|overlap)\b", str(e)):
+            raise
+        raise ValueError(f"the figures give job times the cost model cannot use ({str(e).splitlines()[0]}): check "
+                         f"--gpu-flops, --efficiency, --seq, --intra-bw/--inter-bw, --intra-latency/--inter-latency "
+                         f"and the --calibration file's efficiency, achieved_flops and link figures") from None
     written, before, titan = [], [], []
     if args.out is not None:
         from ..tune.launch import replaced, write_plan
