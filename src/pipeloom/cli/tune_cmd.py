@@ -123,6 +123,14 @@ def problem_from_args(args):
                               ("--efficiency", args.efficiency, "efficiency")):
         if value is not None:
             check_figure(flag, value, kind)
+    from ..tune.gpus import divisors
+
+    for flag, v in (("--pp", args.pp), ("--tp", args.tp)):  # tp * pp * dp = GPUs: a degree must divide them
+        if v is not None and args.gpus % v:
+            ds = divisors(args.gpus)
+            shown = ", ".join(map(str, ds[:16])) + (", ..." if len(ds) > 16 else "")
+            raise ValueError(f"{flag} {v} does not divide --gpus {args.gpus} (tp x pp x dp = GPUs); give {flag} "
+                             f"among {shown}, or more GPUs")
     model = _resolve_model(args.model)
     check_at_most(f"--model {args.model}: the layers tune searches", model.layers, MAX_TUNE_LAYERS,
                   "a smaller num_hidden_layers ('simulate'/'memory --model' take up to the general layer cap)")
