@@ -103,10 +103,26 @@ def _main(argv: list[str] | None) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 2] ..."
             msg = f"cannot write or read {e.filename}: {e.strerror}"
+        elif isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:  # every file pipeloom writes names itself
+            msg = f"cannot write the output to stdout ({_stdout_target()}): {e.strerror or e}"
+            _silence_stdout()  # what is still buffered cannot be written either: no second error at exit
         return _error(msg, args)
     except MemoryError as e:
-        return _error("out of memory: the input asks for more than this machine has (a smaller shape, fewer "
-                      "layers or a smaller file); " + _where(e), args)
+        tb = e.__traceback__  # the innermost frame, read without allocating much
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = (f"in {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_frame.f_code.co_name}"
+                 if tb is not None else "at the top level")
+        tb = None
+        if not getattr(args, "debug", False):
+            e.__traceback__ = None  # its frames hold what filled the memory: free it before composing the message
+            import gc
+
+            gc.collect()
+        given = _given_sizes(args)
+        return _error(f"out of memory {where}: the input asks for more than this machine has"
+                      f"{' with ' + given if given else ''}; give smaller values or a smaller file (caps: "
+                      f"docs/robustness.md)", args)
     except RecursionError as e:
         return _error(f"the input is nested too deeply to process ({_where(e)})", args)
     except Exception as e:  # a bug: one line and a request to report it; the traceback with --debug
@@ -301,6 +317,29 @@ def _where(e: BaseException) -> str:
         return "at the top level"
     f = frames[-1]
     return f"in {os.path.basename(f.filename)}:{f.name}"
+
+
+#: errors of a write that ran out of room (a full disk, a file-size limit, a quota) or failed on the device
+_WRITE_ERRNOS = {__import__("errno").ENOSPC, __import__("errno").EFBIG, __import__("errno").EIO,
+                 getattr(__import__("errno"), "EDQUOT", -1)}
+
+
+def _stdout_target() -> str:
+    """What stdout is: the file or device it was redirected to, or 'a pipe'."""
+    try:
+        target = os.readlink("/proc/self/fd/1")
+    except OSError:
+        return "redirected"
+    return "a pipe" if target.startswith("pipe:") else target
+
+
+def _given_sizes(args) -> str:
+    """The largest numbers on the command line (``--pp 65536, --microbatches 152``): what an out-of-memory
+    error most likely comes from."""
+    nums = [(v, k) for k, v in vars(args).items() if not k.startswith("_") and isinstance(v, (int, float))
+            and not isinstance(v, bool) and v > 1]
+    nums.sort(reverse=True)
+    return ", ".join(f"--{k.replace('_', '-')} {v:g}" for v, k in nums[:4])
 
 
 def _stdout_closed() -> bool:
