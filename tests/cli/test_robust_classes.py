@@ -109,7 +109,7 @@ def test_the_bounded_reader_says_what_is_wrong(tmp_path):
         read_input(big, "model config")
     bad = tmp_path / "latin1.json"
     bad.write_bytes(b'{"name": "caf\xe9"}')
-    with pytest.raises(InputFileError, match=r"latin1.json is not UTF-8 text \(byte 0xe9 at offset 13\)"):
+    with pytest.raises(InputFileError, match=r"latin1.json is not a text file \(not UTF-8: byte 0xe9 at offset 13\)"):
         read_input(bad, "calibration file")
     cases = {"deep.json": "[" * 100_000 + "]" * 100_000, "digits.json": '{"efficiency": 1' + "0" * 5000 + "}",
              "twice.json": '{"efficiency": 0.5, "efficiency": 0.6}', "broken.json": '{"efficiency": '}

@@ -148,8 +148,8 @@ def read_input(path: str | os.PathLike, kind: str, *, binary: bool = False, gzip
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-        raise InputFileError(f"{kind} {name} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
-                             f"expected a text file") from None
+        raise InputFileError(f"{kind} {name} is not a text file (not UTF-8: byte 0x{data[e.start]:02x} at offset "
+                             f"{e.start})") from None
 
 
 class _DuplicateKey(Exception):

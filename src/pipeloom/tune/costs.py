@@ -176,6 +176,7 @@ class Calibration:
             if not isinstance(data["measured"], dict):
                 raise CalibrationError(f"{source}: measured must be a JSON object")
             kw["measured"] = data["measured"]
+        cal = cls(**kw)  # its own checks first
         try:  # plausible ranges (tune/gpus.py FIGURE_RANGES): a typo or an impossible measurement stops here
             for key, v, kind in ([("efficiency", kw.get("efficiency"), "efficiency"),
                                   ("hbm_bandwidth", kw.get("hbm_bandwidth"), "bandwidth"),
@@ -186,7 +187,7 @@ class Calibration:
                     check_figure(f"{source}: {key}", v, kind)
         except GPUError as e:
             raise CalibrationError(str(e)) from None
-        return cls(**kw)
+        return cal
 
     def ran_on(self, gpu: GPU) -> bool:
         """True when the measured run's device is ``gpu`` (a CUDA device whose name holds the preset's
