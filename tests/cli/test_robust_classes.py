@@ -109,7 +109,7 @@ def test_the_bounded_reader_says_what_is_wrong(tmp_path):
         read_input(big, "model config")
     bad = tmp_path / "latin1.json"
     bad.write_bytes(b'{"name": "caf\xe9"}')
-    with pytest.raises(InputFileError, match=r"latin1.json is not a text file \(not UTF-8: byte 0xe9 at offset 13\)"):
+    with pytest.raises(InputFileError, match=r"latin1.json: not a text file \(not UTF-8: byte 0xe9 at offset 13; a calibration file"):
         read_input(bad, "calibration file")
     cases = {"deep.json": "[" * 100_000 + "]" * 100_000, "digits.json": '{"efficiency": 1' + "0" * 5000 + "}",
              "twice.json": '{"efficiency": 0.5, "efficiency": 0.6}', "broken.json": '{"efficiency": '}
@@ -205,7 +205,7 @@ def test_an_output_that_cannot_be_written_is_found_before_the_work(tmp_path, cap
     monkeypatch.setattr(tune_cmd, "run", lambda args: pytest.fail("the search started"))
     rc, out, err = run_in(capsys, "tune", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "8",
                           "--out", str(blocker / "plan"))
-    assert rc == 2 and f"--out {blocker / 'plan'}" in one_line(err)
+    assert rc == 2 and f"--out '{blocker / 'plan'}': {blocker} is a file, not a directory" in one_line(err)
 
 
 # ---------------------------------------------------------------------- 9. caps on every size, up front

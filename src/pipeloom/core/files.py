@@ -148,8 +148,8 @@ def read_input(path: str | os.PathLike, kind: str, *, binary: bool = False, gzip
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-        raise InputFileError(f"{kind} {name} is not a text file (not UTF-8: byte 0x{data[e.start]:02x} at offset "
-                             f"{e.start})") from None
+        raise InputFileError(f"cannot read {name}: not a text file (not UTF-8: byte 0x{data[e.start]:02x} at offset "
+                             f"{e.start}; a {kind} is UTF-8 text)") from None
 
 
 class _DuplicateKey(Exception):
@@ -244,13 +244,13 @@ def check_outputs(inputs: Iterable[tuple[str, str | None]], outputs: Iterable[tu
 def _check_writable(opt: str, path: str, *, directory: bool) -> None:
     if os.path.isdir(path):
         if not directory:
-            raise InputFileError(f"{opt} {path} is a directory; give a file name")
+            raise InputFileError(f"{opt} {path!r} is a directory; give a file name")
         if not os.access(path, os.W_OK | os.X_OK):
             raise InputFileError(f"{opt} {path}: the directory is not writable")
         return
     if os.path.exists(path):
         if directory:
-            raise InputFileError(f"{opt} {path} is a file; give a directory")
+            raise InputFileError(f"{opt} {path}: is a file; give a directory (created when missing)")
         parent = os.path.dirname(os.path.abspath(path))
         if not os.access(parent, os.W_OK | os.X_OK):  # atomic_write puts a temporary file beside it
             raise InputFileError(f"{opt} {path} cannot be replaced: the directory {parent} is not writable")
@@ -262,6 +262,6 @@ def _check_writable(opt: str, path: str, *, directory: bool) -> None:
             break
         parent = up
     if not os.path.isdir(parent):
-        raise InputFileError(f"{opt} {path} cannot be created: {parent} is not a directory")
+        raise InputFileError(f"{opt} {path!r}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputFileError(f"{opt} {path} cannot be created: the directory {parent} is not writable")
