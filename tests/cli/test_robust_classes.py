@@ -277,7 +277,7 @@ def test_messages_name_the_option_or_file(tmp_path, capsys):
     tune = ["tune", "--model", "llama2-7b", "--global-batch", "64", "--gpus", "8"]
     cases = [(["show", str(t)], "cannot read torch action '0X0'"),
              (tune + ["--gpu-flops", "1e-300"], "--gpu-flops = 1e-300 is outside the plausible range"),
-             (tune + ["--inter-bw", "1e-300"], "--inter-bw = 1e-300"),
+             (tune + ["--inter-bw", "1e-300"], "--inter-bw = 1e-300 is outside the plausible range 1000 to 1e+15 bytes/s"),
              (tune + ["--calibration", str(dup)], "key 'efficiency' is given twice"),
              (tune + ["--calibration", str(fast)], "2.02 x the h100 peak"),
              (tune + ["--pp", "64"], "--pp 64 does not divide --gpus 8"),

@@ -101,7 +101,7 @@ def with_overrides(gpu: GPU, **kw) -> GPU:
 #: before it turns into times that overflow the cost model
 FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
     "flops": (1e6, 1e18, "FLOP/s"),          # a slow CPU core .. 1000 x an H100
-    "bandwidth": (1e6, 1e15, "bytes/s"),     # 1 MB/s .. 1 PB/s
+    "bandwidth": (1e3, 1e15, "bytes/s"),     # 1 KB/s (a loaded CPU run's gloo P2P is ~1e7) .. 1 PB/s
     "latency": (0.0, 10.0, "s"),             # per message
     "efficiency": (1e-4, 1.0, "of peak"),
 }
