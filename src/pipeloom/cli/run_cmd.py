@@ -393,6 +393,10 @@ def _check_args(args) -> None:
         if os.path.isdir(args.calibrate) or not os.path.isdir(folder):
             raise CLIError(f"--calibrate {args.calibrate}: give a file path in an existing folder (the calibration "
                            f"JSON is written there after the run)")
+    if args.data is not None:  # a regular file (not a FIFO or device the ranks would block on or map)
+        from ..core.files import check_input
+
+        check_input(args.data, "token data")
     if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CLIError(f"--log-dir {args.log_dir}: is a file; give a directory (created when missing)")
     # --profile-steps windows that log nothing are RunConfig's check (the API gets it too)

@@ -121,6 +121,8 @@ MAX_FILE_BYTES: dict[str, int] = {
     "worker log": 8 * 2**30,
     # an op-level table (.csv/.parquet) as pyarrow reads it
     "op trace": 8 * 2**30,
+    # ``run --data``: token ids, memory-mapped (never read whole)
+    "token data": 16 * 2**40,
 }
 
 #: GPUs of one ``tune`` problem (``--gpus``): ~16 times the largest published training clusters
