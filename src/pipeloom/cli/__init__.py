@@ -147,7 +147,9 @@ INPUT_OPTIONS = {"config": "--config", "plan": "--plan", "file": "FILE", "input"
 OUTPUT_OPTIONS = {"out": "--out", "output": "OUT", "calibrate": "--calibrate", "png": "--png", "html": "--html",
                   "dp_gantt": "--dp-gantt", "log_dir": "--log-dir"}
 #: (command, dest) of the outputs that are directories
-DIRECTORY_OUTPUTS = {("check", "out"), ("tune", "out"), ("run", "log_dir")}
+DIRECTORY_OUTPUTS = {("tune", "out"), ("run", "log_dir")}
+#: (command, dest) of outputs the command writes if it can and goes on without (check's pictures): not checked
+OPTIONAL_OUTPUTS = {("check", "out")}
 
 
 def _check_files(args) -> None:
@@ -159,7 +161,8 @@ def _check_files(args) -> None:
         for dest, flag in table.items():
             v = getattr(args, dest, None)
             for p in (v if isinstance(v, list) else [v]):
-                if isinstance(p, str) and p and ((args.command, dest) in DIRECTORY_OUTPUTS) == dirs:
+                if isinstance(p, str) and p and ((args.command, dest) in DIRECTORY_OUTPUTS) == dirs \
+                        and (args.command, dest) not in OPTIONAL_OUTPUTS:
                     yield flag, p
     check_outputs(list(pairs(INPUT_OPTIONS, False)), list(pairs(OUTPUT_OPTIONS, False)),
                   list(pairs(OUTPUT_OPTIONS, True)))
