@@ -328,3 +328,14 @@ def test_a_rank_that_cannot_start_says_so_not_broken_pipe():
     with pytest.raises(RankFailure, match=r"rank 0's process could not start: the interpreter .* ended before "
                                           r"reading its start-up data"):
         _start([Dead(), Dead()])
+
+
+def test_earlier_outputs_stay_intact_under_a_file_size_limit(tmp_path, plan_file):
+    """Part of the proof (the atomic writer's class, kept): a write over RLIMIT_FSIZE is exit 2 naming the file, the
+    file as it was."""
+    before = plan_file.read_bytes()
+    rc, _, err, _ = cli("plan", "-s", "zbv", "--pp", "16", "-m", "64", "-o", str(plan_file),
+                        preexec=_limits(fsize=16 * 2**10))
+    assert rc == 2 and str(plan_file) in one_line(err) and "File too large" in err
+    assert plan_file.read_bytes() == before
+    assert [p.name for p in plan_file.parent.iterdir() if p.name.startswith(".")] == []  # no temporary left
