@@ -184,9 +184,9 @@ def parse_json(text: str, where: str, *, duplicates: bool = False):
                              f"must fit a 64-bit float") from None
 
 
-def load_json(path: str | os.PathLike, kind: str, *, duplicates: bool = False):
+def load_json(path: str | os.PathLike, kind: str, *, duplicates: bool = False, gzip_ok: bool = False):
     """:func:`read_input` then :func:`parse_json`, every error naming the file."""
-    return parse_json(read_input(path, kind), f"{kind} {os.fspath(path)}", duplicates=duplicates)
+    return parse_json(read_input(path, kind, gzip_ok=gzip_ok), f"{kind} {os.fspath(path)}", duplicates=duplicates)
 
 
 # ------------------------------------------------------------------------------------------ outputs

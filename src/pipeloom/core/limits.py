@@ -121,6 +121,8 @@ MAX_FILE_BYTES: dict[str, int] = {
     "worker log": 8 * 2**30,
     # an op-level table (.csv/.parquet) as pyarrow reads it
     "op trace": 8 * 2**30,
+    # the official generators' schedules (``bench/ --reference``): a few hundred KiB
+    "reference file": 256 * _MiB,
     # ``run --data``: token ids, memory-mapped (never read whole)
     "token data": 16 * 2**40,
 }
