@@ -339,3 +339,54 @@ def test_earlier_outputs_stay_intact_under_a_file_size_limit(tmp_path, plan_file
     assert rc == 2 and str(plan_file) in one_line(err) and "File too large" in err
     assert plan_file.read_bytes() == before
     assert [p.name for p in plan_file.parent.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+# files that read with open() on purpose, each after core.files.check_input or on a path pipeloom made itself
+READ_ALLOWED = {
+    ("core/limits.py", "machine_capacity"),  # /proc/meminfo
+    ("trace/reader.py", "parse_file"),  # line by line, after check_input
+    ("trace/sanity.py", "check_files"),  # the first 8 KiB, after check_input
+    ("trace/formats.py", "head"),  # the first bytes of a regular file (os.path.isfile)
+    ("trace/optrace.py", "_read_table"),  # the CSV header line, after check_input
+    ("runtime/launch.py", "_child"),  # the rank's arguments: a private temp file the parent wrote
+}
+
+
+def test_every_reader_in_src_goes_through_the_bounded_reader():
+    """No new reader may read an input whole with a plain open()/json.load/read_text: the class stays fixed."""
+    import ast
+    from pathlib import Path
+
+    root = Path(SRC) / "pipeloom"
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel == "core/files.py":
+            continue
+        tree = ast.parse(path.read_text())
+        parents = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                parents[child] = node
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+            if name == "open" and owner in ("", "gzip", "io", "bz2", "lzma"):
+                mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords
+                                                                      if k.arg == "mode"), None)
+                text = mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
+                if any(c in text for c in "wax"):
+                    continue
+            elif not ((name in ("read_text", "read_bytes") and isinstance(f, ast.Attribute))
+                      or (name == "load" and owner in ("json", "tomllib"))):
+                continue
+            fn = node
+            while fn in parents and not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                fn = parents[fn]
+            where = (rel, getattr(fn, "name", "<module>"))
+            if where not in READ_ALLOWED:
+                found.append(f"{rel}:{node.lineno} {getattr(fn, 'name', '')}: {ast.unparse(node)[:60]}")
+    assert found == [], "read through pipeloom.core.files.read_input/load_json instead:\n" + "\n".join(found)
