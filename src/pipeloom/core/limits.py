@@ -107,6 +107,8 @@ MAX_FILE_BYTES: dict[str, int] = {
     "model config": 16 * _MiB,
     # efficiency, link figures and per-layer times: a few KiB
     "calibration file": 16 * _MiB,
+    # ``--config``: a pipeloom.toml / .json of a few sections
+    "settings file": 16 * _MiB,
     # about 10 million jobs as CSV (~25 bytes a job): the MAX_JOBS forward jobs with their B and W
     "schedule file": 256 * _MiB,
     # NAME.csv.meta.json beside a torch CSV: the plan's name, shape and builder

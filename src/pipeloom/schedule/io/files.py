@@ -64,7 +64,6 @@ def sidecar_text(schedule: Schedule) -> str:
 def _with_sidecar(sched: Schedule, path: str) -> Schedule:
     """``sched`` (read from torch's CSV at ``path``) with the name and meta of ``path + META_SUFFIX``, if there."""
     import dataclasses
-    import json
     import os
 
     side = str(path) + META_SUFFIX
