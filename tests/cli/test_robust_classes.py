@@ -87,6 +87,7 @@ READERS = {  # reader -> the command line with {} for the file
     "calibration file (tune --calibration)": ["tune", "--model", "llama2-7b", "--gpus", "8", "--global-batch", "8",
                                               "--calibration", "{}"],
     "layer-cost file (partition --layer-costs)": ["partition", "--pp", "2", "--layer-costs", "{}"],
+    "settings file (plan --config)": ["plan", "--config", "{}"],
 }
 
 
