@@ -393,7 +393,7 @@ def _check_args(args) -> None:
         if os.path.isdir(args.calibrate) or not os.path.isdir(folder):
             raise CLIError(f"--calibrate {args.calibrate}: give a file path in an existing folder (the calibration "
                            f"JSON is written there after the run)")
-    if args.data is not None:  # a regular file (not a FIFO or device the ranks would block on or map)
+    if args.data is not None and os.path.exists(args.data):  # a regular file (not a FIFO, device or folder)
         from ..core.files import check_input
 
         check_input(args.data, "token data")
