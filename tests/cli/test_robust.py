@@ -404,8 +404,13 @@ def test_docs_list_every_cap_with_its_value():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "robustness.md").read_text()
     rows = dict(re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", doc, flags=re.M))
-    caps = {n: getattr(limits, n) for n in dir(limits) if n.startswith(("MAX_", "RANK_"))}
+    caps = {n: getattr(limits, n) for n in dir(limits) if n.startswith(("MAX_", "RANK_"))
+            and not isinstance(getattr(limits, n), dict)}
     assert set(caps) == set(rows), (set(caps) ^ set(rows))
+    # the caps per kind of input file: their own table, "| kind | cap | read by |"
+    files = dict(re.findall(r"^\| ([a-z][a-z -]+) \| (\d+ [KMG]i?B)\b[^|]* \| [^|]+ \|$", doc, flags=re.M))
+    unit = {"MiB": 2**20, "GiB": 2**30, "MB": 10**6, "KiB": 2**10}
+    assert {k: int(v.split()[0]) * unit[v.split()[1]] for k, v in files.items()} == limits.MAX_FILE_BYTES
     for name, value in caps.items():
         text = rows[name].strip().replace(",", "")
         num = float(text.split()[0]) * (2**20 if text.endswith("MiB") else 1)

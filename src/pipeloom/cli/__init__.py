@@ -54,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    saved = _guard_stderr()
+    try:
+        return _main(argv)
+    finally:
+        if saved is not False:
+            sys.stderr = saved
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             words = list(sys.argv[1:] if argv is None else argv)
             apply_config(args, args._subparsers.choices[args.command], words[words.index(args.command) + 1:],
                          args._config_flags)
+        _check_files(args)  # an output that would replace an input, or that cannot be written: before any work
         with _progress(args):
             rc = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away is seen now (a BrokenPipeError below)
@@ -93,10 +103,26 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if isinstance(e, OSError) and e.filename is not None and e.strerror:  # not "[Errno 2] ..."
             msg = f"cannot write or read {e.filename}: {e.strerror}"
+        elif isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:  # every file pipeloom writes names itself
+            msg = f"cannot write the output to stdout ({_stdout_target()}): {e.strerror or e}"
+            _silence_stdout()  # what is still buffered cannot be written either: no second error at exit
         return _error(msg, args)
     except MemoryError as e:
-        return _error("out of memory: the input asks for more than this machine has (a smaller shape, fewer "
-                      "layers or a smaller file); " + _where(e), args)
+        tb = e.__traceback__  # the innermost frame, read without allocating much
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = (f"in {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_frame.f_code.co_name}"
+                 if tb is not None else "at the top level")
+        tb = None
+        if not getattr(args, "debug", False):
+            e.__traceback__ = None  # its frames hold what filled the memory: free it before composing the message
+            import gc
+
+            gc.collect()
+        given = _given_sizes(args)
+        return _error(f"out of memory {where}: the input asks for more than this machine has"
+                      f"{' with ' + given if given else ''}; give smaller values or a smaller file (caps: "
+                      f"docs/robustness.md)", args)
     except RecursionError as e:
         return _error(f"the input is nested too deeply to process ({_where(e)})", args)
     except Exception as e:  # a bug: one line and a request to report it; the traceback with --debug
@@ -112,6 +138,108 @@ def main(argv: list[str] | None = None) -> int:
 
 #: exit code of an unforeseen error (a bug in pipeloom); bad input is 2, a failed check 1, SIGINT 130
 INTERNAL_ERROR = 3
+
+#: options (argparse dests) naming files a command reads, and files or directories it writes: checked once,
+#: before any work, for every command (:func:`pipeloom.core.files.check_outputs`)
+INPUT_OPTIONS = {"config": "--config", "plan": "--plan", "file": "FILE", "input": "IN", "logdir": "LOGDIR",
+                 "model": "--model", "layer_costs": "--layer-costs", "calibration": "--calibration", "meta": "--meta",
+                 "data": "--data"}
+OUTPUT_OPTIONS = {"out": "--out", "output": "OUT", "calibrate": "--calibrate", "png": "--png", "html": "--html",
+                  "dp_gantt": "--dp-gantt", "log_dir": "--log-dir"}
+#: (command, dest) of the outputs that are directories
+DIRECTORY_OUTPUTS = {("tune", "out"), ("run", "log_dir")}
+#: (command, dest) of outputs the command writes if it can and goes on without (check's pictures): not checked
+OPTIONAL_OUTPUTS = {("check", "out")}
+
+
+def _check_files(args) -> None:
+    """Refuse an output equal to an input or to another output (links resolved, same inode), and one that
+    cannot be written, before the command starts."""
+    from ..core.files import check_outputs
+
+    def pairs(table, dirs: bool):
+        for dest, flag in table.items():
+            v = getattr(args, dest, None)
+            for p in (v if isinstance(v, list) else [v]):
+                if isinstance(p, str) and p and ((args.command, dest) in DIRECTORY_OUTPUTS) == dirs \
+                        and (args.command, dest) not in OPTIONAL_OUTPUTS:
+                    yield flag, p
+    check_outputs(list(pairs(INPUT_OPTIONS, False)), list(pairs(OUTPUT_OPTIONS, False)),
+                  list(pairs(OUTPUT_OPTIONS, True)))
+
+
+class _SafeStderr:
+    """stderr that never fails the command: written straight to the descriptor, and silent from the first
+    failed write on (a closed pipe, /dev/full). The result on stdout and the exit code never depend on it."""
+
+    encoding = "utf-8"
+    errors = "backslashreplace"
+
+    def __init__(self, fd: int = 2):
+        self._fd = fd
+        self._dead = False
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", "backslashreplace")
+        while data and not self._dead:
+            try:
+                n = os.write(self._fd, data)
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                self._dead = True
+                break
+            data = data[n:]
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        try:
+            return not self._dead and os.isatty(self._fd)
+        except OSError:
+            return False
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+def _guard_stderr():
+    """Make stderr safe for this command: when the process's own stderr is in use (not a caller's stream),
+    replace it by :class:`_SafeStderr`; a closed descriptor 2 is first held by /dev/null, so that no file
+    opened later becomes "stderr". Returns the stream to restore, or False when nothing was changed."""
+    orig = sys.stderr
+    if orig is not None and orig is not sys.__stderr__:
+        return False  # a test's capture or a caller's own stream: theirs to manage
+    try:
+        os.fstat(2)
+    except OSError:
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            if fd != 2:
+                os.dup2(fd, 2)
+                os.close(fd)
+        except OSError:
+            pass
+    try:
+        if orig is not None:
+            orig.flush()
+    except (OSError, ValueError):
+        pass
+    sys.stderr = _SafeStderr(2)
+    return orig
 
 
 def _progress(args):
@@ -192,6 +320,29 @@ def _where(e: BaseException) -> str:
         return "at the top level"
     f = frames[-1]
     return f"in {os.path.basename(f.filename)}:{f.name}"
+
+
+#: errors of a write that ran out of room (a full disk, a file-size limit, a quota) or failed on the device
+_WRITE_ERRNOS = {__import__("errno").ENOSPC, __import__("errno").EFBIG, __import__("errno").EIO,
+                 getattr(__import__("errno"), "EDQUOT", -1)}
+
+
+def _stdout_target() -> str:
+    """What stdout is: the file or device it was redirected to, or 'a pipe'."""
+    try:
+        target = os.readlink("/proc/self/fd/1")
+    except OSError:
+        return "redirected"
+    return "a pipe" if target.startswith("pipe:") else target
+
+
+def _given_sizes(args) -> str:
+    """The largest numbers on the command line (``--pp 65536, --microbatches 152``): what an out-of-memory
+    error most likely comes from."""
+    nums = [(v, k) for k, v in vars(args).items() if not k.startswith("_") and isinstance(v, (int, float))
+            and not isinstance(v, bool) and v > 1]
+    nums.sort(reverse=True)
+    return ", ".join(f"--{k.replace('_', '-')} {v:g}" for v, k in nums[:4])
 
 
 def _stdout_closed() -> bool:

@@ -81,11 +81,29 @@ def _add_dp(args, spec, rows: list[dict]) -> None:
         r.update(dp_result(args, sched, simulate(sched, s.costs, s.mem)).to_dict())
 
 
+def _check_option_values(options: dict, names: list[str]) -> None:
+    """A bad ``-O`` value (not a number, above its cap) is bad input, exit 2: every builder that reads the option
+    checks it here, before any row is made (a schedule the option does not apply to stays a row)."""
+    from ..schedule import registry
+
+    for key, value in options.items():
+        for name in names:
+            try:
+                info = registry.get(name)
+            except (KeyError, ValueError):
+                continue  # an unknown name is compare's own error
+            if key in info.option_names:
+                try:
+                    info.option(key).check(value, info.name)
+                except ValueError as e:
+                    raise ValueError(f"-O {key}={value}: {e}") from None
+
+
 def run(args) -> int:
     from ..schedule import registry
 
-    names = [s.strip() for s in args.schedules.split(",")] if args.schedules else \
-        [n for n in registry.names() if n != "optimal" or args.with_optimal]
+    names = list(dict.fromkeys(s.strip() for s in args.schedules.split(",") if s.strip())) if args.schedules else \
+        [n for n in registry.names() if n != "optimal" or args.with_optimal]  # a name given twice is one row
     rows = []
     if args.costs_per == "chunk" and not args.vpp:
         raise ValueError("--costs-per chunk compares one vpp only: give --vpp")
@@ -93,6 +111,7 @@ def run(args) -> int:
         costs = _stage_costs(args, vpp) if args.costs_per == "stage" and not partition_given(args) else None
         # without --vpp, each schedule runs at its natural vpp; drop the "takes vpp ..." mismatches
         spec = plan_inputs(args, vpp=vpp, costs=costs)[0]
+        _check_option_values(spec.options, names)
         rows += [r for r in compare(spec, names) if args.vpp or "takes vpp" not in r.get("error", "")]
         if args.with_torch:
             rows += _torch_rows(spec, vpp, explicit_vpp=bool(args.vpp))

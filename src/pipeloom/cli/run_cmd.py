@@ -65,8 +65,8 @@ def add_parser(sub) -> None:
             "  torchrun --nproc-per-node 4 -m pipeloom run --schedule zbv --pp 4 -m 8"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--example", default="llama-tiny", metavar="NAME",
-                   help="built-in model to train (available: llama-tiny; default: %(default)s)")
+    p.add_argument("--example", default=None, metavar="NAME",
+                   help="built-in model to train (available: llama-tiny; default: llama-tiny); not with --model PATH")
     from ..models.families import architectures
 
     p.add_argument("--model", metavar="NAME|PATH", default=None,
@@ -166,6 +166,9 @@ def run(args) -> int:
     from ..runtime.launch import RankFailure, under_torchrun
     from . import CLIError
 
+    if args.example is not None and args.model is not None and args.model != args.example:
+        raise CLIError(f"--example {args.example} and --model {args.model} both name the model to train; give one")
+    args.example = args.example or "llama-tiny"
     if args.example not in EXAMPLES:
         raise CLIError(f"unknown example {args.example!r}; available: {', '.join(EXAMPLES)}")
     _check_args(args)
@@ -225,6 +228,7 @@ def _write_calibration(args, cfg, res: dict) -> None:
     """The calibration file of ``--calibrate`` (:func:`pipeloom.tune.measured.calibration_from_run`)."""
     import json
 
+    from ..core.files import write_text
     from ..runtime.driver import model_config
     from ..trace.reader import read_logs
     from ..tune.measured import calibration_from_run
@@ -244,14 +248,12 @@ def _write_calibration(args, cfg, res: dict) -> None:
                                     device=res["device"], dp_allreduce=res.get("dp_allreduce"), what=what)
     except ValueError as e:
         raise CLIError(f"--calibrate {args.calibrate}: {e}") from None
-    from ..core.files import atomic_write
-
-    try:
-        with atomic_write(args.calibrate) as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
+    try:  # whole or not at all (writability was checked before the run)
+        write_text(args.calibrate, json.dumps(data, indent=1, allow_nan=False) + "\n")
     except OSError as e:
         raise CLIError(f"--calibrate {args.calibrate}: cannot write it ({e.strerror})") from None
+    except ValueError as e:  # a measured figure that is not finite: no file rather than a non-JSON one
+        raise CLIError(f"--calibrate {args.calibrate}: the measured figures are not finite ({e})") from None
     res["calibration_file"] = args.calibrate
 
 
@@ -264,14 +266,14 @@ def run_config(args):
     'pipeloom plan' makes it (costs, memory, -O, layer partition), nothing planned yet."""
     from ..runtime.driver import RunConfig
 
-    model = _model(args)
+    sched = schedule_io.load(args.plan) if args.plan else None
+    model = _model(args, pp=sched.pp if sched is not None else args.pp or _DEFAULTS["pp"])
     common = dict(dp=args.dp, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
                   dim=args.dim or 64, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
                   dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype,
                   overlap_grad_reduce=args.overlap_grad_reduce, zero=args.zero, rank_order=args.rank_order)
-    if args.plan:
-        sched = schedule_io.load(args.plan)
+    if sched is not None:
         split = getattr(args, "layers_per_chunk", None)  # the layer split of the plan (e.g. the tuner's)
         if split:
             from ..partition.layout import parse_counts
@@ -302,7 +304,7 @@ def run_config(args):
                      measure_costs=measured, **common)
 
 
-def _model(args):
+def _model(args, pp: int):
     """None for the built-in example, or the transformers model of ``--model PATH``."""
     from ..runtime.driver import EXAMPLES
     from . import CLIError
@@ -316,11 +318,56 @@ def _model(args):
         return None
     if args.dim is not None:
         raise CLIError(f"--dim sets the example model's width; --model {args.model} has its own (drop --dim)")
+    from ..models.hf_config import resolve_model
+
+    # pipeloom's own reader first: a config it refuses (or one too big for this machine) never reaches the ranks
+    mc = resolve_model(args.model)
+    from ..runtime.launch import under_torchrun
+
+    if not args.allow_oversubscribe and not under_torchrun():
+        check_model_memory(mc, pp=pp, dp=args.dp, verify=args.verify, model_flag=f"--model {args.model}")
     try:
         from ..integrations.hf import HFRunModel
     except ImportError as e:
         raise CLIError(f"--model {args.model}: needs transformers (pip install 'pipeloom[hf]'): {e}") from None
     return HFRunModel(args.model, weights=args.weights)
+
+
+#: bytes per parameter a rank of ``run --model`` holds: every rank builds the whole model in fp32 (4 bytes a
+#: parameter); the parameters of its own chunks then get a gradient (4) and Adam's two moments (8)
+BUILD_BYTES_PER_PARAM = 4
+TRAIN_BYTES_PER_PARAM = 12
+
+
+def check_model_memory(model, *, pp: int, dp: int, verify: bool = False, model_flag: str = "--model",
+                       available: int | None = None) -> int:
+    """Refuse, before any rank starts, a ``--model`` whose ranks cannot fit in this machine's memory; returns the
+    estimate in bytes. A lower bound from the analytic parameter count (:mod:`pipeloom.models.flops`): pp x dp
+    ranks each build the whole model (:data:`BUILD_BYTES_PER_PARAM`), each data-parallel replica trains it
+    (:data:`TRAIN_BYTES_PER_PARAM`), and ``--verify`` builds and trains one more copy. The error gives the
+    estimate, the memory available and the layers of this width that would fit."""
+    from ..core.limits import machine_capacity
+    from ..models.flops import embedding_params, head_params, layer_params, total_params
+    from . import CLIError
+
+    if available is None:
+        available = machine_capacity()[1]
+    total = total_params(model)
+    copies_built = pp * dp + (1 if verify else 0)
+    copies_trained = dp + (1 if verify else 0)
+    per_param = copies_built * BUILD_BYTES_PER_PARAM + copies_trained * TRAIN_BYTES_PER_PARAM
+    need = total * per_param
+    if available is None or need <= available:
+        return need
+    fixed = embedding_params(model) + head_params(model, with_tied_copy=False)
+    fit = int((available / per_param - fixed) // max(1, layer_params(model)))
+    fits = (f"at most {fit} of its layers fit (it has {model.layers})" if fit >= 1 else
+            "not even one layer of this width fits")
+    raise CLIError(f"{model_flag}: {model.name} has {total / 1e9:.3g} B parameters; {pp * dp} ranks building it "
+                   f"need about {need / 2**30:,.1f} GiB here ({BUILD_BYTES_PER_PARAM} bytes per parameter for each "
+                   f"rank's copy, {TRAIN_BYTES_PER_PARAM} more per data-parallel replica for gradients and Adam) but "
+                   f"{available / 2**30:,.1f} GiB is available: {fits}; use a smaller config (num_hidden_layers, "
+                   f"hidden_size), fewer ranks, torchrun on machines with more memory, or --allow-oversubscribe")
 
 
 def _check_args(args) -> None:
@@ -346,6 +393,10 @@ def _check_args(args) -> None:
         if os.path.isdir(args.calibrate) or not os.path.isdir(folder):
             raise CLIError(f"--calibrate {args.calibrate}: give a file path in an existing folder (the calibration "
                            f"JSON is written there after the run)")
+    if args.data is not None and os.path.exists(args.data):  # a regular file (not a FIFO, device or folder)
+        from ..core.files import check_input
+
+        check_input(args.data, "token data")
     if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CLIError(f"--log-dir {args.log_dir}: is a file; give a directory (created when missing)")
     # --profile-steps windows that log nothing are RunConfig's check (the API gets it too)

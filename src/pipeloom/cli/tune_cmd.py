@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 
-from .common import number_type, positive_int, print_json, print_table
+from ..core.limits import MAX_GPUS, MAX_PP, MAX_SEQ, MAX_TOP, MAX_TUNE_LAYERS, MAX_VPP, MAX_WORKERS, check_at_most
+from .common import capped_int, number_type, positive_int, print_json, print_table
 
 GiB = 1024 ** 3
 
@@ -30,7 +32,7 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="PRESET|config.json",
                    help="model preset (as 'pipeloom memory --model') or a Hugging Face config.json")
-    p.add_argument("--gpus", type=positive_int, required=True, help="number of GPUs (whole nodes)")
+    p.add_argument("--gpus", type=capped_int(1, MAX_GPUS), required=True, help="number of GPUs (whole nodes)")
     p.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs per node (default: 8)")
     p.add_argument("--gpu", default="h100", metavar="NAME",
                    help=f"GPU preset: {', '.join(GPUS)} (default: %(default)s)")
@@ -39,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="memory per GPU, e.g. 80GiB (replaces the preset's)")
     p.add_argument("--global-batch", type=positive_int, required=True, metavar="SEQS",
                    help="sequences per optimizer step (= dp x micro-batch size x microbatches)")
-    p.add_argument("--seq", type=positive_int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--seq", type=capped_int(1, MAX_SEQ), default=None, help="sequence length (default: the model's)")
     g = p.add_argument_group("links (defaults from the GPU preset)")
     g.add_argument("--intra-bw", type=number_type(0, unit="bytes/s"), default=None, metavar="B/S",
                    help="bus bandwidth per GPU inside a node (bytes/s)")
@@ -56,9 +58,9 @@ def add_parser(sub) -> None:
     s = p.add_argument_group("search limits")
     s.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
     s.add_argument("--tp", type=positive_int, default=None, help="fix the tensor-parallel degree (default: search)")
-    s.add_argument("--pp", type=positive_int, default=None, help="fix the pipeline degree (default: search)")
-    s.add_argument("--max-pp", type=positive_int, default=None, help="largest pipeline degree")
-    s.add_argument("--max-vpp", type=positive_int, default=4, help="largest number of chunks per device (default: 4)")
+    s.add_argument("--pp", type=capped_int(1, MAX_PP), default=None, help="fix the pipeline degree (default: search)")
+    s.add_argument("--max-pp", type=capped_int(1, MAX_PP), default=None, help="largest pipeline degree")
+    s.add_argument("--max-vpp", type=capped_int(1, MAX_VPP), default=4, help="largest number of chunks per device (default: 4)")
     s.add_argument("--max-microbatch-size", type=positive_int, default=8,
                    help="largest micro-batch size in sequences (default: 8)")
     s.add_argument("--schedules", default=None, metavar="A,B",
@@ -68,8 +70,8 @@ def add_parser(sub) -> None:
     s.add_argument("--zero", default="0,1", metavar="0,1", help="ZeRO-1 settings to consider (default: %(default)s)")
     s.add_argument("--reserve", default="2GiB", metavar="SIZE",
                    help="memory kept aside per GPU (CUDA context, allocator) (default: %(default)s)")
-    s.add_argument("--top", type=positive_int, default=5, help="configurations to rank (default: %(default)s)")
-    s.add_argument("--workers", type=positive_int, default=None,
+    s.add_argument("--top", type=capped_int(1, MAX_TOP), default=5, help="configurations to rank (default: %(default)s)")
+    s.add_argument("--workers", type=capped_int(1, MAX_WORKERS), default=None,
                    help="processes that build schedules (default: one per core, at most 2; the result is the same)")
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -112,7 +114,26 @@ def problem_from_args(args):
     from ..tune import Calibration, Problem, gpu_preset, with_overrides
     from ..tune.search import RECOMPUTES
 
+    from ..tune.gpus import check_figure
+
+    for flag, value, kind in (("--gpu-flops", args.gpu_flops, "flops"), ("--intra-bw", args.intra_bw, "bandwidth"),
+                              ("--inter-bw", args.inter_bw, "bandwidth"), ("--intra-latency", args.intra_latency,
+                                                                           "latency"),
+                              ("--inter-latency", args.inter_latency, "latency"),
+                              ("--efficiency", args.efficiency, "efficiency")):
+        if value is not None:
+            check_figure(flag, value, kind)
+    from ..tune.gpus import divisors
+
+    for flag, v in (("--pp", args.pp), ("--tp", args.tp)):  # tp * pp * dp = GPUs: a degree must divide them
+        if v is not None and args.gpus % v:
+            ds = divisors(args.gpus)
+            shown = ", ".join(map(str, ds[:16])) + (", ..." if len(ds) > 16 else "")
+            raise ValueError(f"{flag} {v} does not divide --gpus {args.gpus} (tp x pp x dp = GPUs); give {flag} "
+                             f"among {shown}, or more GPUs")
     model = _resolve_model(args.model)
+    check_at_most(f"--model {args.model}: the layers tune searches", model.layers, MAX_TUNE_LAYERS,
+                  "a smaller num_hidden_layers ('simulate'/'memory --model' take up to the general layer cap)")
     gpu = gpu_preset(args.gpu)
     gpu = with_overrides(gpu, peak_flops=args.gpu_flops,
                          memory=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
@@ -173,15 +194,22 @@ def run(args) -> int:
 
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise ValueError(f"--out {args.out!r} is a file; give a directory")
-    if args.json:
-        res = tune(prob, workers=args.workers)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    try:
+        if args.json:
+            res = tune(prob, workers=args.workers)
+        else:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), transient=True) as bar:
-            task = bar.add_task("tune", total=None)
-            res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
+            with Progress(TextColumn("simulating configurations"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), transient=True) as bar:
+                task = bar.add_task("tune", total=None)
+                res = tune(prob, progress=lambda i, n: bar.update(task, completed=i, total=n), workers=args.workers)
+    except ValueError as e:  # the cost model's internal fields (F, B, W, comm) are not what the user gave
+        if not re.match(r"(F|B|W|comm|overlap)\b", str(e)):
+            raise
+        raise ValueError(f"the figures give job times the cost model cannot use ({str(e).splitlines()[0]}): check "
+                         f"--gpu-flops, --efficiency, --seq, --intra-bw/--inter-bw, --intra-latency/--inter-latency "
+                         f"and the --calibration file's efficiency, achieved_flops and link figures") from None
     written, before, titan = [], [], []
     if args.out is not None:
         from ..tune.launch import replaced, write_plan

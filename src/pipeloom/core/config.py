@@ -443,25 +443,23 @@ def read_config(path: str | os.PathLike) -> tuple[PipeloomConfig, frozenset[str]
     path = os.fspath(path)
     if not path.lower().endswith((".toml", ".json")):
         raise ConfigError(f"{path}: a settings file ends in .toml or .json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (expected TOML or JSON settings)") from None
-    if path.lower().endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    else:
+    from .files import InputFileError, parse_json, read_input
+
+    try:  # bounded, regular files only, every error naming the file (core/files.py)
+        text = read_input(path, "settings file")
+        if path.lower().endswith(".json"):
+            data = parse_json(text, path)
+    except InputFileError as e:
+        raise ConfigError(f"{e} (expected TOML or JSON settings)" if "not a text file" in str(e) else str(e)) from None
+    if not path.lower().endswith(".json"):
         import tomllib
 
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply to be a settings file") from None
     cfg = PipeloomConfig.from_dict(data, where=path)
     if cfg.schedule.plan is not None and not os.path.isabs(cfg.schedule.plan):  # relative to the settings file
         cfg.schedule.plan = os.path.join(os.path.dirname(path), cfg.schedule.plan)

@@ -93,3 +93,50 @@ def check_local_ranks(world: int, *, flag: str = "--allow-oversubscribe") -> Non
         raise LimitError(f"{world} ranks need about {world * RANK_MEMORY_BYTES / 2**30:.1f} GiB of memory "
                          f"({RANK_MEMORY_BYTES // 2**20} MiB each) but {avail / 2**30:.1f} GiB is available; use a "
                          f"smaller pp x dp, torchrun on more machines, or {flag}")
+
+
+# ------------------------------------------------------------------------------------------ input files
+_MiB = 2**20
+
+#: the largest input file pipeloom reads, per kind (bytes; a .gz file's decompressed size): a larger file, or
+#: one that is not a regular file (/dev/zero, a FIFO, a directory), is refused before it is read
+#: (:func:`pipeloom.core.files.read_input`). Each is far above a real file of its kind and far below what
+#: would exhaust memory: ``--model`` pointed at a weights file instead of its config.json is refused at once.
+MAX_FILE_BYTES: dict[str, int] = {
+    # a real config.json is a few KiB (with a vocabulary map inside, a few MiB)
+    "model config": 16 * _MiB,
+    # efficiency, link figures and per-layer times: a few KiB
+    "calibration file": 16 * _MiB,
+    # ``--config``: a pipeloom.toml / .json of a few sections
+    "settings file": 16 * _MiB,
+    # about 10 million jobs as CSV (~25 bytes a job): the MAX_JOBS forward jobs with their B and W
+    "schedule file": 256 * _MiB,
+    # NAME.csv.meta.json beside a torch CSV: the plan's name, shape and builder
+    "schedule meta file": 16 * _MiB,
+    # 256 characters per layer at MAX_LAYERS
+    "layer-cost file": 256 * MAX_LAYERS,
+    # a handful of sizes
+    "op-trace meta file": 16 * _MiB,
+    # a Kineto/Chrome JSON trace, decompressed (read whole: its parsed form takes several times this)
+    "torch profiler trace": 512 * _MiB,
+    # one rank's JSON-lines log (read line by line)
+    "worker log": 8 * 2**30,
+    # an op-level table (.csv/.parquet) as pyarrow reads it
+    "op trace": 8 * 2**30,
+    # the official generators' schedules (``bench/ --reference``): a few hundred KiB
+    "reference file": 256 * _MiB,
+    # ``run --data``: token ids, memory-mapped (never read whole)
+    "token data": 16 * 2**40,
+}
+
+#: GPUs of one ``tune`` problem (``--gpus``): ~16 times the largest published training clusters
+MAX_GPUS = 1_048_576
+#: configurations ``tune`` ranks (``--top``): each one more keeps more of the space from being pruned
+MAX_TOP = 1_000
+#: processes ``tune`` starts to build plans (``--workers``)
+MAX_WORKERS = 256
+#: layers of a model ``tune`` searches (the search grows with the layer count: 1,000 layers take about a
+#: minute on a loaded 2-core machine; published models have at most ~200)
+MAX_TUNE_LAYERS = 1_024
+#: tokens per sequence (``--seq``, ``--seq-len``): 16 M, far above any published context length
+MAX_SEQ = 16_777_216

@@ -29,7 +29,6 @@ hooks add it); others are refused in one line.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -37,6 +36,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from ..core.files import InputFileError, load_json
 from ..models import families as _families
 from ..runtime.tied import Tie
 
@@ -75,11 +75,10 @@ def load_config(spec: str):
     from transformers import AutoConfig
 
     path = config_path(spec)
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise HFModelError(f"--model {spec}: cannot read {path} as JSON ({e})") from None
+    try:  # bounded, every error naming the file
+        raw = load_json(path, "model config")
+    except InputFileError as e:
+        raise HFModelError(f"--model {spec}: {e}") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise HFModelError(f"--model {spec}: {path} has no 'model_type'; a transformers config.json names its "
                            f"model family there (one of: {', '.join(supported())})")

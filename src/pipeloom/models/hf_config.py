@@ -21,10 +21,11 @@ MoE models whose dense/sparse layers alternate (``decoder_sparse_step`` > 1 or a
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from ..core.files import InputFileError, load_json
+from ..core.limits import MAX_LAYERS, check_at_most
 from .config import ModelConfig, ModelConfigError
 from .families import architectures, get
 from .registry import ConfigReader
@@ -40,14 +41,10 @@ def load_hf_config(path: str | os.PathLike) -> tuple[dict, str]:
         p = p / "config.json"
         if not p.is_file():
             raise ModelConfigError(f"{path}: the directory holds no config.json")
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ModelConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    try:  # bounded (a weights file given for its config.json is refused unread), every error naming the file
+        data = load_json(p, "model config")
+    except InputFileError as e:
+        raise ModelConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise ModelConfigError(f"{p}: expected a JSON object (a Hugging Face config.json)")
     return data, str(p)
@@ -78,10 +75,12 @@ def from_hf_config(src: str | os.PathLike | dict, *, name: str | None = None) ->
         raise ModelConfigError(f"{where}: model_type {arch!r} is not supported; supported are: {known}")
     label = name or _default_name(where, cfg)
     try:
-        return family.read(ConfigReader(cfg, where, family), label)
+        model = family.read(ConfigReader(cfg, where, family), label)
     except ModelConfigError as e:
         msg = str(e)
         raise ModelConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    check_at_most(f"{where}: num_hidden_layers", model.layers, MAX_LAYERS)  # the cap of --layers, for every command
+    return model
 
 
 # ------------------------------------------------------------------------------------- resolution

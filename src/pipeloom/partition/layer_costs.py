@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass, field
 from ..core.costs import Costs, MemModel
 from ..models.config import ModelConfig
-from ..core.limits import MAX_LAYERS, check_at_most
+from ..core.files import InputFileError, parse_json, read_input
+from ..core.limits import MAX_FILE_BYTES, MAX_LAYERS, check_at_most
 from .layout import Partition, PartitionError
 
 
@@ -372,48 +372,20 @@ def layer_costs_from_csv(text: str, source: str = "csv") -> LayerCosts:
     return _checked(LayerCosts(tuple(layers), emb, head, source=source))
 
 
-#: the largest layer-cost file read (characters): 256 per layer at the layer cap
-MAX_FILE_CHARS = 256 * MAX_LAYERS
+#: the largest layer-cost file read (bytes): 256 per layer at the layer cap
+MAX_FILE_CHARS = MAX_FILE_BYTES["layer-cost file"]
 
 
 def load_layer_costs(path: str) -> LayerCosts:
     """Read a layer-cost file (.json or .csv; format in the module docstring)."""
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read(MAX_FILE_CHARS + 1)
-    except OSError as e:
-        raise PartitionError(f"cannot read --layer-costs {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise PartitionError(f"--layer-costs {path}: not a text file (not UTF-8); expected .json or .csv layer "
-                             f"costs (see pipeloom partition --help)") from None
-    if len(text) > MAX_FILE_CHARS:
-        raise PartitionError(f"--layer-costs {path}: larger than {MAX_FILE_CHARS:,} characters, more than "
-                             f"{MAX_LAYERS:,} layers can need")
-    if str(path).lower().endswith(".csv") or not text.lstrip().startswith(("{", "[")):
-        try:
-            return layer_costs_from_csv(text, source=str(path))
-        except csv.Error as e:
-            raise PartitionError(f"--layer-costs {path}: not a readable CSV file ({e})") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except json.JSONDecodeError as e:
-        raise PartitionError(f"--layer-costs {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except _DuplicateKey as e:
-        raise PartitionError(f"--layer-costs {path}: key {e.args[0]!r} is given twice in one object; give it once") \
-            from None
-    except RecursionError:
-        raise PartitionError(f"--layer-costs {path}: nested too deeply to be a layer-cost file") from None
+    try:  # bounded; not a regular file, not UTF-8, bad JSON, too deep, a key twice: one line naming the file
+        text = read_input(path, "layer-cost file")
+        if str(path).lower().endswith(".csv") or not text.lstrip().startswith(("{", "[")):
+            try:
+                return layer_costs_from_csv(text, source=str(path))
+            except csv.Error as e:
+                raise PartitionError(f"--layer-costs {path}: not a readable CSV file ({e})") from None
+        data = parse_json(text, f"--layer-costs {path}")
+    except InputFileError as e:
+        raise PartitionError(str(e) if str(e).startswith("--layer-costs") else f"--layer-costs: {e}") from None
     return layer_costs_from_dict(data, source=str(path))
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicate_keys(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out

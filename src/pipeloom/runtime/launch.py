@@ -169,9 +169,30 @@ def _stash_args(fn: Callable, args: tuple) -> str | None:
     return path
 
 
+def _start(procs: list) -> None:
+    """Start every rank; a rank whose interpreter cannot run or exits before reading its start-up data (the
+    parent's write into its pipe then fails: EPIPE) is a :class:`RankFailure` saying so, never a bare
+    "Broken pipe". The ranks already started are stopped."""
+    for r, p in enumerate(procs):
+        try:
+            p.start()
+        except OSError as e:
+            import multiprocessing.spawn as _spawn
+
+            for q in procs[:r + 1]:
+                if getattr(q, "_popen", None) is not None:
+                    if q.is_alive():
+                        q.kill()
+                    q.join(timeout=5)
+            code = p.exitcode if getattr(p, "_popen", None) is not None else None
+            how = f" ({_exit_text(code)})" if code is not None else ""
+            raise RankFailure(r, f"rank {r}'s process could not start: the interpreter {_spawn.get_executable()} "
+                                 f"ended before reading its start-up data{how} ({e.strerror or one_line(e)}); "
+                                 f"check that it runs and can import pipeloom and torch") from None
+
+
 def _run_ranks(procs: list, q, world_size: int, grace_s: float, total_timeout_s: float | None) -> Any:
-    for p in procs:
-        p.start()
+    _start(procs)
     results: dict[int, Any] = {}
     errors: list[tuple[int, str, str]] = []
     # no overall limit by default: a healthy run may take any time; a dead rank is seen by its exit

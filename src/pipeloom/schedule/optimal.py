@@ -226,7 +226,7 @@ OPTIONS = (
            help="split = B and W jobs, bw = fused backward"),
     Option(name="workers", type="int", min=1, max=256, default=None,
            help="CP-SAT search workers (default: CPUs, at most 8)"),
-    Option(name="seed", type="int", default=0, help="solver random seed"),
+    Option(name="seed", type="int", default=0, min=0, max=2**31 - 1, help="solver random seed (CP-SAT's is 32-bit)"),
     Option(name="allow_large", type="bool", default=False, help=f"solve above {MAX_JOBS} jobs"),
     Option(name="hints", type="bool", default=True, help="also start from the other builders' schedules"),
     Option(name="formulation", type="choice", choices=("auto", "interval", "time", "both"), default="auto",

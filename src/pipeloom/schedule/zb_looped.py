@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..core.errors import ScheduleError
+from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from ..core.ir import Job, Kind, Placement, make_schedule
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
@@ -399,15 +400,16 @@ def _policy_text(pol) -> str:
 
 #: the options ``zbvpp`` reads
 OPTIONS = (
-    Option(name="budget", type="int", min=0, default=DEFAULT_BUDGET, help="job placements for the greedy policy search"),
-    Option(name="template_budget", type="int", min=0, default=DEFAULT_TEMPLATE_BUDGET,
+    Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_BUDGET,
+           help="job placements for the greedy policy search"),
+    Option(name="template_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_TEMPLATE_BUDGET,
            help="job placements for the template passes (at least one runs)"),
-    Option(name="pull_budget", type="int", min=0, default=DEFAULT_PULL_BUDGET,
+    Option(name="pull_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=DEFAULT_PULL_BUDGET,
            help="job placements for the cool-down variants of the best template passes"),
     Option(name="bound", type="bool", default=True,
            help=f"compute the proven lower bound into the plan's meta (shapes of at most {BOUND_MAX_JOBS} jobs; "
                 "about three quarters of a default plan's time; false skips it, e.g. in sweeps)"),
-    Option(name="polish", type="float", min=0, default=None,
+    Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
            help=f"CP-SAT deterministic seconds of polish on shapes of at most {LNS_MAX_JOBS} jobs (0 = off; "
                 f"default with effort=high {DEFAULT_POLISH:g} up to {DEFAULT_POLISH_MAX_JOBS} jobs, else 0; above "
                 f"{POLISH_MAX_JOBS} jobs a tail-window search)"),

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.files import check_input, read_input
+
 REQUIRED = ("dp_rank", "stage", "step", "optype", "start_ts", "duration")
 OPTIONAL = ("rank", "seq_id", "mc", "gmc", "mb_id")
 COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "gmc", "mb_id")
@@ -134,8 +136,7 @@ def is_op_trace(path: str) -> bool:
 def load_meta(path: str) -> dict:
     """The sizes (and optional ``time_unit``) from a YAML or JSON meta file."""
     try:
-        with open(path) as fh:
-            text = fh.read()
+        text = read_input(path, "op-trace meta file")  # bounded, regular files only (core/files.py)
     except OSError as e:
         raise OpTraceError(f"cannot read meta file {path}: {e.strerror}") from None
     try:
@@ -183,6 +184,7 @@ def _read_table(path: str):
     except ImportError:  # pragma: no cover - pyarrow is a declared extra
         raise OpTraceError(f"reading {path} needs pyarrow (pip install 'pipeloom[arrow]')") from None
     low = path.lower()
+    check_input(path, "op trace")  # a regular file under the cap (core/files.py)
     try:
         if low.endswith((".parquet", ".pq")):
             schema = pq.read_schema(path)

@@ -27,6 +27,7 @@ import re
 import statistics
 from collections import defaultdict
 
+from ..core.files import check_input
 from ..core.ir import Placement, Schedule
 from ..core.errors import ScheduleFormatError
 from ..core.costs import Costs
@@ -102,6 +103,7 @@ def parse_file(path: str, machine: int | None, file_rank: int) -> RankLog:
     log = RankLog(path=path, rank=file_rank, machine=machine or 0, local_rank=file_rank)
     starts, stops = [], []
     text_jobs: list[tuple[str, int, int | None, float, float]] = []
+    check_input(path, "worker log")  # a regular file under the cap (core/files.py)
     try:
         fh = open(path, "rb")
     except OSError as e:

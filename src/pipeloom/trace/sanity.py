@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from ..core.files import check_input
 from .run import LogError, RunLog
 
 #: a rank's step window may start at most this many median step lengths away from the others' (and at
@@ -37,6 +38,7 @@ SNIFF_BYTES = 8192
 def check_files(paths: list[str]) -> None:
     """Refuse a 'worker log' that is binary data (NUL bytes, or mostly not UTF-8)."""
     for p in paths:
+        check_input(p, "worker log")  # a regular file under the cap, before it is opened (core/files.py)
         try:
             with open(p, "rb") as f:
                 head = f.read(SNIFF_BYTES)

@@ -30,11 +30,11 @@ same stages form one pipeline rank (``pp_rank`` = the lowest stage they ran) and
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import os
 import re
 
+from ..core.files import read_input
 from ..core.ir import Placement, Schedule, device_of
 from .run import LogError, LogJob, RankLog
 
@@ -52,10 +52,9 @@ _TRACE_NAME = re.compile(r"\.json(\.gz)?$", re.I)
 
 def load_trace(path: str) -> dict:
     """One torch profiler trace (Chrome/Kineto JSON, plain or .gz) as a dict; a one-line LogError otherwise."""
+    text = read_input(path, "torch profiler trace", gzip_ok=True)  # bounded, regular files only (core/files.py)
     try:
-        opener = gzip.open if path.lower().endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(text)
     except (OSError, EOFError) as e:
         raise LogError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     except (ValueError, UnicodeDecodeError) as e:

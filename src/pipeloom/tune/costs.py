@@ -35,13 +35,13 @@ Optimizer
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 
+from ..core.files import InputFileError, load_json
 from ..models import flops as _flops
 from ..models.config import ModelConfig
-from .gpus import GPU, GPUError, Link, with_overrides
+from .gpus import GPU, GPUError, Link, check_figure, with_overrides
 
 #: bytes per value: activations and TP/PP traffic in bf16, DP gradients in fp32
 ACT_BYTES = 2
@@ -176,7 +176,18 @@ class Calibration:
             if not isinstance(data["measured"], dict):
                 raise CalibrationError(f"{source}: measured must be a JSON object")
             kw["measured"] = data["measured"]
-        return cls(**kw)
+        cal = cls(**kw)  # its own checks first
+        try:  # plausible ranges (tune/gpus.py FIGURE_RANGES): a typo or an impossible measurement stops here
+            for key, v, kind in ([("efficiency", kw.get("efficiency"), "efficiency"),
+                                  ("hbm_bandwidth", kw.get("hbm_bandwidth"), "bandwidth"),
+                                  ("achieved_flops", kw.get("achieved_flops"), "flops")]
+                                 + [(f"{k}.{f}", getattr(kw[k], f), f) for k in ("intra", "inter") if k in kw
+                                    for f in ("bandwidth", "latency")]):
+                if v is not None:
+                    check_figure(f"{source}: {key}", v, kind)
+        except GPUError as e:
+            raise CalibrationError(str(e)) from None
+        return cal
 
     def ran_on(self, gpu: GPU) -> bool:
         """True when the measured run's device is ``gpu`` (a CUDA device whose name holds the preset's
@@ -195,6 +206,11 @@ class Calibration:
             return self, gpu
         dev = self.device or {"type": "?", "name": "?"}
         if self.ran_on(gpu):
+            if self.achieved_flops > 1.05 * gpu.peak_flops:  # 5%: the datasheet's rounding, a boost clock
+                raise CalibrationError(f"{self.source}: achieved_flops = {self.achieved_flops:.4g} FLOP/s measured on "
+                                       f"{dev['name']} is {self.achieved_flops / gpu.peak_flops:.3g} x the {gpu.name} "
+                                       f"peak of {gpu.peak_flops:.4g}; a run cannot beat its GPU's peak: measure again "
+                                       f"or give --gpu")
             eff = min(1.0, self.achieved_flops / gpu.peak_flops)
             note = (f"measured on {dev['name']}: efficiency = {self.achieved_flops:.4g} FLOP/s / the {gpu.name} "
                     f"peak {gpu.peak_flops:.4g} = {eff:.4g}")
@@ -207,12 +223,10 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str) -> "Calibration":
-        with open(path) as fh:
-            text = fh.read()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CalibrationError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        try:  # bounded; not UTF-8, invalid JSON, too deep, a key given twice: one line naming the file
+            data = load_json(path, "calibration file")
+        except InputFileError as e:
+            raise CalibrationError(str(e)) from None
         return cls.from_dict(data, source=path)
 
     def to_dict(self) -> dict:

@@ -96,4 +96,42 @@ def with_overrides(gpu: GPU, **kw) -> GPU:
     return replace(gpu, intra=intra, inter=inter, **fields)
 
 
-__all__ = ["GPU", "GPUError", "GPUS", "GiB", "Link", "MiB", "gpu_preset", "with_overrides"]
+#: the plausible range of each hardware figure a user or a calibration file gives (low, high, unit): wide
+#: enough for any CPU or accelerator of the next decades, narrow enough that a typo (1e-300, 1e30) is caught
+#: before it turns into times that overflow the cost model
+FIGURE_RANGES: dict[str, tuple[float, float, str]] = {
+    "flops": (1e6, 1e18, "FLOP/s"),          # a slow CPU core .. 1000 x an H100
+    "bandwidth": (1e3, 1e15, "bytes/s"),     # 1 KB/s (a loaded CPU run's gloo P2P is ~1e7) .. 1 PB/s
+    "latency": (0.0, 10.0, "s"),             # per message
+    "efficiency": (1e-4, 1.0, "of peak"),
+}
+
+
+def check_figure(label: str, value: float, kind: str) -> float:
+    """``value`` when it lies in :data:`FIGURE_RANGES` ``[kind]``, else a one-line :class:`GPUError` naming
+    ``label`` (the option or calibration key) and the range."""
+    lo, hi, unit = FIGURE_RANGES[kind]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= value <= hi):
+        shown = f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        raise GPUError(f"{label} = {shown} is outside the plausible range {lo:g} to {hi:g} {unit}")
+    return float(value)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1 in increasing order, by trial division up to sqrt(n) (a million steps for
+    n = 10^12, where counting to n never ends)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise GPUError(f"divisors of {n!r}: need an integer >= 1")
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+__all__ = ["FIGURE_RANGES", "GPU", "GPUError", "GPUS", "GiB", "Link", "MiB", "check_figure", "divisors", "gpu_preset",
+           "with_overrides"]

@@ -41,7 +41,7 @@ from ..sim.simulate import memory_profile, simulate
 from .costs import (ACT_BYTES, GRAD_BYTES, PARAM_BYTES, Calibration, all_gather, all_reduce, head_times,
                     layer_times, p2p, reduce_scatter, step_model_flops)
 from .bounds import step_bound
-from .gpus import GPU
+from .gpus import GPU, divisors
 
 RECOMPUTES = ("none", "selective", "full")
 PARTITIONS = ("uniform", "balanced")
@@ -192,7 +192,7 @@ class TuneResult:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return divisors(n)  # tune/gpus.py: up to sqrt(n), not n
 
 
 def builder_vpps(name: str, pp: int, layers: int, max_vpp: int) -> list[int]:
@@ -688,9 +688,11 @@ def _pool(workers: int | None):
     if workers <= 1:
         return None
     import multiprocessing
+    import signal
 
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn").Pool(workers)
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn").Pool(  # Ctrl-C is the parent's to handle
+        workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
 
 
 def _build_ahead(space: _Space, batch: list[Config], pool) -> None:

@@ -14,9 +14,10 @@ Every error names the file; files are written whole or not at all.
 from __future__ import annotations
 
 import csv
+import re
 
 from ...core.errors import ScheduleFormatError
-from ...core.files import write_text
+from ...core.files import InputFileError, load_json, read_input, write_text
 from ...core.ir import Schedule
 from . import native
 
@@ -27,15 +28,13 @@ META_SUFFIX = ".meta.json"
 
 
 def read_text(path: str) -> str:
-    """The file as text; a one-line :class:`ScheduleFormatError` naming it when it cannot be read."""
+    """The file as text (at most the schedule-file cap); a one-line :class:`ScheduleFormatError` naming it when
+    it cannot be read."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise ScheduleFormatError(f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ScheduleFormatError(f"cannot read {path}: not a text file (expected a schedule as UTF-8 JSON "
-                                  f"or CSV, as written by 'pipeloom plan -o')") from None
+        return read_input(path, "schedule file")
+    except InputFileError as e:
+        raise ScheduleFormatError(f"{e} (expected a schedule as UTF-8 JSON or CSV, as written by "
+                                  f"'pipeloom plan -o')") from None
 
 
 def parse(text: str, name: str = "") -> Schedule:
@@ -46,7 +45,8 @@ def parse(text: str, name: str = "") -> Schedule:
         return native.from_json(text)
     from . import torch_csv  # only when a CSV is read: keeps `pipeloom --help` and plain plans quick to start
 
-    if torch_csv.looks_like_torch_csv(text):
+    if torch_csv.looks_like_torch_csv(text) or re.match(r"\s*(\d+\s*[A-Za-z_]|\()", body):
+        # a torch action list, malformed or not: torch's errors
         return _with_sidecar(torch_csv.from_torch_csv(text), name)
     return native.from_csv(text)
 
@@ -64,18 +64,15 @@ def sidecar_text(schedule: Schedule) -> str:
 def _with_sidecar(sched: Schedule, path: str) -> Schedule:
     """``sched`` (read from torch's CSV at ``path``) with the name and meta of ``path + META_SUFFIX``, if there."""
     import dataclasses
-    import json
     import os
 
     side = str(path) + META_SUFFIX
     if not path or not os.path.isfile(side):
         return sched
-    try:
-        with open(side, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ScheduleFormatError(f"{side} (what the plan was made with) is unreadable: {e}; delete it or write the "
-                                  f"CSV again") from None
+    try:  # bounded, every error naming the file (core/files.py)
+        data = load_json(side, "schedule meta file")
+    except InputFileError as e:
+        raise ScheduleFormatError(f"{e} (what the plan was made with); delete it or write the CSV again") from None
     if not isinstance(data, dict) or not isinstance(data.get("meta", {}), dict):
         raise ScheduleFormatError(f"{side}: expected a JSON object with name, pp, vpp, microbatches and meta")
     shape = (data.get("pp"), data.get("vpp"), data.get("microbatches"))

@@ -14,6 +14,7 @@ import json
 from typing import Sequence
 
 from ...core.errors import ScheduleFormatError
+from ...core.files import InputFileError, parse_json
 from ...core.ir import Job, Placement, Schedule, device_of, job_strings
 
 #: the most jobs a schedule file may describe (header shape: pp x vpp x microbatches forward jobs)
@@ -93,12 +94,10 @@ def from_dict(data: dict) -> Schedule:
 
 
 def from_json(text: str) -> Schedule:
-    try:
-        data = json.loads(text.removeprefix("\ufeff"))
-    except json.JSONDecodeError as e:
-        raise ScheduleFormatError(f"not valid JSON: {e}") from None
-    except RecursionError:
-        raise ScheduleFormatError("not valid JSON: nested too deeply") from None
+    try:  # invalid JSON, too deep, a number of thousands of digits, a key twice: one line
+        data = parse_json(text.removeprefix("\ufeff"), "schedule JSON")
+    except InputFileError as e:
+        raise ScheduleFormatError(str(e)) from None
     if not isinstance(data, dict):
         raise ScheduleFormatError("schedule JSON must be an object with a 'devices' list")
     return from_dict(data)

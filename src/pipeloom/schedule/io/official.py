@@ -7,13 +7,12 @@ local chunk 1 is global chunk 2pp-1-d (V placement); one-chunk generators use ch
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import re
 from pathlib import Path
 
 from ...core.costs import Costs
+from ...core.files import load_json
 from ...core.ir import Job, Kind, Placement, Schedule, device_of, make_schedule
 
 _JOB = re.compile(r"^(BW|F|B|W)(\d+)c(\d+)$")
@@ -46,8 +45,7 @@ def load_reference(path: Path | str | None = None) -> dict | None:
     p = Path(path) if path else reference_path()
     if p is None or not p.is_file():
         return None
-    with (gzip.open(p, "rt") if p.suffix == ".gz" else open(p)) as f:
-        return json.load(f)
+    return load_json(p, "reference file", gzip_ok=True)  # bounded, every error naming the file (core/files.py)
 
 
 def case_costs(case: dict) -> Costs:
