@@ -368,7 +368,7 @@ def _fake_tune_result(n_cfg: int = 3):
     return NS(problem=prob, configs=[cfg] * n_cfg, searched=123456789, simulations=1234567, cache_hits=7654321,
               seconds=1234.5, pruned={"bound: step-time lower bound above the top results": 123456789,
                                       "memory: weights + optimizer + one microbatch over the GPU": 7},
-              best=NS(to_dict=lambda: {"megatron_layout": None}), explain={})
+              best=NS(pp=1, seg_layer_num=(126,), to_dict=lambda: {"megatron_layout": None}), explain={})
 
 
 def test_tune_table_never_cuts_numbers_in_a_pipe(capsys, monkeypatch):
