@@ -61,11 +61,11 @@ def test_pure_python_switch(monkeypatch):
 def test_bad_arguments_raise_not_crash():
     prob = g.make_problem(2, 2, 2, Placement.V, g.Costs(), MemModel(), None)
     with pytest.raises(ValueError):
-        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), ((1.0,),) * 7 + ((0, 1, 1, 0),),
+        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), ((1.0,),) * 8 + ((0, 1, 1, 0),),
                              ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
                              (False, True, False, 0.0, False, -1), g.Job, g._KINDS)
     with pytest.raises(ValueError):  # chunk index out of range
-        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.a,
-                                                    prob.b, (0, 1, 1, 7)),
+        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF,
+                                                    prob.mB, prob.mW, (0, 1, 1, 7)),
                              ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
                              (False, True, False, 0.0, False, -1), g.Job, g._KINDS)

@@ -132,7 +132,8 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     """
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm, a, bfree = prob.fcomm, prob.bcomm, prob.a, prob.b
+    fcomm, bcomm = prob.fcomm, prob.bcomm
+    a, mB, mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules): F +a, B -b, W -(a-b)
     limit = prob.limit + _EPS
     last = nc - 1
     fe = [[-1.0] * m for _ in range(nc)]
@@ -208,7 +209,7 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
             mb, c = pend[d][phead[d]]
             phead[d] += 1
             e = T + dW[c]
-            mem[d] -= a[c] - bfree[c]
+            mem[d] += mW[c]
             job = Job(_KW, mb, c)
         else:
             job = orders[d][ptr[d]]
@@ -223,7 +224,7 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
             else:
                 e = T + dB[c]
                 be[c][mb] = e
-                mem[d] -= bfree[c]
+                mem[d] += mB[c]
                 pend[d].append((mb, c))
         if not seqs[d]:
             starts[d] = T

@@ -151,7 +151,8 @@ static PyObject *list_of_doubles(const double *x, Py_ssize_t n) {
 
 /* run_pass(shape, chunk_arrays, device_arrays, policy, job_type, kinds)
  *   shape        = (pp, vpp, m, limit, eps)
- *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, a, bfree, dev)            each of length nc = pp*vpp
+ *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, mF, mB, mW, dev)          each of length nc = pp*vpp;
+ *                  mF/mB/mW: the memory change of F/B/W per chunk (pipeloom.core.rules.memory_deltas)
  *   device_arrays= (first, capd, need, bord, ford)                       bord/ford: pp*vpp chunks
  *   policy       = (reserve, b_first, fill_always, lookahead, h_warm, warmup or -1)
  * -> None on deadlock, else (seqs, order_bytes, t, peak, start0)
@@ -160,13 +161,13 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     (void)self;
     int pp, vpp, m;
     double limit, eps;
-    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_dev;
+    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_w, *o_dev;
     PyObject *o_first, *o_capd, *o_need, *o_bord, *o_ford;
     int reserve, b_first, fill_always, h_warm, warm;
     double look;
     PyObject *job_type, *kinds;
-    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
-                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
+    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
+                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_w, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
                           &reserve, &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
         return NULL;
     if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
@@ -188,7 +189,7 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     const double INF = HUGE_VAL;
 
     PyObject *result = NULL;
-    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *bfree = NULL;
+    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *mB = NULL, *mW = NULL;
     double *capd = NULL, *need = NULL;
     long *dev = NULL, *first = NULL, *bord = NULL, *ford = NULL;
     double *fe = NULL, *be = NULL, *t = NULL, *mem = NULL, *resv = NULL, *peak = NULL, *key = NULL,
@@ -204,8 +205,8 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
 
     if (!(dF = as_doubles(o_dF, nc, "dF")) || !(dB = as_doubles(o_dB, nc, "dB")) ||
         !(dW = as_doubles(o_dW, nc, "dW")) || !(fcomm = as_doubles(o_fc, nc, "fcomm")) ||
-        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "a")) ||
-        !(bfree = as_doubles(o_b, nc, "b")) || !(dev = as_longs(o_dev, nc, "dev")) ||
+        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "mF")) ||
+        !(mB = as_doubles(o_b, nc, "mB")) || !(mW = as_doubles(o_w, nc, "mW")) || !(dev = as_longs(o_dev, nc, "dev")) ||
         !(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
         !(need = as_doubles(o_need, pp, "need")) || !(bord = as_longs(o_bord, nc, "bord")) ||
         !(ford = as_longs(o_ford, nc, "ford")))
@@ -387,8 +388,8 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             nb[c] = mb + 1;
             e = T + dB[c];
             be[c * m + mb] = e;
-            mem[d] -= bfree[c];
-            resv[d] -= bfree[c];
+            mem[d] += mB[c];
+            resv[d] += mB[c];
             started_b[d] = 1;
             Py_ssize_t slot = (Py_ssize_t)d * m * vpp + pt[d];
             if (pt[d] >= (long)m * vpp) {
@@ -419,9 +420,9 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             c = pend_c[slot];
             ph[d] += 1;
             e = T + dW[c];
-            double fr = a[c] - bfree[c];
-            mem[d] -= fr;
-            resv[d] -= fr;
+            double fr = mW[c];
+            mem[d] += fr;
+            resv[d] += fr;
         }
         if (cnt[d] >= per_dev) {
             PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
@@ -501,7 +502,7 @@ done:
         for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
         free(ints);
     }
-    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(bfree); free(capd); free(need);
+    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(mB); free(mW); free(capd); free(need);
     free(dev); free(first); free(bord); free(ford);
     free(fe); free(be); free(t); free(mem); free(resv); free(peak); free(key); free(start0);
     free(nf); free(nb); free(nfwd); free(started_b); free(cnt);
@@ -559,7 +560,7 @@ static PyObject *proven_valid(PyObject *self, PyObject *args) {
     double *a = NULL, *b = NULL;
     long long *rk = NULL;
     PyObject *devs = NULL, *wits = NULL;
-    if (!(home = as_longs(o_home, nc, "home")) || !(a = as_doubles(o_a, nc, "a")) || !(b = as_doubles(o_b, nc, "b")))
+    if (!(home = as_longs(o_home, nc, "home")) || !(a = as_doubles(o_a, nc, "mF")) || !(b = as_doubles(o_b, nc, "b")))
         goto fail;
     devs = PySequence_Fast(devices, "devices");
     wits = PySequence_Fast(witness, "witness");

@@ -91,14 +91,22 @@ class Timing:
     total: float
 
 
+def duration_table(nc: int, dF: Sequence[float], dB: Sequence[float], dW: Sequence[float]) -> list[float]:
+    """:func:`pipeloom.core.rules.durations` flattened in the kernel's slot order (``k * nc + c``), for callers
+    that time many orders of one shape (pass it as ``durations``)."""
+    table = rules.durations(nc, dF, dB, dW)
+    return [float(table[k][c]) for k in KINDS for c in range(nc)]
+
+
 def time_order(devices: Sequence[Sequence[Job]], m: int, tables: Rules, *,
-               durations: Mapping[Kind, Sequence[float]] | None = None,
+               durations: Mapping[Kind, Sequence[float]] | list[float] | None = None,
                job_durations: Sequence[Sequence[float]] | None = None,
                pairs: Mapping[tuple[int, int], tuple[float, float, float]] | None = None,
                delays: Sequence[Sequence[float]] | None = None) -> Timing:
     """Time ``devices`` (per device the job list, run in order; see the module docstring).
 
-    Durations: ``durations[kind][chunk]`` (e.g. :func:`pipeloom.core.rules.durations`) or
+    Durations: ``durations[kind][chunk]`` (e.g. :func:`pipeloom.core.rules.durations`; or that table
+    flattened by :func:`duration_table`) or
     ``job_durations[d][i]`` per job. ``pairs[(d, i)] = (p1, p2, p3)``: the jobs at ``i`` and
     ``i + 1`` of device ``d`` run as one overlapped pair ending at ``start + p1 + p2 - p3``
     (ignored for the last job of a list). ``delays[d][i]`` is idle inserted right before a job.
@@ -108,7 +116,9 @@ def time_order(devices: Sequence[Sequence[Job]], m: int, tables: Rules, *,
     if (durations is None) == (job_durations is None):
         raise ValueError("time_order: give durations (per kind and chunk) or job_durations (per job), not both")
     nc = tables.nc
-    if durations is not None:
+    if isinstance(durations, list):
+        dur_tab = durations
+    elif durations is not None:
         dur_tab = [float(durations[k][c]) for k in KINDS for c in range(nc)]
     if accelerated():
         out = ext.time_order(devices, KINDS, m, nc, tables.needs, tables.produces,

@@ -53,6 +53,7 @@ from . import vblock as _vblock
 from ...core import rules
 from ...core.errors import DeadlockError
 from ...core.ir import Job, Kind, Placement, device_of, make_schedule
+from ...sim import kernel
 from ...sim.simulate import simulate
 
 from .accel import accelerated, ext as _accel
@@ -86,6 +87,23 @@ class Problem:
     local: tuple[tuple[int, ...], ...] = ()
     need: tuple[float, ...] = ()
     """per device: memory one microbatch holds on it at its peak (sum of a over its chunks)"""
+    tables: kernel.Rules | None = field(default=None, compare=False, repr=False)
+    """the timing kernel's rule tables for this shape, placement and comm (derived)"""
+    dur_table: list[float] | None = field(default=None, compare=False, repr=False)
+    """the kernel's duration table (:func:`pipeloom.sim.kernel.duration_table`; derived)"""
+    mF: tuple[float, ...] = field(default=(), compare=False, repr=False)
+    """memory change of F per chunk (:func:`pipeloom.core.rules.memory_delta`: +a; derived)"""
+    mB: tuple[float, ...] = field(default=(), compare=False, repr=False)
+    """memory change of B per chunk (-b; derived)"""
+    mW: tuple[float, ...] = field(default=(), compare=False, repr=False)
+    """memory change of W per chunk (-(a-b); derived)"""
+
+    def __post_init__(self) -> None:  # derived again by every dataclasses.replace (e.g. other durations)
+        object.__setattr__(self, "tables", kernel.Rules.make(self.pp, self.nc, self.placement, self.comm))
+        object.__setattr__(self, "dur_table", kernel.duration_table(self.nc, self.dF, self.dB, self.dW))
+        md = rules.memory_deltas(len(self.a), self.a, self.b)
+        for name, k in (("mF", Kind.F), ("mB", Kind.B), ("mW", Kind.W)):
+            object.__setattr__(self, name, tuple(md[k]))
 
     @property
     def nc(self) -> int:
@@ -196,7 +214,7 @@ def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
     capd, b_order, f_order = _pass_inputs(prob, pol)
     out = _accel.run_pass(
         (prob.pp, prob.vpp, prob.m, prob.limit + _EPS, _EPS),
-        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.a, prob.b, prob.dev),
+        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF, prob.mB, prob.mW, prob.dev),
         ([loc[0] for loc in prob.local], capd, prob.need, [c for o in b_order for c in o],
          [c for o in f_order for c in o]),
         (pol.admit == "reserve", pol.b_first, pol.w_fill == "always", float(pol.lookahead), pol.h_warm,
@@ -221,7 +239,7 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
     fcomm, bcomm = prob.fcomm, prob.bcomm
-    a, bfree, dev = prob.a, prob.b, prob.dev
+    a, mB, mW, dev = prob.mF, prob.mB, prob.mW, prob.dev  # memory rule (core.rules): F +a, B -b, W -(a-b)
     limit = prob.limit + _EPS
     capd, b_order, f_order = _pass_inputs(prob, pol)
     reserve = pol.admit == "reserve"
@@ -383,8 +401,8 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
             nb[c] = mb + 1
             e = T + dB[c]
             be[c][mb] = e
-            mem[d] -= bfree[c]
-            resv[d] -= bfree[c]
+            mem[d] += mB[c]
+            resv[d] += mB[c]
             started_b[d] = True
             pend[d].append((mb, c))
             if c:
@@ -400,9 +418,9 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
         else:
             mb, c = pend[d].popleft()
             e = T + dW[c]
-            fr = a[c] - bfree[c]
-            mem[d] -= fr
-            resv[d] -= fr
+            fr = mW[c]
+            mem[d] += fr
+            resv[d] += fr
             job = new(Job, (KW, mb, c))
         if not seqs[d]:
             start0[d] = T
@@ -701,14 +719,7 @@ def result_of(prob: Problem, seqs: list[list[Job]], policy) -> PassResult | None
 
 
 def _peaks(prob: Problem, seqs) -> list[float]:
-    out = []
-    for seq in seqs:
-        cur = pk = 0.0
-        for k, _, c in seq:
-            cur += prob.a[c] if k is _KF else (-prob.b[c] if k is _KB else prob.b[c] - prob.a[c])
-            pk = max(pk, cur)
-        out.append(pk)
-    return out
+    return [rules.peak_memory(seq, prob.a, prob.b)[0] for seq in seqs]
 
 
 def _stage_bubble(prob: Problem, seqs, ends, starts) -> float:
@@ -753,79 +764,20 @@ def evaluate_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, list[flo
 
 
 def time_seqs(prob: Problem, seqs: list[list[Job]], detail: bool = False):
-    """(makespan, sum of job ends) of B/W-split job lists; None on deadlock.
+    """(makespan, sum of job ends) of job lists timed by the kernel (:func:`pipeloom.sim.kernel.time_order`,
+    the simulator's rules); None on deadlock.
 
-    Same timing rules as :func:`pipeloom.sim.simulate.simulate`, specialised for the local search.
     With ``detail``: (makespan, sum of ends, per-device end of the last job, per-device start
     of the first job).
     """
-    pp, m, nc = prob.pp, prob.m, prob.nc
-    dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm = prob.fcomm, prob.bcomm
-    last = nc - 1
-    fend = [-1.0] * (nc * m)
-    bend = [-1.0] * (nc * m)
-    ptr = [0] * pp
-    free = [0.0] * pp
-    first = [0.0] * pp
-    total = 0.0
-    progress = True
-    remaining = sum(len(s) for s in seqs)
-    while progress and remaining:
-        progress = False
-        for d in range(pp):
-            seq = seqs[d]
-            i = ptr[d]
-            n = len(seq)
-            tf = free[d]
-            while i < n:
-                k, mb, c = seq[i]
-                idx = c * m + mb
-                if k is _KF:
-                    if c:
-                        e = fend[idx - m]
-                        if e < 0:
-                            break
-                        r = e + fcomm[c]
-                    else:
-                        r = 0.0
-                    s = tf if tf > r else r
-                    tf = s + dF[c]
-                    fend[idx] = tf
-                elif k is _KB:
-                    r = fend[idx]
-                    if r < 0:
-                        break
-                    if c != last:
-                        e = bend[idx + m]
-                        if e < 0:
-                            break
-                        e += bcomm[c]
-                        if e > r:
-                            r = e
-                    s = tf if tf > r else r
-                    tf = s + dB[c]
-                    bend[idx] = tf
-                else:
-                    r = bend[idx]
-                    if r < 0:
-                        break
-                    s = tf if tf > r else r
-                    tf = s + dW[c]
-                if not i:
-                    first[d] = s
-                total += tf
-                i += 1
-            if i != ptr[d]:
-                progress = True
-                remaining -= i - ptr[d]
-                ptr[d] = i
-                free[d] = tf
-    if remaining:
+    try:
+        tm = kernel.time_order(seqs, prob.m, prob.tables, durations=prob.dur_table)
+    except DeadlockError:
         return None
     if detail:
-        return max(free), total, free, first
-    return max(free), total
+        return (tm.makespan, tm.total, [e[-1] if e else 0.0 for e in tm.end],
+                [s[0] if s else 0.0 for s in tm.start])
+    return tm.makespan, tm.total
 
 
 def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[list[Job]]:
@@ -834,7 +786,6 @@ def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[l
     A swap is tried only when the two jobs do not depend on each other and the device's
     memory stays within the limit; each candidate is re-timed with :func:`time_seqs`.
     """
-    a, bfree = prob.a, prob.b
     limit = prob.limit + _EPS
     seqs = [list(s) for s in seqs]
     cur = time_seqs(prob, seqs)
@@ -842,9 +793,11 @@ def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[l
         return seqs
     evals = 0
 
+    table = rules.memory_deltas(prob.nc, prob.a, prob.b)
+
     def delta(job):
         k, _, c = job
-        return a[c] if k is _KF else (-bfree[c] if k is _KB else bfree[c] - a[c])
+        return table[k][c]
 
     improved = True
     while improved and evals < max_evals:
@@ -885,16 +838,17 @@ def insertion_search(prob: Problem, seqs: list[list[Job]], max_evals: int, windo
     may be worse), and slower: opt-in via the ``insert_budget`` option of the V-shape builders.
     Deterministic (fixed scan order).
     """
-    a, bfree = prob.a, prob.b
     limit = prob.limit + _EPS
     seqs = [list(s) for s in seqs]
     cur = time_seqs(prob, seqs)
     if cur is None:
         return seqs
 
+    table = rules.memory_deltas(prob.nc, prob.a, prob.b)
+
     def delta(job):
         k, _, c = job
-        return a[c] if k is _KF else (-bfree[c] if k is _KB else bfree[c] - a[c])
+        return table[k][c]
 
     def fits(seq):
         m = 0.0
