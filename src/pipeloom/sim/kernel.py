@@ -30,6 +30,7 @@ operations in the same order, so both give identical floats (tests/sim/test_kern
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -69,15 +70,37 @@ class Rules:
 
     @classmethod
     def make(cls, pp: int, nc: int, placement: Placement | str, comm: float = 0.0) -> "Rules":
+        """The tables for ``pp`` devices, ``nc`` chunks, ``placement`` and ``comm`` (cached: the simulator,
+        the validator and the planners ask for the same shape many times)."""
+        return _make_rules(cls, pp, nc, Placement(placement), float(comm))
+
+    @classmethod
+    def _build(cls, pp: int, nc: int, placement: Placement, comm: float) -> "Rules":
         dev = tuple(device_of(c, pp, placement) for c in range(nc))
+        fwd, bwd = rules.edge_comm(pp, nc, placement, comm)  # comm on the edge from c-1 / c+1 into c
+
+        def edge(c2: int, c: int) -> float:
+            if c2 == c:  # an edge inside one chunk never leaves its device
+                return 0.0
+            if c2 == c - 1:
+                return fwd[c]
+            if c2 == c + 1:
+                return bwd[c]
+            return comm if rules.crosses(c2, c, pp, placement) else 0.0
+
         needs = []
         prods = []
         for kind in KINDS:
+            made = tuple(rules.PRODUCES[kind])
             for c in range(nc):
-                needs.append(tuple((ev, c2 - c, comm if rules.crosses(c2, c, pp, placement) else 0.0)
-                                   for ev, _mb, c2 in rules.needs(kind, 0, c, nc)))
-                prods.append(tuple(rules.PRODUCES[kind]))
+                needs.append(tuple((ev, c2 - c, edge(c2, c)) for ev, _mb, c2 in rules.needs(kind, 0, c, nc)))
+                prods.append(made)
         return cls(pp, nc, dev, tuple(needs), tuple(prods))
+
+
+@functools.lru_cache(maxsize=16)
+def _make_rules(cls, pp: int, nc: int, placement: Placement, comm: float) -> Rules:
+    return cls._build(pp, nc, placement, comm)
 
 
 @dataclass(slots=True)

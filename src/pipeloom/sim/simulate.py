@@ -50,7 +50,8 @@ class SimResult:
 def memory_profile(schedule: Schedule, mem: MemModel | None = None) -> tuple[list[float], list[list[float]]]:
     """Per-device peak and running memory after each job (order-based; needs no timing)."""
     a, b = (mem or MemModel()).per_chunk(schedule.num_chunks, schedule.vpp)
-    prof = [rules.peak_memory(seq, a, b) for seq in schedule.devices]
+    table = rules.memory_deltas(schedule.num_chunks, a, b)  # once, not per device (pp 65 536)
+    prof = [rules.peak_memory(seq, a, b, table) for seq in schedule.devices]
     return [p for p, _ in prof], [t for _, t in prof]
 
 

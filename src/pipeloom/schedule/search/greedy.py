@@ -719,7 +719,8 @@ def result_of(prob: Problem, seqs: list[list[Job]], policy) -> PassResult | None
 
 
 def _peaks(prob: Problem, seqs) -> list[float]:
-    return [rules.peak_memory(seq, prob.a, prob.b)[0] for seq in seqs]
+    table = rules.memory_deltas(prob.nc, prob.a, prob.b)
+    return [rules.peak_memory(seq, prob.a, prob.b, table)[0] for seq in seqs]
 
 
 def _stage_bubble(prob: Problem, seqs, ends, starts) -> float:
