@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom import MemModel
-from pipeloom.schedule.search import greedy as g
+from pipeloom.schedule.search import greedy as g, portfolio
 from pipeloom.core.ir import Placement
 from strategies import draw_costs
 
@@ -40,14 +40,14 @@ def problems(draw):
 @settings(max_examples=150, deadline=None)
 @given(problems(), st.data())
 def test_c_pass_equals_python_pass(prob, data):
-    grid = g.policy_grid(prob)
+    grid = portfolio.policy_grid(prob)
     for pol in data.draw(st.lists(st.sampled_from(grid), min_size=1, max_size=4)):
         _same(g._run_pass_c(prob, pol), g._run_pass_py(prob, pol))
 
 
 def test_c_pass_equals_python_pass_on_a_large_shape():
     prob = g.make_problem(16, 2, 96, Placement.V, g.Costs(F=1, B=2, W=1, comm=0.5), MemModel(), 16)
-    for pol in g._LEADERS:
+    for pol in portfolio._LEADERS:
         _same(g._run_pass_c(prob, pol), g._run_pass_py(prob, pol))
 
 

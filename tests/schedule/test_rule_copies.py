@@ -18,7 +18,7 @@ from pipeloom.core.ir import Placement, Schedule, make_schedule
 from pipeloom.schedule import registry, zb_looped
 from pipeloom.schedule.optimal import _greedy_orders
 from pipeloom.schedule.search import greedy as g
-from pipeloom.schedule.search import lockstep, vblock
+from pipeloom.schedule.search import lockstep, portfolio, vblock
 from pipeloom.sim import kernel
 from pipeloom.sim.simulate import simulate
 
@@ -62,7 +62,7 @@ def test_greedy_pass(prob, impl):
         pytest.skip("C extension not built")
     run = g._run_pass_py if impl == "python" else g._run_pass_c
     ran = 0
-    for pol in g.policy_grid(prob)[:25]:
+    for pol in portfolio.policy_grid(prob)[:25]:
         r = run(prob, pol)
         if r is None:
             continue

@@ -20,7 +20,7 @@ A portfolio of candidates, each a valid schedule under the limit, the shortest k
    the candidate is dropped). ``k = 1, e = 1, lag = device index`` is the construction of torch's
    ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up;
 3. the best of those, improved by the adjacent-swap and insertion local searches of
-   :mod:`.search.greedy` (re-timed, memory-checked) and, for shapes of at most
+   :mod:`.search.localsearch` (re-timed, memory-checked) and, for shapes of at most
    ``DEFAULT_POLISH_MAX_JOBS`` jobs, by the CP-SAT polish of :mod:`.search.polish` (deterministic time; option ``polish``, which
    up to ``LNS_MAX_JOBS`` jobs runs the tail-window search).
 
@@ -39,7 +39,7 @@ from ..core.errors import ScheduleError
 from ..core.ir import Job, Kind, Placement, make_schedule
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
-from .search import greedy as _greedy
+from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
 _EPS = 1e-9
@@ -338,7 +338,7 @@ def plan_looped(name: str, spec: PlanSpec):
     tbudget = int_option(spec.options, "template_budget", DEFAULT_TEMPLATE_BUDGET, who=name)
     pbudget = int_option(spec.options, "pull_budget", DEFAULT_PULL_BUDGET, who=name)
     njobs = 3 * m * pp * vpp
-    best, source = _greedy.search(prob, budget, ls_budget=DEFAULT_LS_BUDGET), "greedy"
+    best, source = _portfolio.search(prob, budget, ls_budget=DEFAULT_LS_BUDGET), "greedy"
     tbest = None
     for r in template_candidates(prob, tbudget):
         if tbest is None or _greedy._better(r, tbest, prob):
@@ -348,15 +348,15 @@ def plan_looped(name: str, spec: PlanSpec):
         if tbest is None or _greedy._better(r, tbest, prob):
             tbest = r
     if tbest is not None:
-        tbest = _greedy._polish(prob, tbest, DEFAULT_LS_BUDGET)
+        tbest = _localsearch.polish_result(prob, tbest, DEFAULT_LS_BUDGET)
         if best is None or _greedy._better(tbest, best, prob):
             best, source = tbest, "template"
     if best is None:  # cannot happen: the greedy's 'reserve' policy never deadlocks at a feasible limit
         raise ScheduleError(f"{name}: no schedule found under the memory limit {_units(limit, pp)}")
     seqs, witness = best.seqs, best.order
     if njobs <= INSERT_MAX_JOBS:
-        moved = _greedy.insertion_search(prob, [list(q) for q in seqs], DEFAULT_INSERT_BUDGET // njobs)
-        r = _greedy.result_of(prob, moved, best.policy)
+        moved = _localsearch.insertion_search(prob, [list(q) for q in seqs], DEFAULT_INSERT_BUDGET // njobs)
+        r = _localsearch.result_of(prob, moved, best.policy)
         if r is not None and r.makespan < best.makespan - _EPS:
             best, seqs, witness = r, r.seqs, None
     meta = {"builder": name, "mem_limit": limit, "limit_from": how, "source": source,

@@ -1,4 +1,4 @@
-"""Lock-step ZB-V construction (private helper, no torch): one more candidate for :func:`_greedy.search`.
+"""Lock-step ZB-V construction (private helper, no torch): one more candidate for :func:`.portfolio.search`.
 
 This is pipeloom's own implementation of the *idea* of the official ZB-V generator (Qi et
 al. 2024, "Pipeline Parallelism with Controllable Memory", and the ``zbv`` module of

@@ -20,7 +20,7 @@ left per period take the weight-grad jobs W (oldest B first). The repeated patte
 device 0's first chunk-0 B and ends with its last chunk-0 F) each job moves to the earliest
 free slot after its dependencies where the device's memory stays within the cap. The
 per-device slot order is the schedule; it is re-timed with the real per-chunk costs and
-``comm`` by the caller (:func:`pipeloom.schedule.search.greedy.result_of`), which also checks the
+``comm`` by the caller (:func:`pipeloom.schedule.search.localsearch.result_of`), which also checks the
 memory limit under the real memory model. Only V placement with two chunks per device.
 """
 from __future__ import annotations
