@@ -33,6 +33,7 @@ is higher (never, with the default memory model).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 
 from ..core.errors import ScheduleError
@@ -198,12 +199,17 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
 
     acts = [decide(d) for d in range(pp)]
     keys = [INF if x is None else x[0] for x in acts]
+    # the device with the smallest key, ties to the lowest index (min(keys), keys.index): a heap of (key, d)
+    # with stale entries skipped, so a commit costs O(log pp), not O(pp)
+    heap = [(k, d) for d, k in enumerate(keys) if k < INF]
+    heapq.heapify(heap)
     dev = prob.dev
     while ncommit < total:
-        best_T = min(keys)
-        if best_T == INF:
+        while heap and heap[0][0] != keys[heap[0][1]]:
+            heapq.heappop(heap)
+        if not heap:
             return None  # deadlock
-        d = keys.index(best_T)
+        d = heap[0][1]
         T, kind = acts[d]
         if kind == "w":
             mb, c = pend[d][phead[d]]
@@ -236,6 +242,8 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
         for x in {d, dev[c + 1] if c < last else d, dev[c - 1] if c else d}:
             acts[x] = decide(x)
             keys[x] = INF if acts[x] is None else acts[x][0]
+            if keys[x] < INF:
+                heapq.heappush(heap, (keys[x], x))
     return _greedy.PassResult(seqs, max(t), peak, tpl, list(t), starts=starts, order=order)
 
 

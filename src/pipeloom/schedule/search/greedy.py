@@ -109,7 +109,10 @@ def make_problem(pp: int, vpp: int, m: int, placement: Placement | str, costs: C
     dev = tuple(device_of(c, pp, placement) for c in range(nc))
     comm = float(costs.comm)
     fcomm, bcomm = (tuple(x) for x in rules.edge_comm(pp, nc, placement, comm))
-    local = tuple(tuple(c for c in range(nc) if dev[c] == d) for d in range(pp))
+    on: list[list[int]] = [[] for _ in range(pp)]
+    for c in range(nc):  # one pass over the chunks (not one per device: quadratic at pp 65 536)
+        on[dev[c]].append(c)
+    local = tuple(tuple(x) for x in on)
     need = tuple(sum(a[c] for c in local[d]) for d in range(pp))
     return Problem(pp, vpp, m, Placement(placement), tuple(dF), tuple(dB), tuple(dW), comm, tuple(a),
                    tuple(b), INF if limit is None else float(limit), dev, fcomm, bcomm, local, need)
