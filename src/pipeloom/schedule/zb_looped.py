@@ -37,7 +37,9 @@ import heapq
 from dataclasses import dataclass, replace
 
 from ..core.errors import ScheduleError
+from ..core import rules
 from ..core.ir import Job, Kind, Placement, make_schedule
+from ..sim.kernel import KIND_INDEX
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
@@ -133,7 +135,6 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     """
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm = prob.fcomm, prob.bcomm
     a, mB, mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules): F +a, B -b, W -(a-b)
     limit = prob.limit + _EPS
     last = nc - 1
@@ -153,21 +154,21 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     total = 3 * m * nc
     ncommit = 0
 
+    # the dependency rule as the timing kernel reads it from core.rules: per (kind, chunk) the events needed,
+    # each (event, chunk offset, comm on the edge); F and B wait only for ACT (forward ends) and GRAD (B ends)
+    needs = prob.tables.needs
+    ends_of = {rules.ACT: fe, rules.GRAD: be}
+
     def ready(job) -> float:
         k, mb, c = job
-        if k is _KF:
-            if c == 0:
-                return 0.0
-            e = fe[c - 1][mb]
-            return INF if e < 0 else e + fcomm[c]
-        r = fe[c][mb]
-        if r < 0:
-            return INF
-        if c != last:
-            e = be[c + 1][mb]
+        r = 0.0
+        for ev, off, cm in needs[KIND_INDEX[k] * nc + c]:
+            e = ends_of[ev][c + off][mb]
             if e < 0:
                 return INF
-            r = max(r, e + bcomm[c])
+            e += cm
+            if e > r:
+                r = e
         return r
 
     def decide(d: int):
