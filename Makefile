@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/pipeloom/schedule/search/_accel.c
+$(STAMP): pyproject.toml setup.py src/pipeloom/sim/_accel.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeloom import MemModel
-from pipeloom.schedule.search import greedy as g
+from pipeloom.schedule.search import greedy as g, portfolio
 from pipeloom.core.ir import Placement
 from strategies import draw_costs
 
@@ -40,14 +40,14 @@ def problems(draw):
 @settings(max_examples=150, deadline=None)
 @given(problems(), st.data())
 def test_c_pass_equals_python_pass(prob, data):
-    grid = g.policy_grid(prob)
+    grid = portfolio.policy_grid(prob)
     for pol in data.draw(st.lists(st.sampled_from(grid), min_size=1, max_size=4)):
         _same(g._run_pass_c(prob, pol), g._run_pass_py(prob, pol))
 
 
 def test_c_pass_equals_python_pass_on_a_large_shape():
     prob = g.make_problem(16, 2, 96, Placement.V, g.Costs(F=1, B=2, W=1, comm=0.5), MemModel(), 16)
-    for pol in g._LEADERS:
+    for pol in portfolio._LEADERS:
         _same(g._run_pass_c(prob, pol), g._run_pass_py(prob, pol))
 
 
@@ -61,11 +61,11 @@ def test_pure_python_switch(monkeypatch):
 def test_bad_arguments_raise_not_crash():
     prob = g.make_problem(2, 2, 2, Placement.V, g.Costs(), MemModel(), None)
     with pytest.raises(ValueError):
-        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), ((1.0,),) * 7 + ((0, 1, 1, 0),),
+        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), ((1.0,),) * 8 + ((0, 1, 1, 0),),
                              ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
                              (False, True, False, 0.0, False, -1), g.Job, g._KINDS)
     with pytest.raises(ValueError):  # chunk index out of range
-        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.a,
-                                                    prob.b, (0, 1, 1, 7)),
+        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF,
+                                                    prob.mB, prob.mW, (0, 1, 1, 7)),
                              ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
                              (False, True, False, 0.0, False, -1), g.Job, g._KINDS)

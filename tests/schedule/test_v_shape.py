@@ -91,7 +91,7 @@ def test_zbv_no_worse_than_1f1b_found_cases(pp, vpp, m, f, b, w):
 def test_default_search_never_worse_than_any_single_grid_policy_on_small_shapes(pp, vpp, m, data, limit):
     """Up to about 1 250 jobs the default budget covers the whole policy grid, so the plan is never slower
     than any policy of it run alone (the brute force below; before, only the first 60 000 placements' worth)."""
-    from pipeloom.schedule.search import greedy as _greedy
+    from pipeloom.schedule.search import greedy as _greedy, portfolio as _portfolio
     if 3 * m * pp * vpp > 1200:
         m = 1200 // (3 * pp * vpp)
     costs = draw_costs(data.draw, pp * vpp)
@@ -99,7 +99,7 @@ def test_default_search_never_worse_than_any_single_grid_policy_on_small_shapes(
     prob = _greedy.make_problem(pp, vpp, m, Placement.V, costs, spec.mem, spec.mem_limit)
     if spec.mem_limit is not None and spec.mem_limit < _greedy.min_feasible_limit(prob) - 1e-9:
         return
-    passes = [_greedy.run_pass(prob, pol) for pol in _greedy.policy_grid(prob)]
+    passes = [_greedy.run_pass(prob, pol) for pol in _portfolio.policy_grid(prob)]
     brute = min(r.makespan for r in passes if r is not None)
     ours = simulate(plan("zbv", spec), costs, spec.mem)
     assert ours.makespan <= brute + 1e-9

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pipeloom.core.costs import Costs, MemModel
 from pipeloom.core.ir import Kind, Placement, make_schedule
 from pipeloom.schedule.planning import make_spec, plan
-from pipeloom.schedule.search import greedy as G
+from pipeloom.schedule.search import greedy as G, localsearch as LS
 from pipeloom.schedule.search import vblock as V
 from pipeloom.schedule.validate import validate
 from pipeloom.sim.simulate import simulate
@@ -47,7 +47,7 @@ def test_every_block_candidate_complete_valid_within_limit(case):
         jobs = Counter((k, mb, c) for d, seq in enumerate(seqs) for k, mb, c in seq)
         assert len(jobs) == njobs and set(jobs.values()) == {1}
         assert all(prob.dev[c] == d for d, seq in enumerate(seqs) for _k, _mb, c in seq)
-        r = G.result_of(prob, seqs, blk)
+        r = LS.result_of(prob, seqs, blk)
         if r is None:  # over the limit (dropped by the search, never repaired): the validator agrees
             v = validate(make_schedule("vblock", pp, 2, m, Placement.V, seqs), mem=mem, mem_limit=limit)
             assert v, blk

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pipeloom.schedule.planning import make_spec, plan
 from pipeloom.schedule.search import greedy as _greedy, lockstep as _vlockstep
+from pipeloom.schedule.search import localsearch as _localsearch, portfolio as _portfolio
 from pipeloom.schedule.io.official import case_costs, load_reference, official_schedule
 from pipeloom.core.ir import Placement, make_schedule
 from pipeloom.schedule.validate import validate
@@ -60,7 +61,7 @@ def test_every_pass_it_yields_is_valid_and_within_the_limit(shape):
         if limit is not None:
             assert max(r.peak_memory) <= limit + 1e-9
         # the pass's own timing (as it appends jobs) is what the simulator computes
-        t = _greedy.time_seqs(prob, seqs)
+        t = _localsearch.time_seqs(prob, seqs)
         assert t is not None and t[0] == pytest.approx(r.makespan)
     # the passes built with the chunk-mean costs are valid under the limit too, timed with the real costs
     for seqs, pol in _vlockstep.candidates(prob, uniform_costs=True):
@@ -137,11 +138,11 @@ def test_bad_budget_options_are_clear_errors(bad):
 
 def _search_with_and_without_lockstep(prob):
     """(search result, search result with the lock-step candidates switched off)."""
-    with_ls = _greedy.search(prob)
+    with_ls = _portfolio.search(prob)
     orig = _vlockstep.applies
     try:
         _vlockstep.applies = lambda p: False
-        alone = _greedy.search(prob)
+        alone = _portfolio.search(prob)
     finally:
         _vlockstep.applies = orig
     return with_ls, alone

@@ -12,10 +12,9 @@ from pipeloom.schedule import registry
 from pipeloom.viz import render_plan, write_outputs
 from pipeloom.trace.check import check_run, measured_timeline, planned_timeline
 from pipeloom.viz.gantt import figure_size
-from pipeloom.viz.html import timeline_data
 from pipeloom.trace.reader import read_logs
 from pipeloom.trace.synth import SynthConfig, write_logs
-from pipeloom.viz.timeline import KIND_COLORS, from_sim, shade
+from pipeloom.viz.timeline import KIND_COLORS, from_sim, memory_deltas, shade
 from pipeloom.viz.perfetto import chrome_trace
 from pipeloom.schedule import io as schedule_io
 
@@ -78,9 +77,38 @@ def test_html_is_self_contained_and_carries_every_job(tmp_path):
     page = open(path).read()
     assert "<script src" not in page and "<link" not in page and "cdn" not in page.lower()
     data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1))
-    assert data == json.loads(json.dumps(timeline_data(tl)))
     jobs = {(r["device"], f"{b[0]}{b[1]}.{b[2]}") for r in data["rows"] for b in r["bars"]}
     assert jobs == {(d, str(j)) for d, _, j in res.schedule.jobs()}
+
+
+def test_html_page_data_matches_a_hand_timed_1f1b(tmp_path):
+    """The page carries the bars and memory curve worked out by hand (not by the code that draws them):
+    1F1B, pp 2, m 2, F 1, BW 2 (B 1 + W 1), no comm; one unit per forward (vpp 1), BW frees it."""
+    spec = make_spec(pp=2, microbatches=2, costs="F=1,B=1,W=1,comm=0")
+    res = simulate(plan("1f1b", spec), spec.costs, spec.mem)
+    path = write_outputs([str(tmp_path / "g.html")], timeline=from_sim(res, mem_limit=4))[0]
+    page = open(path).read()
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    bars = {r["device"]: [(b[0], b[1], b[2], b[4], b[5]) for b in r["bars"]] for r in data["rows"]}
+    # dev 0: F0 0-1, F1 1-2, BW0 waits for dev 1's BW0 (2-4): 4-6, BW1 waits for dev 1's BW1 (5-7): 7-9
+    assert bars == {0: [("F", 0, 0, 0, 1), ("F", 1, 0, 1, 2), ("BW", 0, 0, 4, 6), ("BW", 1, 0, 7, 9)],
+                    1: [("F", 0, 1, 1, 2), ("BW", 0, 1, 2, 4), ("F", 1, 1, 4, 5), ("BW", 1, 1, 5, 7)]}
+    mem = {r["device"]: [tuple(p) for p in r["mem"]] for r in data["rows"]}
+    assert mem[0] == [(0, 0), (1, 1), (2, 2), (4, 2), (6, 1), (7, 1), (9, 0)]
+    assert mem[1] == [(1, 0), (2, 1), (4, 0), (5, 1), (7, 0)]
+    assert [r["peak"] for r in data["rows"]] == [2, 1]
+    assert data["t1"] == 9 and "makespan 9 " in data["subtitle"]
+
+
+def test_memory_deltas_follow_the_rule_and_refuse_bad_jobs():
+    # vpp 2: a = 1/2 per chunk, b = a/2: F +0.5, B -0.25, W -0.25, BW -0.5 (written out, not computed)
+    assert memory_deltas([("F", 0), ("B", 1), ("W", 3), ("BW", 2)], 4, 2) == [0.5, -0.25, -0.25, -0.5]
+    with pytest.raises(ValueError, match=r"chunk 4.*0\.\.3"):
+        memory_deltas([("F", 4)], 4, 2)  # formerly clamped to chunk 3 without a word
+    with pytest.raises(ValueError, match="chunk -1"):
+        memory_deltas([("B", -1)], 4, 2)
+    with pytest.raises(ValueError, match="'X'"):
+        memory_deltas([("X", 0)], 4, 2)
 
 
 NODE_SHIM = r"""

@@ -141,9 +141,14 @@ def durations(num_chunks: int, dF: Sequence[float], dB: Sequence[float], dW: Seq
     return {k: [duration(k, c, dF, dB, dW) for c in range(num_chunks)] for k in Kind}
 
 
-def peak_memory(seq: Sequence[Job], a: Sequence[float], b: Sequence[float]) -> tuple[float, list[float]]:
-    """Peak and running memory after each job of one device's list (order alone decides it)."""
-    table = memory_deltas(len(a), a, b)  # one lookup per job in the loop below (200k-job lists)
+def peak_memory(seq: Sequence[Job], a: Sequence[float], b: Sequence[float],
+                table: dict[Kind, list[float]] | None = None) -> tuple[float, list[float]]:
+    """Peak and running memory after each job of one device's list (order alone decides it).
+
+    ``table``: :func:`memory_deltas` of ``a`` and ``b`` when the caller has it (one table for all devices:
+    building it per device costs O(chunks), which over pp devices is quadratic in pp)."""
+    if table is None:
+        table = memory_deltas(len(a), a, b)  # one lookup per job in the loop below (200k-job lists)
     cur, peak, trace = 0.0, 0.0, []
     append = trace.append
     for kind, _mb, c in seq:

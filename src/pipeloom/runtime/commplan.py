@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..core import rules
+from ..core.errors import DeadlockError
 from ..core.ir import Job, Schedule
+from ..sim import kernel
 
 
 class Msg(NamedTuple):
@@ -82,34 +84,14 @@ def unit_time_ends(sched: Schedule) -> list[list[int]]:
     """End time of every job when each device runs its list in order and every job takes 1.
 
     Raises ValueError if the lists block each other (an invalid schedule)."""
-    pp = sched.pp
-    pos = [0] * pp
-    free = [0] * pp
-    ends: list[list[int]] = [[0] * len(seq) for seq in sched.devices]
-    done: dict[tuple[int, int, int], int] = {}  # (rules event, m, k) -> end time
-    remaining = sched.num_jobs
-    while remaining:
-        progressed = False
-        for d in range(pp):
-            while pos[d] < len(sched.devices[d]):
-                j = sched.devices[d][pos[d]]
-                deps = rules.job_needs(j, sched.num_chunks)
-                if any(x not in done for x in deps):
-                    break
-                start = max([free[d]] + [done[x] for x in deps])
-                end = start + 1
-                ends[d][pos[d]] = end
-                free[d] = end
-                for ev in rules.PRODUCES[j.kind]:
-                    done[(ev, j.mb, j.chunk)] = end
-                pos[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = ", ".join(f"device {d} at {sched.devices[d][pos[d]]}" for d in range(pp)
-                              if pos[d] < len(sched.devices[d]))
-            raise ValueError(f"schedule cannot execute: every device waits ({stuck})")
-    return ends
+    ones = [[1.0] * len(seq) for seq in sched.devices]
+    try:
+        tm = kernel.time_order(sched.devices, sched.microbatches,
+                               kernel.Rules.make(sched.pp, sched.num_chunks, sched.placement), job_durations=ones)
+    except DeadlockError as e:
+        stuck = ", ".join(f"device {d} at {j}" for d, _i, j, _w in e.stuck) or str(e)
+        raise ValueError(f"schedule cannot execute: every device waits ({stuck})") from None
+    return [[int(t) for t in ends] for ends in tm.end]
 
 
 def build_comm_plan(sched: Schedule) -> CommPlan:

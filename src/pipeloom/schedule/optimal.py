@@ -49,6 +49,7 @@ import time
 from ..core import rules
 from ..core.costs import MemModel
 from ..core.errors import DeadlockError
+from ..sim import kernel
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
 from .registry import Option, PlanSpec, register
@@ -109,14 +110,16 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
     free = [0.0] * pp
     ends: dict[tuple[int, int, int], float] = {}  # (core.rules event, mb, chunk) -> when it happened
 
+    tables = kernel.Rules.make(pp, nc, placement, comm)  # core.rules as the timing kernel reads them
+
     def ready(kind: Kind, mb: int, c: int) -> float | None:
         """When the job's needs (core.rules) are met on device dev[c], comm added across devices; None: not yet."""
         r = 0.0
-        for ev in rules.needs(kind, mb, c, nc):
-            e = ends.get(ev)
+        for ev, off, cm in tables.needs[kernel.KIND_INDEX[kind] * nc + c]:
+            e = ends.get((ev, mb, c + off))
             if e is None:
                 return None
-            r = max(r, e + (comm if dev[ev[2]] != dev[c] else 0.0))
+            r = max(r, e + cm)
         return r
 
     next_f = [0] * nc         # forwards on each chunk go in microbatch order

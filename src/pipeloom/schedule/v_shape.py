@@ -22,7 +22,7 @@ the lock-step passes are also built with every chunk at the mean costs (the offi
 torch's ``ZBVZeroBubble``'s view) and timed with the real ones.
 Options (``spec.options``): ``budget`` (job placements for the policy search; by default 60 000 for
 the memory trimming, lock-step and building-block candidates, while the policy grid and a descent in
-the policy space from its best (:func:`pipeloom.schedule.search.greedy.default_grid_jobs`) get up to
+the policy space from its best (:func:`pipeloom.schedule.search.portfolio.default_grid_jobs`) get up to
 1 000 000 placements on shapes of at most 12 288 jobs: the whole grid up to about 1 250 jobs; an
 explicit ``budget`` is the budget of all of them, as before) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
 default 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W 4/6/3, comm 1 at 1p from 240 to 238
@@ -63,7 +63,7 @@ from ..core.ir import Placement, make_schedule
 from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
 from ..core.errors import ScheduleError
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
-from .search import greedy as _greedy
+from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 #: default greedy work budget (job placements summed over all policies tried)
 DEFAULT_BUDGET = 60_000
@@ -94,8 +94,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     njobs = 3 * m * pp * vpp
     high = effort_option(spec) == "high"
     polish_det = _polish_option(spec, njobs, high)
-    grid = None if "budget" in spec.options else _greedy.default_grid_jobs(prob, budget)
-    best = _greedy.search(prob, budget, insert_budget=insert_budget, grid_jobs=grid)
+    grid = None if "budget" in spec.options else _portfolio.default_grid_jobs(prob, budget)
+    best = _portfolio.search(prob, budget, insert_budget=insert_budget, grid_jobs=grid)
     if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
     pol = best.policy
@@ -118,8 +118,8 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         # not proven optimal: the insertion search from the best so far, then a second polish from its
         # result (a different start helps CP-SAT: pp 4, m 8, F/B/W/comm 4/6/3/1 at 1p: the greedy's 240
         # -> 238 by insertion -> 237 by the polish, about 1 s in all)
-        seqs = _greedy.insertion_search(prob, [list(d) for d in sched.devices], DEFAULT_INSERT_BUDGET // njobs)
-        r = _greedy.result_of(prob, seqs, best.policy)
+        seqs = _localsearch.insertion_search(prob, [list(d) for d in sched.devices], DEFAULT_INSERT_BUDGET // njobs)
+        r = _localsearch.result_of(prob, seqs, best.policy)
         if r is not None and r.makespan < res.makespan - 1e-9 and r.makespan > res.bound + 1e-9:
             again = _polish.polish(pspec, make_schedule(name, pp, vpp, m, placement, r.seqs), polish_det)
             sched = again.schedule or make_schedule(name, pp, vpp, m, placement, r.seqs)
@@ -163,8 +163,8 @@ POLISH_MAX_JOBS = 400
 V_OPTIONS = (
     Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=None,
            help=f"job placements for the greedy policy search (default: {DEFAULT_BUDGET} for the candidates, the "
-                f"policy grid and its descent up to {_greedy.GRID_JOBS} on shapes of at most "
-                f"{_greedy.GRID_MAX_SHAPE} jobs)"),
+                f"policy grid and its descent up to {_portfolio.GRID_JOBS} on shapes of at most "
+                f"{_portfolio.GRID_MAX_SHAPE} jobs)"),
     Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=0,
            help="job re-timings for the insertion local search (0 = off)"),
     Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,

@@ -92,8 +92,11 @@ def validate(schedule: Schedule, *, mem: MemModel | None = None, mem_limit: floa
     # per (kind, chunk): the keys (relative to the job's own microbatch) of the producers of what it needs
     # (core.rules.needs / producers; a W belongs to a split backward, so it needs its own B)
     kinds = (Kind.F, Kind.B, Kind.W, Kind.BW)
-    needs_of = [[tuple(kidx[p.kind] * mnc + c2 for ev, _, c2 in rules.needs(kind, 0, c, nc)
-                       for p in rules.producers(ev, 0, c2, split=True if kind is Kind.W else None))
+    # (the producers' kinds do not depend on the chunk: looked up once per event, not per chunk at pp 65 536)
+    prod_kinds = {(ev, split): tuple(kidx[p.kind] * mnc for p in rules.producers(ev, 0, 0, split=split))
+                  for ev in (rules.ACT, rules.GRAD, rules.WGRAD) for split in (True, None)}
+    needs_of = [[tuple(pk + c2 for ev, _, c2 in rules.needs(kind, 0, c, nc)
+                       for pk in prod_kinds[(ev, True if kind is Kind.W else None)])
                  for c in range(nc)] for kind in kinds]
     for ki, table in enumerate(needs_of):
         off = ki * mnc

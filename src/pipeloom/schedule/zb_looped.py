@@ -20,7 +20,7 @@ A portfolio of candidates, each a valid schedule under the limit, the shortest k
    the candidate is dropped). ``k = 1, e = 1, lag = device index`` is the construction of torch's
    ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up;
 3. the best of those, improved by the adjacent-swap and insertion local searches of
-   :mod:`.search.greedy` (re-timed, memory-checked) and, for shapes of at most
+   :mod:`.search.localsearch` (re-timed, memory-checked) and, for shapes of at most
    ``DEFAULT_POLISH_MAX_JOBS`` jobs, by the CP-SAT polish of :mod:`.search.polish` (deterministic time; option ``polish``, which
    up to ``LNS_MAX_JOBS`` jobs runs the tail-window search).
 
@@ -33,14 +33,17 @@ is higher (never, with the default memory model).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 
 from ..core.errors import ScheduleError
+from ..core import rules
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from ..core.ir import Job, Kind, Placement, make_schedule
+from ..sim.kernel import KIND_INDEX
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
-from .search import greedy as _greedy
+from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
 _EPS = 1e-9
@@ -133,7 +136,7 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     """
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm, a, bfree = prob.fcomm, prob.bcomm, prob.a, prob.b
+    a, mB, mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules): F +a, B -b, W -(a-b)
     limit = prob.limit + _EPS
     last = nc - 1
     fe = [[-1.0] * m for _ in range(nc)]
@@ -152,21 +155,21 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     total = 3 * m * nc
     ncommit = 0
 
+    # the dependency rule as the timing kernel reads it from core.rules: per (kind, chunk) the events needed,
+    # each (event, chunk offset, comm on the edge); F and B wait only for ACT (forward ends) and GRAD (B ends)
+    needs = prob.tables.needs
+    ends_of = {rules.ACT: fe, rules.GRAD: be}
+
     def ready(job) -> float:
         k, mb, c = job
-        if k is _KF:
-            if c == 0:
-                return 0.0
-            e = fe[c - 1][mb]
-            return INF if e < 0 else e + fcomm[c]
-        r = fe[c][mb]
-        if r < 0:
-            return INF
-        if c != last:
-            e = be[c + 1][mb]
+        r = 0.0
+        for ev, off, cm in needs[KIND_INDEX[k] * nc + c]:
+            e = ends_of[ev][c + off][mb]
             if e < 0:
                 return INF
-            r = max(r, e + bcomm[c])
+            e += cm
+            if e > r:
+                r = e
         return r
 
     def decide(d: int):
@@ -198,18 +201,23 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
 
     acts = [decide(d) for d in range(pp)]
     keys = [INF if x is None else x[0] for x in acts]
+    # the device with the smallest key, ties to the lowest index (min(keys), keys.index): a heap of (key, d)
+    # with stale entries skipped, so a commit costs O(log pp), not O(pp)
+    heap = [(k, d) for d, k in enumerate(keys) if k < INF]
+    heapq.heapify(heap)
     dev = prob.dev
     while ncommit < total:
-        best_T = min(keys)
-        if best_T == INF:
+        while heap and heap[0][0] != keys[heap[0][1]]:
+            heapq.heappop(heap)
+        if not heap:
             return None  # deadlock
-        d = keys.index(best_T)
+        d = heap[0][1]
         T, kind = acts[d]
         if kind == "w":
             mb, c = pend[d][phead[d]]
             phead[d] += 1
             e = T + dW[c]
-            mem[d] -= a[c] - bfree[c]
+            mem[d] += mW[c]
             job = Job(_KW, mb, c)
         else:
             job = orders[d][ptr[d]]
@@ -224,7 +232,7 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
             else:
                 e = T + dB[c]
                 be[c][mb] = e
-                mem[d] -= bfree[c]
+                mem[d] += mB[c]
                 pend[d].append((mb, c))
         if not seqs[d]:
             starts[d] = T
@@ -236,6 +244,8 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
         for x in {d, dev[c + 1] if c < last else d, dev[c - 1] if c else d}:
             acts[x] = decide(x)
             keys[x] = INF if acts[x] is None else acts[x][0]
+            if keys[x] < INF:
+                heapq.heappush(heap, (keys[x], x))
     return _greedy.PassResult(seqs, max(t), peak, tpl, list(t), starts=starts, order=order)
 
 
@@ -338,7 +348,7 @@ def plan_looped(name: str, spec: PlanSpec):
     tbudget = int_option(spec.options, "template_budget", DEFAULT_TEMPLATE_BUDGET, who=name)
     pbudget = int_option(spec.options, "pull_budget", DEFAULT_PULL_BUDGET, who=name)
     njobs = 3 * m * pp * vpp
-    best, source = _greedy.search(prob, budget, ls_budget=DEFAULT_LS_BUDGET), "greedy"
+    best, source = _portfolio.search(prob, budget, ls_budget=DEFAULT_LS_BUDGET), "greedy"
     tbest = None
     for r in template_candidates(prob, tbudget):
         if tbest is None or _greedy._better(r, tbest, prob):
@@ -348,15 +358,15 @@ def plan_looped(name: str, spec: PlanSpec):
         if tbest is None or _greedy._better(r, tbest, prob):
             tbest = r
     if tbest is not None:
-        tbest = _greedy._polish(prob, tbest, DEFAULT_LS_BUDGET)
+        tbest = _localsearch.polish_result(prob, tbest, DEFAULT_LS_BUDGET)
         if best is None or _greedy._better(tbest, best, prob):
             best, source = tbest, "template"
     if best is None:  # cannot happen: the greedy's 'reserve' policy never deadlocks at a feasible limit
         raise ScheduleError(f"{name}: no schedule found under the memory limit {_units(limit, pp)}")
     seqs, witness = best.seqs, best.order
     if njobs <= INSERT_MAX_JOBS:
-        moved = _greedy.insertion_search(prob, [list(q) for q in seqs], DEFAULT_INSERT_BUDGET // njobs)
-        r = _greedy.result_of(prob, moved, best.policy)
+        moved = _localsearch.insertion_search(prob, [list(q) for q in seqs], DEFAULT_INSERT_BUDGET // njobs)
+        r = _localsearch.result_of(prob, moved, best.policy)
         if r is not None and r.makespan < best.makespan - _EPS:
             best, seqs, witness = r, r.seqs, None
     meta = {"builder": name, "mem_limit": limit, "limit_from": how, "source": source,

@@ -21,7 +21,7 @@ from ..core.ir import B, F, Job, Placement, W, make_schedule
 from .registry import Option, PlanSpec, int_option, register
 from ..core.errors import ScheduleError
 from ..core.limits import MAX_SEARCH_BUDGET
-from .search import greedy as _greedy
+from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 DEFAULT_BUDGET = 60_000
 
@@ -57,11 +57,11 @@ def plan_h(name: str, spec: PlanSpec, default_p: float):
             f"feasible limit is {lo:g} units ({lo / pp:.3g}p, one microbatch activation per device); "
             f"use --mem-limit {lo:g} or more")
     budget = int_option(spec.options, "budget", DEFAULT_BUDGET, who=name)
-    best = _greedy.search(prob, budget)
+    best = _portfolio.search(prob, budget)
     seqs, how = (best.seqs, "greedy") if best is not None else (None, None)
     # safety net: 1F1B with B/W split, when it fits the limit
     fb = _one_f_one_b_split(pp, m)
-    fb_res = _greedy.evaluate_seqs(prob, fb)
+    fb_res = _localsearch.evaluate_seqs(prob, fb)
     if fb_res is not None and max(fb_res[1]) <= limit + 1e-9:
         if seqs is None or fb_res[0] < best.makespan - 1e-9:
             seqs, how = fb, "1f1b-split"

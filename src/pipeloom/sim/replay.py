@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..core import rules
+from ..core.errors import DeadlockError
 from ..core.ir import Job, Schedule
+from . import kernel
 
 def dependencies(job: Job, num_chunks: int) -> tuple[tuple[int, int, int], ...]:
     """Events ``(event, mb, chunk)`` that ``job`` waits for (:func:`pipeloom.core.rules.needs`)."""
@@ -55,64 +57,49 @@ def replay(schedule: Schedule, durations: Sequence[Sequence[float]], comm: float
     """
     pp, nc = schedule.pp, schedule.num_chunks
     devices = schedule.devices
+    m = schedule.microbatches
+    pairs = {(d, i): (float(durations[d][i]), 0.0, 0.0) for d, i in schedule.overlapped
+             if 0 <= d < pp and 0 <= i < len(devices[d]) - 1}
+    try:
+        tm = kernel.time_order(devices, m, kernel.Rules.make(pp, nc, schedule.placement, comm),
+                               job_durations=durations, pairs=pairs, delays=delays)
+    except DeadlockError as e:
+        made = {ev for _d, _i, job in schedule.jobs() for ev in produces(job)}
+        for d, i, _j, _w in e.stuck:
+            job = devices[d][i]
+            if any(ev not in made for ev in dependencies(job, nc)):
+                raise ReplayDeadlock(f"{job} on device {d} depends on a job that no device runs") from None
+        raise ReplayDeadlock(str(e)) from None
+    start, end = tm.start, tm.end
+    # what bound each start (a pure function of the times): the latest dependency (plus comm across
+    # devices; the first of equal ones), unless the device's previous job ended no earlier
     where: dict[tuple[int, int, int], tuple[int, int]] = {}
     for d, i, job in schedule.jobs():
         for ev in produces(job):
             where[ev] = (d, i)
-    start = [[0.0] * len(s) for s in devices]
-    end = [[0.0] * len(s) for s in devices]
     binding: list[list[tuple[int, int] | None]] = [[None] * len(s) for s in devices]
-    done: dict[tuple[int, int, int], float] = {}
-    ptr = [0] * pp
-    free = [0.0] * pp
-    pairs = schedule.overlapped
-    remaining = schedule.num_jobs
 
-    def ready(d: int, job: Job) -> tuple[float, tuple[int, int] | None] | None:
+    def bound_by(d: int, job: Job) -> tuple[float, tuple[int, int] | None]:
         best, who = 0.0, None
         for ev in dependencies(job, nc):
-            t = done.get(ev)
-            if t is None:
-                if ev not in where:
-                    raise ReplayDeadlock(f"{job} on device {d} depends on a job that no device runs")
-                return None
             src = where[ev]
-            if src[0] != d:
-                t += comm
+            t = end[src[0]][src[1]] + (comm if src[0] != d else 0.0)
             if who is None or t > best:
                 best, who = t, src
         return best, who
 
-    while remaining:
-        progressed = False
-        for d in range(pp):
-            seq = devices[d]
-            i = ptr[d]
-            while i < len(seq):
-                r1 = ready(d, seq[i])
-                if r1 is None:
-                    break
-                paired = (d, i) in pairs and i + 1 < len(seq)
-                r2 = ready(d, seq[i + 1]) if paired else (0.0, None)
-                if r2 is None:
-                    break
-                r, who = (r1 if r1[0] >= r2[0] else r2)
-                if free[d] >= r and i > 0:
-                    r, who = free[d], (d, i - 1)
-                s = max(r, free[d]) + (delays[d][i] if delays is not None else 0.0)
-                e = s + durations[d][i]
-                n = 2 if paired else 1
-                for k in range(i, i + n):
-                    start[d][k], end[d][k], binding[d][k] = s, e, who
-                    for ev in produces(seq[k]):
-                        done[ev] = e
-                free[d] = e
-                i += n
-                remaining -= n
-                progressed = True
-            ptr[d] = i
-        if not progressed and remaining:
-            stuck = ", ".join(f"device {d} at {devices[d][ptr[d]]}" for d in range(pp) if ptr[d] < len(devices[d]))
-            raise ReplayDeadlock(f"deadlock: {stuck}")
-    makespan = max((e[-1] for e in end if e), default=0.0)
-    return Replay(start, end, makespan, binding)
+    for d, seq in enumerate(devices):
+        bd = binding[d]
+        i = 0
+        while i < len(seq):
+            paired = (d, i) in pairs
+            r1 = bound_by(d, seq[i])
+            r2 = bound_by(d, seq[i + 1]) if paired else (0.0, None)
+            r, who = r1 if r1[0] >= r2[0] else r2
+            if i > 0 and end[d][i - 1] >= r:
+                who = (d, i - 1)
+            n = 2 if paired else 1
+            for k in range(i, i + n):
+                bd[k] = who
+            i += n
+    return Replay(start, end, tm.makespan, binding)

@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core import rules
-from ..core.errors import DeadlockError
-from ..core.ir import Kind, Schedule, device_of
+from . import kernel
+from ..core.errors import DeadlockError  # noqa: F401  (raised by the kernel; re-exported)
+from ..core.ir import Kind, Schedule
 from ..core.costs import Costs, MemModel
-
-# event e of (mb, chunk c) is done[e * m * nc + mb * nc + c], e = core.rules.ACT, GRAD, WGRAD
 
 
 @dataclass(slots=True)
@@ -51,7 +50,8 @@ class SimResult:
 def memory_profile(schedule: Schedule, mem: MemModel | None = None) -> tuple[list[float], list[list[float]]]:
     """Per-device peak and running memory after each job (order-based; needs no timing)."""
     a, b = (mem or MemModel()).per_chunk(schedule.num_chunks, schedule.vpp)
-    prof = [rules.peak_memory(seq, a, b) for seq in schedule.devices]
+    table = rules.memory_deltas(schedule.num_chunks, a, b)  # once, not per device (pp 65 536)
+    prof = [rules.peak_memory(seq, a, b, table) for seq in schedule.devices]
     return [p for p, _ in prof], [t for _, t in prof]
 
 
@@ -60,143 +60,22 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
     costs = costs or Costs()
     pp, m, nc = schedule.pp, schedule.microbatches, schedule.num_chunks
     dF, dB, dW = costs.per_chunk(nc)
-    comm = costs.comm
-    # comm on the edge into chunk c from c-1 (forward) / from c+1 (backward)
-    fcomm, bcomm = rules.edge_comm(pp, nc, schedule.placement, comm)
-    ov = 1.0 - costs.overlap
-    n_ev = 3 * m * nc
-    done = [-1.0] * n_ev
-    waiters: dict[int, list[int]] = {}
     devices = schedule.devices
-    start = [[0.0] * len(s) for s in devices]
-    end = [[0.0] * len(s) for s in devices]
-    ptr = [0] * pp
-    free = [0.0] * pp
     pairs = schedule.overlapped
-    KF, KB, KW, KBW = Kind.F, Kind.B, Kind.W, Kind.BW
-    mnc = m * nc
-    stack = list(range(pp - 1, -1, -1))
-
-    dev = [device_of(c, pp, schedule.placement) for c in range(nc)]
-
-    def ready(kind, mb, c):
-        """Earliest start from dependencies (core.rules.needs), or (-1, event) when one is not done."""
-        r = 0.0
-        for ev, m2, c2 in rules.needs(kind, mb, c, nc):
-            key = ev * mnc + m2 * nc + c2
-            e = done[key]
-            if e < 0:
-                return -1.0, key
-            e += comm if dev[c2] != dev[c] else 0.0
-            if e > r:
-                r = e
-        return r, -1
-
-    def dur(kind, c):
-        return rules.duration(kind, c, dF, dB, dW)
-
-    def finish(kind, mb, c, t):
-        for ev in (e * mnc + mb * nc + c for e in rules.PRODUCES[kind]):
-            done[ev] = t
-            w = waiters.pop(ev, None)
-            if w:
-                stack.extend(w)
-
-    while stack:
-        d = stack.pop()
-        seq = devices[d]
-        i = ptr[d]
-        n = len(seq)
-        t_free = free[d]
-        st, en = start[d], end[d]
-        while i < n:
-            kind, mb, c = seq[i]
-            if not (0 <= mb < m and 0 <= c < nc) or kind.__class__ is not Kind:
-                raise DeadlockError(f"device {d} position {i}: job {seq[i]} is out of range "
-                                    f"(microbatches 0..{m - 1}, chunks 0..{nc - 1})", [])
-            if pairs and (d, i) in pairs and i + 1 < n:
-                r, wait = ready(kind, mb, c)
-                k2, mb2, c2 = seq[i + 1]
-                r2, wait2 = ready(k2, mb2, c2) if wait < 0 else (0.0, -1)
-                wait = wait if wait >= 0 else wait2
-                if wait >= 0:
-                    waiters.setdefault(wait, []).append(d)
-                    break
-                s0 = max(t_free, r, r2)
-                d1, d2 = dur(kind, c), dur(k2, c2)
-                t = s0 + d1 + d2 - (1.0 - ov) * min(d1, d2)
-                st[i] = st[i + 1] = s0
-                en[i] = en[i + 1] = t
-                finish(kind, mb, c, t)
-                finish(k2, mb2, c2, t)
-                t_free = t
-                i += 2
-                continue
-            # inlined ready() / dur() / finish() for the common single-job case (hot loop): the same rules as
-            # core.rules.needs / duration / PRODUCES, written out (tests/sim checks them against replay)
-            base = mb * nc + c
-            if kind is KF:
-                if c:
-                    r = done[base - 1]
-                    if r < 0:
-                        waiters.setdefault(base - 1, []).append(d)
-                        break
-                    r += fcomm[c]
-                else:
-                    r = 0.0
-                dt = dF[c]
-                ev = base
-            elif kind is KW:
-                r = done[mnc + base]
-                if r < 0:
-                    waiters.setdefault(mnc + base, []).append(d)
-                    break
-                dt = dW[c]
-                ev = 2 * mnc + base
-            else:
-                r = done[base]
-                if r < 0:
-                    waiters.setdefault(base, []).append(d)
-                    break
-                if c < nc - 1:
-                    e2 = done[mnc + base + 1]
-                    if e2 < 0:
-                        waiters.setdefault(mnc + base + 1, []).append(d)
-                        break
-                    e2 += bcomm[c]
-                    if e2 > r:
-                        r = e2
-                dt = dB[c] if kind is KB else dB[c] + dW[c]
-                ev = mnc + base
-            s0 = t_free if t_free > r else r
-            t = s0 + dt
-            if kind is KBW:  # fused backward also completes the weight grad
-                done[2 * mnc + base] = t
-                if waiters:
-                    w = waiters.pop(2 * mnc + base, None)
-                    if w:
-                        stack.extend(w)
-            st[i] = s0
-            en[i] = t
-            t_free = t
-            done[ev] = t
-            if waiters:
-                w = waiters.pop(ev, None)
-                if w:
-                    stack.extend(w)
-            i += 1
-        ptr[d] = i
-        free[d] = t_free
-
-    stuck = [(d, ptr[d]) for d in range(pp) if ptr[d] < len(devices[d])]
-    if stuck:
-        details = []
-        for d, i in stuck:
-            job = devices[d][i]
-            details.append((d, i, str(job), _waits_for(job, nc, done, mnc)))
-        msg = "deadlock: " + "; ".join(f"device {d} is stuck at position {i} on {j}, waiting for {w}"
-                                       for d, i, j, w in details)
-        raise DeadlockError(msg, details)
+    ov = 1.0 - costs.overlap
+    table = rules.durations(nc, dF, dB, dW)
+    pair_cost = {}
+    for d, i in pairs:  # an overlapped pair takes d1 + d2 - overlap * min(d1, d2)
+        if 0 <= d < pp and i + 1 < len(devices[d]):
+            j1, j2 = devices[d][i], devices[d][i + 1]
+            try:
+                d1, d2 = table[j1[0]][j1[2]], table[j2[0]][j2[2]]
+            except (KeyError, IndexError, TypeError):
+                continue  # a job out of range: the kernel names it
+            pair_cost[(d, i)] = (d1, d2, (1.0 - ov) * min(d1, d2))
+    tm = kernel.time_order(devices, m, kernel.Rules.make(pp, nc, schedule.placement, costs.comm),
+                           durations=table, pairs=pair_cost)
+    start, end = tm.start, tm.end
 
     busy = [sum(e - s for s, e in zip(start[d], end[d])) for d in range(pp)]
     # overlapped pairs share an interval: count it once
@@ -213,14 +92,3 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
                      peak_memory=peaks, memory_after=mem_after, bubble=bubble,
                      stage_bubble=max(0.0, stage_bubble), idle=idle, span=span)
 
-
-def _waits_for(job, nc: int, done: list[float], mnc: int) -> str:
-    kind, mb, c = job
-    base = mb * nc + c
-    if kind is Kind.F:
-        return f"F{mb}.{c - 1}"
-    if kind is Kind.W:
-        return f"B{mb}.{c}"
-    if done[base] < 0:
-        return f"F{mb}.{c}"
-    return f"the input grad of chunk {c + 1} (B{mb}.{c + 1} or BW{mb}.{c + 1})"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.ir import Schedule
+from ..core import rules
+from ..core.ir import Kind, Schedule
 from ..core.costs import MemModel
 from ..sim.simulate import SimResult
 
@@ -134,12 +135,19 @@ def memory_curve(bars: list[Bar], deltas: list[float], start_value: float = 0.0)
 
 def memory_deltas(kinds_chunks: list[tuple[str, int]], num_chunks: int, vpp: int,
                   mem: MemModel | None = None) -> list[float]:
-    """Activation change of each job (F +a, B -b, W -(a-b), BW -a) for the model of :mod:`pipeloom.core.costs`."""
+    """Activation change of each job (kind "F", "B", "W" or "BW", chunk): :func:`pipeloom.core.rules.memory_delta`
+    under the model of :mod:`pipeloom.core.costs`. A kind or chunk outside the schedule is a ValueError naming it."""
     a, b = (mem or MemModel()).per_chunk(num_chunks, vpp)
+    table = rules.memory_deltas(num_chunks, a, b)
     out = []
     for kind, c in kinds_chunks:
-        c = min(max(c, 0), num_chunks - 1)
-        out.append(a[c] if kind == "F" else -b[c] if kind == "B" else -(a[c] - b[c]) if kind == "W" else -a[c])
+        try:
+            k = Kind(kind)
+        except ValueError:
+            raise ValueError(f"job kind {kind!r} is not one of F, B, W, BW") from None
+        if not (isinstance(c, int) and 0 <= c < num_chunks):
+            raise ValueError(f"{kind} job on chunk {c!r}: the schedule has chunks 0..{num_chunks - 1}")
+        out.append(table[k][c])
     return out
 
 

@@ -1,24 +1,16 @@
-"""The optional C extension ``_accel`` (built from ``_accel.c`` by setup.py), and what uses it outside the greedy.
+"""The optional C extension ``pipeloom.sim._accel`` (built from ``sim/_accel.c`` by setup.py), as the planners use it.
 
-``_accel.c`` transcribes two Python passes line by line: the greedy pass of :mod:`.greedy` (its
-specification) and the validator's witness check. Without a C compiler at install time ``ext`` is None
-and everything runs in Python; ``PIPELOOM_PURE_PYTHON=1`` forces that path.
+``_accel.c`` holds the compiled form of the timing kernel (:mod:`pipeloom.sim.kernel`, which loads it) and
+transcribes two Python passes line by line: the greedy pass of :mod:`.greedy` (its specification) and the
+validator's witness check. Without a C compiler at install time ``ext`` is None and everything runs in
+Python; ``PIPELOOM_PURE_PYTHON=1`` forces that path.
 """
 from __future__ import annotations
 
-import os
-
 from ...core.ir import Kind, device_of
+from ...sim.kernel import accelerated, ext
 
-try:  # optional C transcription (identical results, ~20x faster)
-    from . import _accel as ext
-except ImportError:  # no compiler at install time
-    ext = None
-
-
-def accelerated() -> bool:
-    """True when the C extension is built and not switched off by ``PIPELOOM_PURE_PYTHON=1``."""
-    return ext is not None and not os.environ.get("PIPELOOM_PURE_PYTHON")
+__all__ = ["accelerated", "ext", "witness_check"]
 
 
 def witness_check(schedule, a: list[float], b: list[float], mem_limit: float | None) -> bool:

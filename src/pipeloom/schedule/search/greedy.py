@@ -29,33 +29,25 @@ A :class:`Policy` decides among the ready candidates:
 * ``warmup`` optionally caps how many forwards a device runs before its first B (the official
   ZB-V generator's cap); ``None`` = as many as memory allows (seed 000's improvement).
 
-:func:`search` runs a grid of policies (the role of the official ``try_v_schedule(fill_f,
-fill_b)`` variants, widened) within a deterministic work budget; for V placement with two
-chunks per device it also takes the lock-step passes of :mod:`pipeloom.schedule.search.lockstep`
-(the official ZB-V generator's construction, which wins where memory binds hardest, e.g. pp 4
-at 1p with m >= 2pp). It keeps the schedule with the
-smallest makespan (then stage bubble, then peak memory), tries to keep that makespan under
-tighter memory limits ("memory trimming"), and finishes with a budgeted local search of
-adjacent swaps (:func:`local_search`). Everything is deterministic: the same input gives the
-same schedule on any machine.
+The pass is one of the search's candidates: :mod:`.portfolio` runs it over a grid of policies with the
+other constructions and keeps the best; :mod:`.localsearch` re-times and improves finished job lists
+with the timing kernel (:mod:`pipeloom.sim.kernel`).
 """
 from __future__ import annotations
 
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
-from itertools import product
+from dataclasses import dataclass, field
 
 from ...core.costs import Costs, MemModel
-from . import lockstep as _vlockstep
-from . import vblock as _vblock
 from ...core import rules
-from ...core.errors import DeadlockError
-from ...core.ir import Job, Kind, Placement, device_of, make_schedule
-from ...sim.simulate import simulate
+from ...core.ir import Job, Kind, Placement, device_of
+from ...sim import kernel
 
 from .accel import accelerated, ext as _accel
+
+__all__ = ["Problem", "make_problem", "min_feasible_limit", "Policy", "PassResult", "run_pass", "accelerated"]
 
 INF = math.inf
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
@@ -86,6 +78,23 @@ class Problem:
     local: tuple[tuple[int, ...], ...] = ()
     need: tuple[float, ...] = ()
     """per device: memory one microbatch holds on it at its peak (sum of a over its chunks)"""
+    tables: kernel.Rules | None = field(default=None, compare=False, repr=False)
+    """the timing kernel's rule tables for this shape, placement and comm (derived)"""
+    dur_table: list[float] | None = field(default=None, compare=False, repr=False)
+    """the kernel's duration table (:func:`pipeloom.sim.kernel.duration_table`; derived)"""
+    mF: tuple[float, ...] = field(default=(), compare=False, repr=False)
+    """memory change of F per chunk (:func:`pipeloom.core.rules.memory_delta`: +a; derived)"""
+    mB: tuple[float, ...] = field(default=(), compare=False, repr=False)
+    """memory change of B per chunk (-b; derived)"""
+    mW: tuple[float, ...] = field(default=(), compare=False, repr=False)
+    """memory change of W per chunk (-(a-b); derived)"""
+
+    def __post_init__(self) -> None:  # derived again by every dataclasses.replace (e.g. other durations)
+        object.__setattr__(self, "tables", kernel.Rules.make(self.pp, self.nc, self.placement, self.comm))
+        object.__setattr__(self, "dur_table", kernel.duration_table(self.nc, self.dF, self.dB, self.dW))
+        md = rules.memory_deltas(len(self.a), self.a, self.b)
+        for name, k in (("mF", Kind.F), ("mB", Kind.B), ("mW", Kind.W)):
+            object.__setattr__(self, name, tuple(md[k]))
 
     @property
     def nc(self) -> int:
@@ -100,7 +109,10 @@ def make_problem(pp: int, vpp: int, m: int, placement: Placement | str, costs: C
     dev = tuple(device_of(c, pp, placement) for c in range(nc))
     comm = float(costs.comm)
     fcomm, bcomm = (tuple(x) for x in rules.edge_comm(pp, nc, placement, comm))
-    local = tuple(tuple(c for c in range(nc) if dev[c] == d) for d in range(pp))
+    on: list[list[int]] = [[] for _ in range(pp)]
+    for c in range(nc):  # one pass over the chunks (not one per device: quadratic at pp 65 536)
+        on[dev[c]].append(c)
+    local = tuple(tuple(x) for x in on)
     need = tuple(sum(a[c] for c in local[d]) for d in range(pp))
     return Problem(pp, vpp, m, Placement(placement), tuple(dF), tuple(dB), tuple(dW), comm, tuple(a),
                    tuple(b), INF if limit is None else float(limit), dev, fcomm, bcomm, local, need)
@@ -196,7 +208,7 @@ def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
     capd, b_order, f_order = _pass_inputs(prob, pol)
     out = _accel.run_pass(
         (prob.pp, prob.vpp, prob.m, prob.limit + _EPS, _EPS),
-        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.a, prob.b, prob.dev),
+        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF, prob.mB, prob.mW, prob.dev),
         ([loc[0] for loc in prob.local], capd, prob.need, [c for o in b_order for c in o],
          [c for o in f_order for c in o]),
         (pol.admit == "reserve", pol.b_first, pol.w_fill == "always", float(pol.lookahead), pol.h_warm,
@@ -221,7 +233,7 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
     fcomm, bcomm = prob.fcomm, prob.bcomm
-    a, bfree, dev = prob.a, prob.b, prob.dev
+    a, mB, mW, dev = prob.mF, prob.mB, prob.mW, prob.dev  # memory rule (core.rules): F +a, B -b, W -(a-b)
     limit = prob.limit + _EPS
     capd, b_order, f_order = _pass_inputs(prob, pol)
     reserve = pol.admit == "reserve"
@@ -383,8 +395,8 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
             nb[c] = mb + 1
             e = T + dB[c]
             be[c][mb] = e
-            mem[d] -= bfree[c]
-            resv[d] -= bfree[c]
+            mem[d] += mB[c]
+            resv[d] += mB[c]
             started_b[d] = True
             pend[d].append((mb, c))
             if c:
@@ -400,9 +412,9 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
         else:
             mb, c = pend[d].popleft()
             e = T + dW[c]
-            fr = a[c] - bfree[c]
-            mem[d] -= fr
-            resv[d] -= fr
+            fr = mW[c]
+            mem[d] += fr
+            resv[d] += fr
             job = new(Job, (KW, mb, c))
         if not seqs[d]:
             start0[d] = T
@@ -415,300 +427,6 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
     if ncommit != total:
         return None
     return PassResult(seqs, max(t), peak, pol, t, starts=start0, order=order)
-
-
-#: policies that, in this order, cover the best result on every case of the official reference
-#: set (../shared/reference/official_zb.json) found by the full grid below; tried first
-_LEADERS = (
-    Policy(),
-    Policy(admit="reserve", w_fill="always", lookahead=0.5),
-    Policy(h1=1, h_warm=True, b_first=False),
-    Policy(h0=1, b_first=False, w_fill="always"),
-    Policy(b_late=False),
-    Policy(h0=1, h_warm=True, b_first=False),
-    Policy(h0=1, h1=0.5, h_warm=True, b_first=False, b_late=False, w_fill="always", lookahead=0.5),
-    Policy(b_first=False, w_fill="always"),
-    Policy(h0=1, b_first=False),
-)
-
-
-def policy_grid(prob: Problem) -> list[Policy]:
-    """Every policy of the search, most useful first (see :data:`_LEADERS`)."""
-    out = list(_LEADERS)
-    seen = set(out)
-    for admit, h0, h1, h_warm, b_first, f_late, b_late, w_fill, look in product(
-            ("plain", "reserve"), (0.0, 1.0, 2.0), (0.0, 0.5, 1.0, 2.0), (False, True), (True, False),
-            (True, False), (True, False), ("fit", "always"), (0.0, 0.5)):
-        if admit == "reserve" and (h0 or h1 or h_warm):
-            continue
-        if h_warm and not (h0 or h1):
-            continue
-        p = Policy(admit=admit, h0=h0, h1=h1, h_warm=h_warm, b_first=b_first, f_late=f_late, b_late=b_late,
-                   w_fill=w_fill, lookahead=look)
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
-    # the official generator's style: a fixed number of warm-up forwards before the first B
-    for w in range(1, 2 * prob.nc + 1):
-        out.append(Policy(warmup=w))
-    return out
-
-
-#: job placements the policy grid may use by default (:func:`default_grid_jobs`): the whole grid (about
-#: 800 policies) on shapes of up to about 1 250 jobs, e.g. pp 3, vpp 3, m 41 (1 107 jobs), where the first
-#: 54 policies (the former 60 000 placements) gave 388 against 1F1B's 387 and the whole grid gives 380.5;
-#: about 0.1 s of CPU in the C pass at most (0.07-0.15 us a placement)
-GRID_JOBS = 1_000_000
-#: shapes above this many jobs keep the caller's budget (pp 64, m 512: one policy, about 0.1 s); this is
-#: pp 16, m 64, vpp 4
-GRID_MAX_SHAPE = 12_288
-
-
-def default_grid_jobs(prob: Problem, budget_jobs: int) -> int:
-    """Placements for the policy grid when the caller set no budget: the whole grid where it costs at most
-    :data:`GRID_JOBS` placements, else as many policies as fit in that (never fewer than ``budget_jobs``;
-    exactly ``budget_jobs`` on shapes of more than :data:`GRID_MAX_SHAPE` jobs)."""
-    njobs = 3 * prob.m * prob.nc
-    if njobs > GRID_MAX_SHAPE:
-        return budget_jobs
-    return max(budget_jobs, min(len(policy_grid(prob)) * njobs, GRID_JOBS))
-
-
-#: greedy passes kept for :func:`_descend` out of a grid budget larger than the caller's budget
-DESCENT_PASSES = 120
-
-
-def _neighbours(prob: Problem, pol: Policy):
-    """Policies that differ from ``pol`` in one rule (the grid's values; the warm-up cap: a coarse set of
-    counts from none, else nearby counts and none), in a fixed order; combinations the grid excludes are skipped."""
-    nc = prob.nc
-    if pol.warmup is None:
-        warm = sorted({max(1, round(k * 2 * nc / 8)) for k in range(1, 9)})
-    else:
-        warm = [w for w in (pol.warmup - 1, pol.warmup + 1, pol.warmup - 2, pol.warmup + 2, pol.warmup - 4,
-                            pol.warmup + 4) if 1 <= w <= 2 * nc] + [None]
-    options = (("warmup", warm), ("b_first", (True, False)), ("h0", (0.0, 1.0, 2.0)), ("h1", (0.0, 0.5, 1.0, 2.0)),
-               ("b_late", (True, False)), ("f_late", (True, False)), ("w_fill", ("fit", "always")),
-               ("h_warm", (False, True)), ("lookahead", (0.0, 0.5)), ("admit", ("plain", "reserve")))
-    for name, values in options:
-        for v in values:
-            if v == getattr(pol, name):
-                continue
-            p = replace(pol, **{name: v})
-            if p.admit == "reserve" and (p.h0 or p.h1 or p.h_warm):
-                continue
-            if p.h_warm and not (p.h0 or p.h1):
-                continue
-            yield p
-
-
-def _descend(prob: Problem, best: PassResult, tried: set, passes: int) -> PassResult:
-    """Hill-climb in the policy space from ``best``'s policy: run its :func:`_neighbours` (first improvement,
-    then from the better one) until none is better or ``passes`` greedy passes are spent.
-
-    Where the grid does not fit the budget, its order hides good policies: the official generator's warm-up
-    cap mixed with other rules is not in it at all (pp 3, vpp 3, m 41, F/B/W 0.5/2/0.5 at 1p: the whole grid
-    380.5, its best with a warm-up cap of 2 and no B priority 377.5), and the capped variants come last.
-    """
-    def run(p):
-        nonlocal passes
-        tried.add(p)
-        passes -= 1
-        return run_pass(prob, p)
-
-    def climb(cur: PassResult) -> PassResult:
-        improved = True
-        while improved and passes > 0:
-            improved = False
-            for p in _neighbours(prob, cur.policy):
-                if p in tried:
-                    continue
-                r = run(p)
-                if r is not None and _better(r, cur, prob):
-                    cur, improved = r, True
-                    break
-                if passes <= 0:
-                    break
-        return cur
-
-    # a second start: the warm-up cap alone, its count found coarse to fine (the grid tries the counts last)
-    wbest: PassResult | None = None
-    for w in _coarse_to_fine(2 * prob.nc, passes // 4, lambda w: run(Policy(warmup=w)) if passes > 0 else None):
-        if w is not None and (wbest is None or _better(w, wbest, prob)):
-            wbest = w
-    first = climb(best)
-    if wbest is not None and passes > 0 and wbest.policy != first.policy:
-        second = climb(wbest)
-        if _better(second, first, prob):
-            return second
-    return first
-
-
-def _coarse_to_fine(hi: int, n: int, f):
-    """Results of ``f(w)`` for at most ``n`` counts ``w`` in 1..hi: 8 spread out, then halving steps around
-    the best so far (by makespan)."""
-    if n <= 0:
-        return []
-    seen: dict[int, object] = {}
-
-    def key(w):
-        r = seen[w]
-        return (INF if r is None else r.makespan, w)
-
-    step = max(1, hi // 8)
-    for w in range(step, hi + 1, step):
-        if len(seen) < n:
-            seen[w] = f(w)
-    while step > 1 and len(seen) < n:
-        step //= 2
-        c = min(seen, key=key)
-        for w in (c - step, c + step):
-            if 1 <= w <= hi and w not in seen and len(seen) < n:
-                seen[w] = f(w)
-    return list(seen.values())
-
-
-def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
-           insert_budget: int = 0, grid_jobs: int | None = None) -> PassResult | None:
-    """Best schedule over the policy grid and a local search, within a deterministic work budget.
-
-    ``budget_jobs`` bounds the job placements summed over all greedy passes (at least one pass
-    runs; big shapes get only the first policy) and sizes the memory trimming and the lock-step and
-    building-block candidates below; ``grid_jobs``, when larger, lets the policy grid alone run
-    that many placements (:func:`default_grid_jobs`), ``ls_budget`` the job re-timings of the local
-    search (:func:`local_search`), ``insert_budget`` those of the optional, wider
-    :func:`insertion_search` run at the end (0: off). If every pass tried deadlocks, the
-    ``reserve`` policy (which cannot deadlock at any limit >= :func:`min_feasible_limit`) is
-    run as a fallback.
-
-    With V placement and vpp 2 the lock-step passes of :mod:`._vlockstep` compete too (within
-    a quarter of ``budget_jobs``, only when a pass has at most ``budget_jobs / 8`` jobs): the
-    best of them, polished by the same local search, replaces the greedy result when it is
-    better. The greedy result itself is computed exactly as without them, so adding them never
-    makes a schedule worse. Best = smallest makespan, then smallest stage bubble, then smallest
-    peak memory.
-    """
-    njobs = 3 * prob.m * prob.nc
-    grid = policy_grid(prob)
-    n = max(1, budget_jobs // max(njobs, 1))
-    total = max(n, (grid_jobs or 0) // max(njobs, 1))  # passes in all
-    if total > n and total >= len(grid):
-        # a larger grid budget that covers the whole grid: all of it (the plan is then never slower than any
-        # policy of the grid alone), then the descent from its best with the rest, at least DESCENT_PASSES (or
-        # half the budget): it finds policies outside the grid (pp 6, m 18, vpp 2, F/B/W 1/2/1 at 4 units: 181
-        # after the grid alone, 171 with the descent)
-        ngrid, ndesc = len(grid), max(total - len(grid), min(DESCENT_PASSES, total // 2))
-    elif total > n:  # it does not cover it: a part (half at most, at most DESCENT_PASSES) to the descent
-        ngrid = max(n, total - min(DESCENT_PASSES, total // 2))
-        ndesc = total - ngrid
-    else:  # the caller's budget alone: the grid in its order, what it leaves (if any) to the descent
-        ngrid, ndesc = n, max(0, n - len(grid))
-    best: PassResult | None = None
-    for pol in grid[:ngrid]:
-        r = run_pass(prob, pol)
-        if r is not None and (best is None or _better(r, best, prob)):
-            best = r
-    if best is not None and ndesc > 0:
-        best = _descend(prob, best, set(grid[:ngrid]), ndesc)
-    if best is None:
-        best = run_pass(prob, Policy(admit="reserve"))
-    if best is not None:
-        best = _polish(prob, _trim(prob, best, min(n, len(grid)) * njobs, budget_jobs), ls_budget)
-    if _vlockstep.applies(prob) and njobs <= budget_jobs // 8:
-        # the official ZB-V generator's lock-step construction (8 passes usually: 4 fill
-        # variants x 2 refinements)
-        lbest: PassResult | None = None
-        for uniform in (False, True):  # built with the real costs, then with the chunk-mean costs (uneven only)
-            for seqs, lpol in _vlockstep.candidates(prob, budget_jobs // 4, uniform_costs=uniform):
-                r = result_of(prob, seqs, lpol)
-                if r is not None and (lbest is None or _better(r, lbest, prob)):
-                    lbest = r
-        if lbest is not None:
-            lbest = _polish(prob, lbest, ls_budget)
-            if best is None or _better(lbest, best, prob):
-                best = lbest
-    if _vblock.applies(prob) and njobs <= budget_jobs // 4 and prob.limit < INF:
-        # building blocks with a fixed lifespan (the controllable-memory construction): they win at
-        # budgets below 1p, where the greedy's memory-blind order leaves bubbles
-        vbest: PassResult | None = None
-        big = njobs > _vblock.EXACT_ORDER_MAX_JOBS
-        for seqs, blk in _vblock.candidates(prob, budget_jobs // (8 if big else 4)):
-            r = result_of(prob, seqs, blk)
-            if r is not None and (vbest is None or _better(r, vbest, prob)):
-                vbest = r
-        if vbest is not None:
-            # (pp 6, m 24, V-Min: 162 -> 161 needs ~200 swaps; big shapes get the greedy's own budget)
-            vbest = _polish(prob, vbest, ls_budget if big else 2 * ls_budget)
-            if best is None or _better(vbest, best, prob):
-                best = vbest
-    if best is None:
-        return None
-    evals = insert_budget // max(njobs, 1)
-    if evals >= 1:
-        seqs = insertion_search(prob, best.seqs, evals)
-        r = result_of(prob, seqs, best.policy)
-        if r is not None and r.makespan < best.makespan - _EPS:
-            best = r
-            best.improved = True
-    return best
-
-
-def _trim(prob: Problem, best: PassResult, spent: int, budget_jobs: int) -> PassResult:
-    """Memory trimming: the same makespan and stage bubble under a tighter limit? (leaders; step = min a)"""
-    njobs = 3 * prob.m * prob.nc
-    step = min(prob.a) if prob.a else 0.0
-    lo = min_feasible_limit(prob)
-    while step > 0 and spent + len(_LEADERS) * njobs <= 2 * budget_jobs:
-        lim = max(best.peak) - step
-        if lim < lo - _EPS:
-            break
-        tighter = replace(prob, limit=lim)
-        found = None
-        for pol in _LEADERS:
-            r = run_pass(tighter, pol)
-            if (r is not None and r.makespan <= best.makespan + _EPS
-                    and r.stage_bubble(prob) <= best.stage_bubble(prob) + 1e-6
-                    and (found is None or _better(r, found, prob))):
-                found = r
-        spent += len(_LEADERS) * njobs
-        if found is None:
-            break
-        best = found
-    return best
-
-
-def _polish(prob: Problem, best: PassResult, ls_budget: int) -> PassResult:
-    """Adjacent-swap local search (:func:`local_search`) within ``ls_budget`` job re-timings."""
-    evals = ls_budget // max(3 * prob.m * prob.nc, 1)
-    if evals >= 20:
-        seqs = local_search(prob, best.seqs, evals)
-        r = result_of(prob, seqs, best.policy)
-        if r is not None and r.makespan < best.makespan - _EPS:
-            r.improved = True
-            return r
-    return best
-
-
-def result_of(prob: Problem, seqs: list[list[Job]], policy) -> PassResult | None:
-    """Time and check job lists made outside :func:`run_pass`; None on deadlock or over the limit."""
-    r = time_seqs(prob, seqs, detail=True)
-    if r is None:
-        return None
-    peak = _peaks(prob, seqs)
-    if max(peak) > prob.limit + _EPS:
-        return None
-    return PassResult(seqs, r[0], peak, policy, r[2], starts=r[3])
-
-
-def _peaks(prob: Problem, seqs) -> list[float]:
-    out = []
-    for seq in seqs:
-        cur = pk = 0.0
-        for k, _, c in seq:
-            cur += prob.a[c] if k is _KF else (-prob.b[c] if k is _KB else prob.b[c] - prob.a[c])
-            pk = max(pk, cur)
-        out.append(pk)
-    return out
 
 
 def _stage_bubble(prob: Problem, seqs, ends, starts) -> float:
@@ -738,197 +456,3 @@ def _better(r: PassResult, best: PassResult, prob: Problem) -> bool:
     if sr > sb + 1e-6:
         return False
     return max(r.peak) < max(best.peak) - _EPS
-
-
-def evaluate_seqs(prob: Problem, seqs: list[list[Job]]) -> tuple[float, list[float]] | None:
-    """(makespan, per-device peak memory) of job lists under ``prob`` with pipeloom's simulator; None on deadlock."""
-    sched = make_schedule("tmp", prob.pp, prob.vpp, prob.m, prob.placement,
-                          seqs)
-    costs = Costs(F=prob.dF, B=prob.dB, W=prob.dW, comm=prob.comm)
-    try:
-        r = simulate(sched, costs, MemModel(a=prob.a, b=prob.b))
-    except DeadlockError:
-        return None
-    return r.makespan, r.peak_memory
-
-
-def time_seqs(prob: Problem, seqs: list[list[Job]], detail: bool = False):
-    """(makespan, sum of job ends) of B/W-split job lists; None on deadlock.
-
-    Same timing rules as :func:`pipeloom.sim.simulate.simulate`, specialised for the local search.
-    With ``detail``: (makespan, sum of ends, per-device end of the last job, per-device start
-    of the first job).
-    """
-    pp, m, nc = prob.pp, prob.m, prob.nc
-    dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm = prob.fcomm, prob.bcomm
-    last = nc - 1
-    fend = [-1.0] * (nc * m)
-    bend = [-1.0] * (nc * m)
-    ptr = [0] * pp
-    free = [0.0] * pp
-    first = [0.0] * pp
-    total = 0.0
-    progress = True
-    remaining = sum(len(s) for s in seqs)
-    while progress and remaining:
-        progress = False
-        for d in range(pp):
-            seq = seqs[d]
-            i = ptr[d]
-            n = len(seq)
-            tf = free[d]
-            while i < n:
-                k, mb, c = seq[i]
-                idx = c * m + mb
-                if k is _KF:
-                    if c:
-                        e = fend[idx - m]
-                        if e < 0:
-                            break
-                        r = e + fcomm[c]
-                    else:
-                        r = 0.0
-                    s = tf if tf > r else r
-                    tf = s + dF[c]
-                    fend[idx] = tf
-                elif k is _KB:
-                    r = fend[idx]
-                    if r < 0:
-                        break
-                    if c != last:
-                        e = bend[idx + m]
-                        if e < 0:
-                            break
-                        e += bcomm[c]
-                        if e > r:
-                            r = e
-                    s = tf if tf > r else r
-                    tf = s + dB[c]
-                    bend[idx] = tf
-                else:
-                    r = bend[idx]
-                    if r < 0:
-                        break
-                    s = tf if tf > r else r
-                    tf = s + dW[c]
-                if not i:
-                    first[d] = s
-                total += tf
-                i += 1
-            if i != ptr[d]:
-                progress = True
-                remaining -= i - ptr[d]
-                ptr[d] = i
-                free[d] = tf
-    if remaining:
-        return None
-    if detail:
-        return max(free), total, free, first
-    return max(free), total
-
-
-def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[list[Job]]:
-    """Improve job lists by adjacent swaps on a device (first improvement on (makespan, sum of ends)).
-
-    A swap is tried only when the two jobs do not depend on each other and the device's
-    memory stays within the limit; each candidate is re-timed with :func:`time_seqs`.
-    """
-    a, bfree = prob.a, prob.b
-    limit = prob.limit + _EPS
-    seqs = [list(s) for s in seqs]
-    cur = time_seqs(prob, seqs)
-    if cur is None:
-        return seqs
-    evals = 0
-
-    def delta(job):
-        k, _, c = job
-        return a[c] if k is _KF else (-bfree[c] if k is _KB else bfree[c] - a[c])
-
-    improved = True
-    while improved and evals < max_evals:
-        improved = False
-        for d in range(prob.pp):
-            seq = seqs[d]
-            memv = 0.0
-            for i in range(1, len(seq)):
-                x, y = seq[i - 1], seq[i]
-                memv_before = memv
-                memv += delta(x)
-                if x[1] == y[1] and (x[2] == y[2] or (x[0] == y[0] and abs(x[2] - y[2]) == 1)):
-                    continue  # same microbatch and a chain dependency (F->B->W, F->F, B->B)
-                if memv_before + delta(y) > limit:
-                    continue
-                seq[i - 1], seq[i] = y, x
-                evals += 1
-                r = time_seqs(prob, seqs)
-                if r is not None and (r[0] < cur[0] - _EPS or (r[0] < cur[0] + _EPS and r[1] < cur[1] - _EPS)):
-                    cur = r
-                    improved = True
-                    memv = memv_before + delta(y)
-                else:
-                    seq[i - 1], seq[i] = x, y
-                if evals >= max_evals:
-                    break
-            if evals >= max_evals:
-                break
-    return seqs
-
-
-def insertion_search(prob: Problem, seqs: list[list[Job]], max_evals: int, window: int = 8) -> list[list[Job]]:
-    """Improve job lists by moving one job up to ``window`` places earlier or later on its device.
-
-    First improvement on (makespan, sum of job ends), re-timed with :func:`time_seqs`; a move
-    is tried only when the device's running memory stays within the limit. Wider than the
-    adjacent swaps of :func:`local_search` (a move is a chain of swaps whose intermediate steps
-    may be worse), and slower: opt-in via the ``insert_budget`` option of the V-shape builders.
-    Deterministic (fixed scan order).
-    """
-    a, bfree = prob.a, prob.b
-    limit = prob.limit + _EPS
-    seqs = [list(s) for s in seqs]
-    cur = time_seqs(prob, seqs)
-    if cur is None:
-        return seqs
-
-    def delta(job):
-        k, _, c = job
-        return a[c] if k is _KF else (-bfree[c] if k is _KB else bfree[c] - a[c])
-
-    def fits(seq):
-        m = 0.0
-        for job in seq:
-            m += delta(job)
-            if m > limit:
-                return False
-        return True
-
-    evals = 0
-    improved = True
-    while improved and evals < max_evals:
-        improved = False
-        for d in range(prob.pp):
-            seq = seqs[d]
-            n = len(seq)
-            for i in range(n):
-                for j in range(max(0, i - window), min(n, i + window + 1)):
-                    if j == i:
-                        continue
-                    x = seq.pop(i)
-                    seq.insert(j, x)
-                    if not fits(seq):
-                        seq.pop(j)
-                        seq.insert(i, x)
-                        continue
-                    evals += 1
-                    r = time_seqs(prob, seqs)
-                    if r is not None and (r[0] < cur[0] - _EPS or (r[0] < cur[0] + _EPS and r[1] < cur[1] - _EPS)):
-                        cur = r
-                        improved = True
-                    else:
-                        seq.pop(j)
-                        seq.insert(i, x)
-                    if evals >= max_evals:
-                        return seqs
-    return seqs

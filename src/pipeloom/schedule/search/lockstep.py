@@ -1,4 +1,4 @@
-"""Lock-step ZB-V construction (private helper, no torch): one more candidate for :func:`_greedy.search`.
+"""Lock-step ZB-V construction (private helper, no torch): one more candidate for :func:`.portfolio.search`.
 
 This is pipeloom's own implementation of the *idea* of the official ZB-V generator (Qi et
 al. 2024, "Pipeline Parallelism with Controllable Memory", and the ``zbv`` module of
@@ -119,25 +119,20 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
         """largest bubble device d may reach without a W being inserted to avoid it"""
         return max(max(bub), max_appr - appr[d])
 
+    # the dependency rule as the timing kernel reads it from core.rules (kind 0 = F, 1 = B: the kernel's order)
+    needs = prob.tables.needs
+    ends_of = {rules.ACT: fend, rules.GRAD: bend}
+
     def ready(kind: int, c: int, mb: int) -> float:
         """time the job's inputs are available on its device (raises if one is not placed yet)"""
         r = 0.0
-        if kind == 0:
-            if c:
-                e = fend[c - 1][mb]
-                if e < 0:
-                    raise _Broken
-                r = e + fcomm[c]
-        else:
-            r = fend[c][mb]
-            if r < 0:
+        for ev, off, cm in needs[kind * nc + c]:
+            e = ends_of[ev][c + off][mb]
+            if e < 0:
                 raise _Broken
-            if c != nc - 1:
-                e = bend[c + 1][mb]
-                if e < 0:
-                    raise _Broken
-                if e + bcomm[c] > r:
-                    r = e + bcomm[c]
+            e += cm
+            if e > r:
+                r = e
         return r
 
     def cross_ready(kind: int, c: int, mb: int) -> float | None:

@@ -20,7 +20,7 @@ left per period take the weight-grad jobs W (oldest B first). The repeated patte
 device 0's first chunk-0 B and ends with its last chunk-0 F) each job moves to the earliest
 free slot after its dependencies where the device's memory stays within the cap. The
 per-device slot order is the schedule; it is re-timed with the real per-chunk costs and
-``comm`` by the caller (:func:`pipeloom.schedule.search.greedy.result_of`), which also checks the
+``comm`` by the caller (:func:`pipeloom.schedule.search.localsearch.result_of`), which also checks the
 memory limit under the real memory model. Only V placement with two chunks per device.
 """
 from __future__ import annotations
@@ -87,15 +87,15 @@ def build(prob, blk: Block, cap: float | None = None) -> list[list[Job]] | None:
     if base is None:
         return None
     nc = 2 * pp
-    a, bfree = prob.a, prob.b
+    mF, mB, mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules): F +a, B -b, W -(a-b)
     chunk = [[d, nc - 1 - d] for d in range(pp)]  # local chunk -> global chunk
     # slot times T[d][type][mb] of F0, F1, B1, B0, then W of chunk 1 and W of chunk 0 (types 4, 5)
     T = [[[base[d][k] + blk.period * j for j in range(m)] for k in range(4)] for d in range(pp)]
     for d in range(pp):
         T[d].extend(_put_w(T[d], m))
     # memory change of each type on device d
-    dm = [[a[chunk[d][0]], a[chunk[d][1]], -bfree[chunk[d][1]], -bfree[chunk[d][0]],
-           bfree[chunk[d][1]] - a[chunk[d][1]], bfree[chunk[d][0]] - a[chunk[d][0]]] for d in range(pp)]
+    dm = [[mF[chunk[d][0]], mF[chunk[d][1]], mB[chunk[d][1]], mB[chunk[d][0]], mW[chunk[d][1]], mW[chunk[d][0]]]
+          for d in range(pp)]
     if cap is None:
         cap = prob.limit
     _squeeze(pp, m, T, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
@@ -355,13 +355,13 @@ def pattern_peak(prob, blk: Block, stop: float = float("inf")) -> float | None:
     life = max(row[3] - row[0] for row in base)
     m = min(prob.m, life // blk.period + 4)
     nc = 2 * pp
-    a, bfree = prob.a, prob.b
+    mF, mB, mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules)
     out = 0.0
     for d in range(pp):
         c0, c1 = d, nc - 1 - d
         Td = [[base[d][k] + blk.period * j for j in range(m)] for k in range(4)]
         w1, w0 = _put_w(Td, m)
-        dm = (a[c0], a[c1], -bfree[c1], -bfree[c0], bfree[c1] - a[c1], bfree[c0] - a[c0])
+        dm = (mF[c0], mF[c1], mB[c1], mB[c0], mW[c1], mW[c0])
         ev = sorted([(t, k) for k in range(4) for t in Td[k]] + [(t, 4) for t in w1] + [(t, 5) for t in w0])
         cur = 0.0
         for _t, k in ev:

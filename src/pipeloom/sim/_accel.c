@@ -1,5 +1,7 @@
 /* Optional C accelerator of pipeloom's schedule core (private; pure-Python equivalents always exist).
  *
+ * time_order()     THE timing kernel of pipeloom.sim.kernel (time a fixed per-device order), rule-free:
+ *                  it reads pipeloom.core.rules as tables
  * run_pass()       the greedy pass of pipeloom.schedule.search.greedy
  * proven_valid()   the validator's witness check (pipeloom.schedule.validate), see below
  *
@@ -149,7 +151,8 @@ static PyObject *list_of_doubles(const double *x, Py_ssize_t n) {
 
 /* run_pass(shape, chunk_arrays, device_arrays, policy, job_type, kinds)
  *   shape        = (pp, vpp, m, limit, eps)
- *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, a, bfree, dev)            each of length nc = pp*vpp
+ *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, mF, mB, mW, dev)          each of length nc = pp*vpp;
+ *                  mF/mB/mW: the memory change of F/B/W per chunk (pipeloom.core.rules.memory_deltas)
  *   device_arrays= (first, capd, need, bord, ford)                       bord/ford: pp*vpp chunks
  *   policy       = (reserve, b_first, fill_always, lookahead, h_warm, warmup or -1)
  * -> None on deadlock, else (seqs, order_bytes, t, peak, start0)
@@ -158,13 +161,13 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     (void)self;
     int pp, vpp, m;
     double limit, eps;
-    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_dev;
+    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_w, *o_dev;
     PyObject *o_first, *o_capd, *o_need, *o_bord, *o_ford;
     int reserve, b_first, fill_always, h_warm, warm;
     double look;
     PyObject *job_type, *kinds;
-    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
-                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
+    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
+                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_w, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
                           &reserve, &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
         return NULL;
     if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
@@ -186,7 +189,7 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     const double INF = HUGE_VAL;
 
     PyObject *result = NULL;
-    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *bfree = NULL;
+    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *mB = NULL, *mW = NULL;
     double *capd = NULL, *need = NULL;
     long *dev = NULL, *first = NULL, *bord = NULL, *ford = NULL;
     double *fe = NULL, *be = NULL, *t = NULL, *mem = NULL, *resv = NULL, *peak = NULL, *key = NULL,
@@ -202,8 +205,8 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
 
     if (!(dF = as_doubles(o_dF, nc, "dF")) || !(dB = as_doubles(o_dB, nc, "dB")) ||
         !(dW = as_doubles(o_dW, nc, "dW")) || !(fcomm = as_doubles(o_fc, nc, "fcomm")) ||
-        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "a")) ||
-        !(bfree = as_doubles(o_b, nc, "b")) || !(dev = as_longs(o_dev, nc, "dev")) ||
+        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "mF")) ||
+        !(mB = as_doubles(o_b, nc, "mB")) || !(mW = as_doubles(o_w, nc, "mW")) || !(dev = as_longs(o_dev, nc, "dev")) ||
         !(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
         !(need = as_doubles(o_need, pp, "need")) || !(bord = as_longs(o_bord, nc, "bord")) ||
         !(ford = as_longs(o_ford, nc, "ford")))
@@ -385,8 +388,8 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             nb[c] = mb + 1;
             e = T + dB[c];
             be[c * m + mb] = e;
-            mem[d] -= bfree[c];
-            resv[d] -= bfree[c];
+            mem[d] += mB[c];
+            resv[d] += mB[c];
             started_b[d] = 1;
             Py_ssize_t slot = (Py_ssize_t)d * m * vpp + pt[d];
             if (pt[d] >= (long)m * vpp) {
@@ -417,9 +420,9 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             c = pend_c[slot];
             ph[d] += 1;
             e = T + dW[c];
-            double fr = a[c] - bfree[c];
-            mem[d] -= fr;
-            resv[d] -= fr;
+            double fr = mW[c];
+            mem[d] += fr;
+            resv[d] += fr;
         }
         if (cnt[d] >= per_dev) {
             PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
@@ -499,7 +502,7 @@ done:
         for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
         free(ints);
     }
-    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(bfree); free(capd); free(need);
+    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(mB); free(mW); free(capd); free(need);
     free(dev); free(first); free(bord); free(ford);
     free(fe); free(be); free(t); free(mem); free(resv); free(peak); free(key); free(start0);
     free(nf); free(nb); free(nfwd); free(started_b); free(cnt);
@@ -557,7 +560,7 @@ static PyObject *proven_valid(PyObject *self, PyObject *args) {
     double *a = NULL, *b = NULL;
     long long *rk = NULL;
     PyObject *devs = NULL, *wits = NULL;
-    if (!(home = as_longs(o_home, nc, "home")) || !(a = as_doubles(o_a, nc, "a")) || !(b = as_doubles(o_b, nc, "b")))
+    if (!(home = as_longs(o_home, nc, "home")) || !(a = as_doubles(o_a, nc, "mF")) || !(b = as_doubles(o_b, nc, "b")))
         goto fail;
     devs = PySequence_Fast(devices, "devices");
     wits = PySequence_Fast(witness, "witness");
@@ -674,9 +677,369 @@ fail:
     return NULL;
 }
 
+/* time_order(devices, kinds, m, nc, needs, produces, dur_tab, job_dur, pairs, delays)
+ *
+ * The compiled form of pipeloom.sim.kernel._time_order_py (the specification): time a fixed per-device
+ * order. It knows no dependency rule: needs[k*nc+c] = ((event, chunk offset, comm), ...) and
+ * produces[k*nc+c] = (event, ...) are pipeloom.core.rules as tables (pipeloom.sim.kernel.Rules), k the index of
+ * the job's kind in kinds. Durations per (kind, chunk) in dur_tab (4*nc floats) or per job in job_dur (lists
+ * per device); pairs: None or {(d, i): (p1, p2, p3)} (an overlapped pair ends at start + p1 + p2 - p3);
+ * delays: None or per-job idle before the job. Returns (start, end, total), or (None, "range", d, i),
+ * or (None, "deadlock", [(d, i, missing event key), ...]) exactly as the Python loop does.
+ */
+static int parse_job(PyObject *job, PyObject *const *kind4, long m, long nc, long *slot, long *mb) {
+    if (!PyTuple_Check(job) || PyTuple_GET_SIZE(job) != 3) return -1;
+    PyObject *k = PyTuple_GET_ITEM(job, 0);
+    int ki = k == kind4[0] ? 0 : k == kind4[1] ? 1 : k == kind4[2] ? 2 : k == kind4[3] ? 3 : -1;
+    PyObject *omb = PyTuple_GET_ITEM(job, 1), *oc = PyTuple_GET_ITEM(job, 2);
+    if (ki < 0 || !PyLong_Check(omb) || !PyLong_Check(oc)) return -1;
+    int of1 = 0, of2 = 0;
+    long b = PyLong_AsLongAndOverflow(omb, &of1), c = PyLong_AsLongAndOverflow(oc, &of2);
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (of1 || of2 || b < 0 || b >= m || c < 0 || c >= nc) return -1;
+    *slot = ki * nc + c;
+    *mb = b;
+    return 0;
+}
+
+/* per-device sequences of floats -> one flat array aligned with the jobs (NULL + exception on error) */
+static double *flat_doubles(PyObject *o, Py_ssize_t pp, const Py_ssize_t *off, const char *what) {
+    PyObject *fast = PySequence_Fast(o, what);
+    if (!fast) return NULL;
+    double *out = NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != pp) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd device lists", what, pp);
+        goto fail;
+    }
+    out = malloc((size_t)(off[pp] ? off[pp] : 1) * sizeof(double));
+    if (!out) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t d = 0; d < pp; d++) {
+        double *x = as_doubles(PySequence_Fast_GET_ITEM(fast, d), off[d + 1] - off[d], what);
+        if (!x) goto fail;
+        memcpy(out + off[d], x, (size_t)(off[d + 1] - off[d]) * sizeof(double));
+        free(x);
+    }
+    Py_DECREF(fast);
+    return out;
+fail:
+    free(out);
+    Py_DECREF(fast);
+    return NULL;
+}
+
+static PyObject *time_order(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *devices, *kinds, *o_needs, *o_prod, *o_dur, *o_jdur, *o_pairs, *o_delays;
+    long m, nc;
+    if (!PyArg_ParseTuple(args, "OOllOOOOOO", &devices, &kinds, &m, &nc, &o_needs, &o_prod, &o_dur, &o_jdur,
+                          &o_pairs, &o_delays))
+        return NULL;
+    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4 || m < 1 || nc < 1) {
+        PyErr_SetString(PyExc_ValueError, "time_order: kinds must be a 4-tuple, m and nc >= 1");
+        return NULL;
+    }
+    if ((o_dur == Py_None) == (o_jdur == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "time_order: give dur_tab or job_dur");
+        return NULL;
+    }
+    PyObject *kind4[4];
+    for (int k = 0; k < 4; k++) kind4[k] = PyTuple_GET_ITEM(kinds, k);
+    const Py_ssize_t nslot = 4 * (Py_ssize_t)nc, mnc = (Py_ssize_t)m * nc;
+    PyObject *result = NULL, *devs = NULL, **seqs = NULL;
+    Py_ssize_t *off = NULL, *nstart = NULL, *pstart = NULL, *ptr = NULL;
+    long *nev = NULL, *noff = NULL, *pev = NULL, *jslot = NULL, *jmb = NULL, *stack = NULL, *head = NULL,
+         *nextw = NULL;
+    double *ncm = NULL, *dur = NULL, *jdur = NULL, *delay = NULL, *done = NULL, *st = NULL, *en = NULL,
+           *free_t = NULL, *p1 = NULL, *p2 = NULL, *p3 = NULL;
+    unsigned char *ispair = NULL;
+    Py_ssize_t pp = 0;
+
+    devs = PySequence_Fast(devices, "devices");
+    if (!devs) return NULL;
+    pp = PySequence_Fast_GET_SIZE(devs);
+    seqs = calloc((size_t)(pp ? pp : 1), sizeof(PyObject *));
+    off = calloc((size_t)pp + 1, sizeof(Py_ssize_t));
+    if (!seqs || !off) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t d = 0; d < pp; d++) {
+        seqs[d] = PySequence_Fast(PySequence_Fast_GET_ITEM(devs, d), "device list");
+        if (!seqs[d]) goto done;
+        off[d + 1] = off[d] + PySequence_Fast_GET_SIZE(seqs[d]);
+    }
+    const Py_ssize_t total = off[pp];
+    /* the rule tables, as CSR arrays */
+    {
+        PyObject *fn = PySequence_Fast(o_needs, "needs"), *fp = PySequence_Fast(o_prod, "produces");
+        if (!fn || !fp || PySequence_Fast_GET_SIZE(fn) != nslot || PySequence_Fast_GET_SIZE(fp) != nslot) {
+            if (fn && fp) PyErr_SetString(PyExc_ValueError, "time_order: needs/produces must have 4*nc entries");
+            Py_XDECREF(fn);
+            Py_XDECREF(fp);
+            goto done;
+        }
+        nstart = calloc((size_t)nslot + 1, sizeof(Py_ssize_t));
+        pstart = calloc((size_t)nslot + 1, sizeof(Py_ssize_t));
+        int bad = !nstart || !pstart;
+        for (Py_ssize_t s = 0; !bad && s < nslot; s++) {
+            nstart[s + 1] = nstart[s] + PyObject_Length(PySequence_Fast_GET_ITEM(fn, s));
+            pstart[s + 1] = pstart[s] + PyObject_Length(PySequence_Fast_GET_ITEM(fp, s));
+            if (PyErr_Occurred()) bad = 1;
+        }
+        if (!bad) {
+            nev = malloc((size_t)(nstart[nslot] + 1) * sizeof(long));
+            noff = malloc((size_t)(nstart[nslot] + 1) * sizeof(long));
+            ncm = malloc((size_t)(nstart[nslot] + 1) * sizeof(double));
+            pev = malloc((size_t)(pstart[nslot] + 1) * sizeof(long));
+            bad = !nev || !noff || !ncm || !pev;
+            if (bad) PyErr_NoMemory();
+        }
+        for (Py_ssize_t s = 0; !bad && s < nslot; s++) {
+            PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(fn, s), "needs row");
+            if (!row) { bad = 1; break; }
+            for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(row); j++) {
+                PyObject *t = PySequence_Fast_GET_ITEM(row, j);
+                Py_ssize_t q = nstart[s] + j;
+                if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
+                    PyErr_SetString(PyExc_TypeError, "time_order: a need is (event, offset, comm)");
+                    bad = 1;
+                    break;
+                }
+                nev[q] = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+                noff[q] = PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+                ncm[q] = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 2));
+                if (PyErr_Occurred() || nev[q] < 0 || nev[q] > 2) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "time_order: event out of range");
+                    bad = 1;
+                    break;
+                }
+            }
+            Py_DECREF(row);
+            row = PySequence_Fast(PySequence_Fast_GET_ITEM(fp, s), "produces row");
+            if (!row) { bad = 1; break; }
+            for (Py_ssize_t j = 0; !bad && j < PySequence_Fast_GET_SIZE(row); j++) {
+                long e = PyLong_AsLong(PySequence_Fast_GET_ITEM(row, j));
+                if (PyErr_Occurred() || e < 0 || e > 2) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "time_order: event out of range");
+                    bad = 1;
+                }
+                pev[pstart[s] + j] = e;
+            }
+            Py_DECREF(row);
+        }
+        Py_DECREF(fn);
+        Py_DECREF(fp);
+        if (bad) goto done;
+    }
+    if (o_dur != Py_None && !(dur = as_doubles(o_dur, nslot, "dur_tab"))) goto done;
+    if (o_jdur != Py_None && !(jdur = flat_doubles(o_jdur, pp, off, "job_durations"))) goto done;
+    if (o_delays != Py_None && !(delay = flat_doubles(o_delays, pp, off, "delays"))) goto done;
+    jslot = malloc((size_t)(total ? total : 1) * sizeof(long));
+    jmb = malloc((size_t)(total ? total : 1) * sizeof(long));
+    ispair = calloc((size_t)(total ? total : 1), 1);
+    done = malloc((size_t)3 * mnc * sizeof(double));
+    head = malloc((size_t)3 * mnc * sizeof(long));
+    st = malloc((size_t)(total ? total : 1) * sizeof(double));
+    en = malloc((size_t)(total ? total : 1) * sizeof(double));
+    free_t = calloc((size_t)(pp ? pp : 1), sizeof(double));
+    ptr = calloc((size_t)(pp ? pp : 1), sizeof(Py_ssize_t));
+    stack = malloc((size_t)(pp ? pp : 1) * sizeof(long));
+    nextw = malloc((size_t)(pp ? pp : 1) * sizeof(long));
+    if (!jslot || !jmb || !ispair || !done || !head || !st || !en || !free_t || !ptr || !stack || !nextw) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < 3 * mnc; q++) {
+        done[q] = -1.0;
+        head[q] = -1;
+    }
+    for (Py_ssize_t d = 0; d < pp; d++) {
+        for (Py_ssize_t i = 0; i < off[d + 1] - off[d]; i++) {
+            long sl, mb;
+            if (parse_job(PySequence_Fast_GET_ITEM(seqs[d], i), kind4, m, nc, &sl, &mb) < 0) sl = -1, mb = 0;
+            jslot[off[d] + i] = sl;
+            jmb[off[d] + i] = mb;
+            st[off[d] + i] = en[off[d] + i] = 0.0;
+        }
+    }
+    if (o_pairs != Py_None) {
+        if (!PyDict_Check(o_pairs)) {
+            PyErr_SetString(PyExc_TypeError, "time_order: pairs must be a dict or None");
+            goto done;
+        }
+        Py_ssize_t n_p = PyDict_Size(o_pairs);
+        p1 = malloc((size_t)(n_p ? n_p : 1) * sizeof(double));
+        p2 = malloc((size_t)(n_p ? n_p : 1) * sizeof(double));
+        p3 = malloc((size_t)(n_p ? n_p : 1) * sizeof(double));
+        if (!p1 || !p2 || !p3) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        /* ispair[job] = 1 and, until the pair is timed, st[job] = its index into p1..p3 */
+        Py_ssize_t pos = 0, k = 0;
+        PyObject *key, *val;
+        while (PyDict_Next(o_pairs, &pos, &key, &val)) {
+            long d, i;
+            if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) != 2 || !PyTuple_Check(val) || PyTuple_GET_SIZE(val) != 3) {
+                PyErr_SetString(PyExc_TypeError, "time_order: pairs maps (d, i) to (p1, p2, p3)");
+                goto done;
+            }
+            d = PyLong_AsLong(PyTuple_GET_ITEM(key, 0));
+            i = PyLong_AsLong(PyTuple_GET_ITEM(key, 1));
+            if (PyErr_Occurred()) goto done;
+            if (d < 0 || d >= pp || i < 0 || i + 1 >= off[d + 1] - off[d]) continue;
+            p1[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(val, 0));
+            p2[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(val, 1));
+            p3[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(val, 2));
+            if (PyErr_Occurred()) goto done;
+            ispair[off[d] + i] = 1;
+            st[off[d] + i] = (double)k; /* the pair's index, until the job is timed */
+            k++;
+        }
+    }
+
+    Py_ssize_t sp = 0;
+    for (Py_ssize_t d = pp - 1; d >= 0; d--) stack[sp++] = (long)d;
+    while (sp) {
+        long d = stack[--sp];
+        Py_ssize_t i = ptr[d], n = off[d + 1] - off[d], o = off[d];
+        double t_free = free_t[d];
+        while (i < n) {
+            /* ready() of the job at i (and of its partner when it starts an overlapped pair) */
+            int np = ispair[o + i] ? 2 : 1;
+            double r = 0.0;
+            long wait = -1;
+            for (int h = 0; h < np && wait < 0; h++) {
+                long sl = jslot[o + i + h];
+                if (sl < 0) {
+                    result = Py_BuildValue("(Osnn)", Py_None, "range", (Py_ssize_t)d, i + h);
+                    goto done;
+                }
+                long c = sl % nc;
+                Py_ssize_t base = (Py_ssize_t)jmb[o + i + h] * nc + c;
+                double rh = 0.0;
+                for (Py_ssize_t q = nstart[sl]; q < nstart[sl + 1]; q++) {
+                    Py_ssize_t key = nev[q] * mnc + base + noff[q];
+                    double e = done[key];
+                    if (e < 0) {
+                        wait = (long)key;
+                        break;
+                    }
+                    e += ncm[q];
+                    if (e > rh) rh = e;
+                }
+                if (h == 0)
+                    r = rh;
+                else if (rh > r)
+                    r = rh;
+            }
+            if (wait >= 0) {
+                nextw[d] = head[wait];
+                head[wait] = d;
+                break;
+            }
+            double s0 = t_free > r ? t_free : r;
+            if (delay) s0 = s0 + delay[o + i];
+            double t;
+            if (np == 2) {
+                Py_ssize_t k = (Py_ssize_t)st[o + i];
+                t = s0 + p1[k] + p2[k] - p3[k];
+                st[o + i] = st[o + i + 1] = s0;
+                en[o + i] = en[o + i + 1] = t;
+            } else {
+                t = s0 + (jdur ? jdur[o + i] : dur[jslot[o + i]]);
+                st[o + i] = s0;
+                en[o + i] = t;
+            }
+            for (int h = 0; h < np; h++) {
+                long sl = jslot[o + i + h];
+                Py_ssize_t base = (Py_ssize_t)jmb[o + i + h] * nc + sl % nc;
+                for (Py_ssize_t q = pstart[sl]; q < pstart[sl + 1]; q++) {
+                    Py_ssize_t key = pev[q] * mnc + base;
+                    done[key] = t;
+                    for (long w = head[key]; w >= 0; w = nextw[w]) stack[sp++] = w;
+                    head[key] = -1;
+                }
+            }
+            i += np;
+            t_free = t;
+        }
+        ptr[d] = i;
+        free_t[d] = t_free;
+    }
+    {
+        PyObject *stuck = PyList_New(0);
+        if (!stuck) goto done;
+        for (Py_ssize_t d = 0; d < pp; d++) {
+            Py_ssize_t i = ptr[d];
+            if (i >= off[d + 1] - off[d]) continue;
+            long miss = -1;
+            for (int h = 0; h < (ispair[off[d] + i] ? 2 : 1) && miss < 0; h++) {
+                long sl = jslot[off[d] + i + h];
+                Py_ssize_t base = (Py_ssize_t)jmb[off[d] + i + h] * nc + sl % nc;
+                for (Py_ssize_t q = nstart[sl]; q < nstart[sl + 1]; q++) {
+                    Py_ssize_t key = nev[q] * mnc + base + noff[q];
+                    if (done[key] < 0) {
+                        miss = (long)key;
+                        break;
+                    }
+                }
+            }
+            PyObject *t = Py_BuildValue("(nnl)", d, i, miss);
+            if (!t || PyList_Append(stuck, t) < 0) {
+                Py_XDECREF(t);
+                Py_DECREF(stuck);
+                goto done;
+            }
+            Py_DECREF(t);
+        }
+        if (PyList_GET_SIZE(stuck)) {
+            result = Py_BuildValue("(OsN)", Py_None, "deadlock", stuck);
+            goto done;
+        }
+        Py_DECREF(stuck);
+    }
+    {
+        PyObject *ls = PyList_New(pp), *le = PyList_New(pp);
+        double tot = 0.0;
+        if (!ls || !le) {
+            Py_XDECREF(ls);
+            Py_XDECREF(le);
+            goto done;
+        }
+        for (Py_ssize_t d = 0; d < pp; d++) {
+            Py_ssize_t n = off[d + 1] - off[d];
+            PyObject *a = list_of_doubles(st + off[d], n), *b = list_of_doubles(en + off[d], n);
+            if (!a || !b) {
+                Py_XDECREF(a);
+                Py_XDECREF(b);
+                Py_DECREF(ls);
+                Py_DECREF(le);
+                goto done;
+            }
+            PyList_SET_ITEM(ls, d, a);
+            PyList_SET_ITEM(le, d, b);
+            for (Py_ssize_t i = 0; i < n; i++) tot += en[off[d] + i];
+        }
+        result = Py_BuildValue("(NNd)", ls, le, tot);
+    }
+done:
+    if (seqs)
+        for (Py_ssize_t d = 0; d < pp; d++) Py_XDECREF(seqs[d]);
+    free(seqs); free(off); free(nstart); free(pstart); free(ptr); free(nev); free(noff); free(pev); free(jslot);
+    free(jmb); free(stack); free(head); free(nextw); free(ncm); free(dur); free(jdur); free(delay); free(done);
+    free(st); free(en); free(free_t); free(p1); free(p2); free(p3); free(ispair);
+    Py_XDECREF(devs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"run_pass", run_pass, METH_VARARGS, "One greedy pass (see pipeloom.schedule.search.greedy)."},
     {"proven_valid", proven_valid, METH_VARARGS, "The validator's witness check (see pipeloom.schedule.validate)."},
+    {"time_order", time_order, METH_VARARGS, "Time a fixed per-device order (see pipeloom.sim.kernel)."},
     {NULL, NULL, 0, NULL},
 };
 
