@@ -167,3 +167,41 @@ def test_tune_notes_an_installed_torchtitan_of_another_version(monkeypatch):
     assert not any("installed" in n for n in tt.notes(job))
     monkeypatch.setattr(tt, "installed_version", lambda: "0.4.1")
     assert any("torchtitan 0.4.1 is installed" in n for n in tt.notes(job))
+
+
+@pytest.mark.parametrize("builder, vpp, layers", [("zbv", 2, 30), ("interleaved", 3, 26)])
+def test_plan_torchtitan_writes_files_torchtitan_loads(builder, vpp, layers, tmp_path, monkeypatch, capsys):
+    """`pipeloom plan --format torch --out X.csv --torchtitan` writes torchtitan's config module beside the CSV;
+    torchtitan's ConfigManager loads it, and its pipeline helpers give the plan's split and placement."""
+    from pipeloom.cli import main
+
+    out = tmp_path / "p.csv"
+    rc = main(["plan", "-s", builder, "--pp", "4", "-m", "8", "--vpp", str(vpp), "--layers", str(layers),
+               "--format", "torch", "--out", str(out), "--torchtitan"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "torchtitan.train --module pipeloom_torchtitan" in printed
+    assert (tmp_path / "torchtitan_args.txt").read_text().startswith("--module llama3 --config ")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(tt.BASE_ENV, "titan_standin:base")
+    sys.modules.pop("pipeloom_torchtitan", None)
+    cfg = titan_cfg.ConfigManager().parse_args(["--module", "pipeloom_torchtitan", "--config", "pipeloom_plan"])
+    par = cfg.parallelism
+    s = schedule_io.load(str(out))
+    names = _stage_names(par, layers)
+    split = uniform(layers, 4, vpp, Placement(s.placement)).seg_layer_num
+    assert [sum(1 for x in part if x.startswith("layers.")) for part in names] == list(split)
+    for rank in range(4):
+        built = titan_pp._get_pp_rank_to_stage_indices_mapping(rank, 4, par.pipeline_parallel_schedule, len(names))
+        assert sorted(built) == s.chunks_of(rank)
+    assert par.pipeline_parallel_schedule_csv == str(out)
+
+
+def test_plan_torchtitan_refuses_before_writing(tmp_path, capsys):
+    """A V plan with 3 chunks per device has no torchtitan placement: one line, and nothing written."""
+    from pipeloom.cli import main
+
+    rc = main(["plan", "-s", "zbv", "--pp", "4", "-m", "8", "--vpp", "3", "--layers", "36", "--format", "torch",
+               "--out", str(tmp_path / "d" / "p.csv"), "--torchtitan"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "torchtitan cannot run this plan" in err and "--vpp 2" in err
+    assert not (tmp_path / "d").exists()

@@ -24,6 +24,10 @@ def add_parser(sub) -> None:
                    help="file format of --out: pipeloom (CSV or JSON by the name) or torch (torch.distributed."
                         "pipelining's compute-only CSV, for _PipelineScheduleRuntime._load_csv and torchtitan's "
                         "--parallelism.pipeline_parallel_schedule_csv; plans with --runtime torch unless told otherwise)")
+    p.add_argument("--torchtitan", action="store_true",
+                   help="with --format torch and a layer split (--layers or --model): also write torchtitan 0.3's "
+                        "config module pipeloom_torchtitan.py and torchtitan_args.txt beside the CSV, so torchtitan "
+                        "builds the plan's stages, layer split and placement (docs/torch.md)")
     p.add_argument("--json", action="store_true", help="print the simulate-style JSON summary")
     p.set_defaults(func=run, _config_flags=PLAN_FLAGS)
 
@@ -42,21 +46,38 @@ def run(args) -> int:
                        " (a torch schedule is a CSV file)" if args.format == "torch" else "")
     elif args.format == "torch":
         raise ValueError("--format torch writes a file: give --out FILE.csv")
+    if args.torchtitan and (args.format != "torch" or args.out is None):
+        raise ValueError("--torchtitan writes torchtitan's files beside a torch CSV: give --format torch --out FILE.csv")
     spec, pplan = plan_inputs(args, args.schedule)
+    if args.torchtitan and pplan is None:
+        raise ValueError("--torchtitan needs the plan's layer split: give --layers L (or --model)")
     t0 = time.perf_counter()
     sched = plan_named(args.schedule, spec)
     dt = time.perf_counter() - t0
     # the file remembers what the plan was made for ('simulate --plan' checks it against that limit)
     sched = dataclasses.replace(sched, meta={"builder": args.schedule, "mem_limit": spec.mem_limit, **sched.meta})
+    titan = job = None
+    if args.torchtitan:  # before writing anything: can torchtitan place this plan's stages?
+        from ..integrations import torchtitan as tt
+
+        job = tt.TitanJob.from_schedule(sched, pplan.partition.seg_layer_num)
+        try:
+            tt.settings(job, args.out)
+        except tt.TorchtitanUnsupported as e:
+            raise ValueError(f"torchtitan cannot run this plan as planned: {e}") from None
     written = []
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         written = schedule_io.save(sched, args.out, args.format)
+    if job is not None:
+        files, titan = tt.write_files(job, os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out))
     if args.json:
         res = evaluate(sched, spec)
         res["plan_time_s"] = dt
         res["out"] = args.out
         res["meta"] = sched.meta
+        if titan is not None:
+            res["torchtitan"] = titan
         if pplan is not None:  # which layers each stage holds: the plan's costs are this split's
             res["partition"] = {"how": pplan.how, **pplan.partition.to_dict()}
         print_json(res)
@@ -66,6 +87,12 @@ def run(args) -> int:
               f"{sched.num_jobs} jobs, planned in {fmt(dt, 3)} s"
               + "".join(f" (+ {w}: the name and memory limit torch's CSV has no room for)" for w in written[1:]),
               flush=True)
+        if titan is not None:
+            for f in files:
+                print(f"wrote {f}", flush=True)
+            print(f"torchtitan: {titan['command']}", flush=True)
+            for n in titan["notes"]:
+                print(f"torchtitan note: {n}", flush=True)
         if "status" in sched.meta:  # the exact solver says whether it proved optimality
             print(f"solver: {sched.meta['status']}, makespan {fmt(sched.meta.get('objective'))}, "
                   f"proven lower bound {fmt(sched.meta.get('best_bound'))}", flush=True)

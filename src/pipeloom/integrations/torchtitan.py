@@ -330,12 +330,44 @@ def config_module_text(job: TitanJob, csv_name: str, *, summary: str = "", launc
                           ac=st["activation_checkpoint"])
 
 
+#: the files :func:`write_files` writes beside the plan's torch CSV
+FILES = ("pipeloom_torchtitan.py", "torchtitan_args.txt")
+
+
+def write_files(job: TitanJob, out_dir: str, csv_name: str, *, launcher: str = "torchrun") -> tuple[list[str], dict]:
+    """Write :data:`FILES` into ``out_dir``, where the plan's torch CSV ``csv_name`` lies (``tune --out`` and
+    ``plan --torchtitan`` call this); returns (the written paths, what ``launch.json`` records: the command,
+    the overrides and settings, or ``unsupported`` with the one-line reason, when nothing is written)."""
+    import os
+
+    from ..core.files import write_text
+
+    titan: dict = {"version": TORCHTITAN_VERSION, "notes": notes(job)}
+    try:
+        st = settings(job, os.path.abspath(os.path.join(out_dir, csv_name)))
+    except TorchtitanUnsupported as e:
+        titan.update(unsupported=str(e), config_module=None, command=None, overrides=None)
+        return [], titan
+    module = os.path.join(out_dir, FILES[0])
+    write_text(module, config_module_text(job, csv_name, launcher=launcher, here=out_dir))
+    base, _ = base_config(job)
+    mod, fn = base.rsplit(".config_registry:", 1)
+    ov = ["--module", mod.rsplit(".", 1)[1], "--config", fn] + overrides(st)
+    args = os.path.join(out_dir, FILES[1])
+    write_text(args, shell_join(ov) + "\n")
+    titan.update(unsupported=None, config_module=FILES[0],
+                 command=f"PYTHONPATH={out_dir} {launcher} -m torchtitan.train --module pipeloom_torchtitan "
+                         f"--config pipeloom_plan",
+                 overrides=ov, settings=st)
+    return [module, args], titan
+
+
 def _summary(job: TitanJob) -> str:
     return (f"{job.schedule or 'plan'} pp={job.pp} vpp={job.vpp} ({job.placement.value} placement) "
             f"m={job.microbatches} tp={job.tp} dp={job.dp}, layers per chunk {list(job.seg_layer_num)}")
 
 
-__all__ = ["BASE_ENV", "RECOMPUTE", "TITAN_LLAMA3", "TORCHTITAN_VERSION", "TitanJob", "TorchtitanUnsupported",
+__all__ = ["BASE_ENV", "FILES", "RECOMPUTE", "TITAN_LLAMA3", "TORCHTITAN_VERSION", "TitanJob", "TorchtitanUnsupported",
            "base_config", "check_version", "config_module_text", "default_split", "fqns_per_model_part",
            "installed_version", "notes",
-           "overrides", "placement_schedule", "settings", "shell_join"]
+           "overrides", "placement_schedule", "settings", "shell_join", "write_files"]

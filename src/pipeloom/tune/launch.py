@@ -87,25 +87,8 @@ def write_plan(res, out_dir: str) -> list[str]:
     world = c.tp * c.pp * c.dp
     gpn = res.problem.gpu.gpus_per_node
     torchrun = f"torchrun --nnodes {max(1, world // gpn)} --nproc-per-node {min(world, gpn)}"
-    job = titan_job(res, c)
-    titan: dict = {"version": _tt.TORCHTITAN_VERSION, "notes": _tt.notes(job)}
-    try:
-        st = _tt.settings(job, os.path.abspath(path(csv_name)))
-    except _tt.TorchtitanUnsupported as e:
-        titan.update(unsupported=str(e), config_module=None, command=None, overrides=None)
-    else:
-        write_text(path("pipeloom_torchtitan.py"),
-                   _tt.config_module_text(job, csv_name, launcher=torchrun, here=out_dir))
-        written.append(path("pipeloom_torchtitan.py"))
-        base, _ = _tt.base_config(job)
-        mod, fn = base.rsplit(".config_registry:", 1)
-        ov = ["--module", mod.rsplit(".", 1)[1], "--config", fn] + _tt.overrides(st)
-        write_text(path("torchtitan_args.txt"), _tt.shell_join(ov) + "\n")
-        written.append(path("torchtitan_args.txt"))
-        titan.update(unsupported=None, config_module="pipeloom_torchtitan.py",
-                     command=f"PYTHONPATH={out_dir} {torchrun} -m torchtitan.train --module pipeloom_torchtitan "
-                             f"--config pipeloom_plan",
-                     overrides=ov, settings=st)
+    titan_written, titan = _tt.write_files(titan_job(res, c), out_dir, csv_name, launcher=torchrun)
+    written += titan_written
     mg = _megatron(res, c)
     write_text(path("megatron_args.txt"), mg.text())
     written.append(path("megatron_args.txt"))
