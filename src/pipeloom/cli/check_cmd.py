@@ -317,7 +317,8 @@ def _print_optrace(d: dict, con, top: int) -> None:
     con.width = max(con.width, 100)
     sz = d["sizes"]
     con.print(f"[bold]{d['trace']}[/bold]  dp={sz['dp_size']} pp={sz['pp_size']} tp={sz['tp_size']} "
-              f"vpp={sz['vpp_size']} world={sz['world_size']}"
+              + (f"cp={sz['cp_size']} " if sz.get("cp_size", 1) != 1 else "")
+              + f"vpp={sz['vpp_size']} world={sz['world_size']}"
               + (f" (inferred: {', '.join(d['inferred_sizes'])})" if d["inferred_sizes"] else "")
               + f"  {len(d['steps'])} steps, {d['ops']} ops" + (f", {d['malformed_rows']} malformed rows skipped"
                                                               if d["malformed_rows"] else ""))
