@@ -246,3 +246,25 @@ def test_meta_context_size_is_read_as_dsp_size_too(tmp_path):
     tr = read_optrace(path, str(tmp_path / "bad.yaml"))
     assert tr.sizes["tp_size"] == 2  # without the context size the extra ranks can only be TP ranks
     json.dumps(tr.summary())
+
+
+def test_the_meta_published_beside_a_trace_is_found(tmp_path, capsys):
+    """trace-X.parquet + meta-X.yaml (the artifact's naming) or STEM.meta.yaml: `check` reads the sizes from it
+    without --meta (it inferred dp*pp = 64 for trace-SE's 128 ranks and warned); two candidates: none taken."""
+    from pipeloom.trace.optrace import find_meta
+
+    trace = tmp_path / "trace-X.parquet"
+    trace.write_bytes(b"")
+    assert find_meta(str(trace)) is None
+    (tmp_path / "meta-X.yaml").write_text("dp_size: 4\n")
+    assert find_meta(str(trace)) == str(tmp_path / "meta-X.yaml")
+    (tmp_path / "trace-X.meta.json").write_text("{}")
+    assert find_meta(str(trace)) is None  # ambiguous
+    other = tmp_path / "run.csv"
+    (tmp_path / "run.meta.yml").write_text("pp_size: 2\n")
+    assert find_meta(str(other)) == str(tmp_path / "run.meta.yml")
+    if SE.exists():
+        assert main(["check", str(SE), "--no-pictures", "--json", "--steps", "16:18"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["sizes"]["world_size"] == 128 and d["sizes"]["cp_size"] == 2
+        assert d["meta_file"].endswith("meta-SE.yaml") and not d["inferred_sizes"]

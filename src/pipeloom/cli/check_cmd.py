@@ -1,6 +1,8 @@
 """pipeloom check: compare a measured run's bubbles with its plan; find late jobs and the straggler."""
 from __future__ import annotations
 
+import os
+
 import argparse
 import contextlib
 
@@ -259,17 +261,22 @@ def run_optrace(args, fmt, layers: int | None) -> int:
     from rich.console import Console
 
     from ..trace.opcheck import check_ops, default_out_dir, parse_steps
+    from ..trace.optrace import find_meta
     from .common import print_json
 
     parse_steps(args.steps)
     _outputs_apart(args, fmt)
+    meta = args.meta
+    if meta is None and os.path.isfile(args.logdir):  # the sizes published beside the trace (meta-X.yaml)
+        meta = find_meta(args.logdir)
     with _progress() as progress:
         progress(what="reading trace")
-        tr = fmt.read(args.logdir, meta=args.meta)
+        tr = fmt.read(args.logdir, meta=meta)
         d = check_ops(tr, steps=args.steps, threshold=args.slowdown_threshold, layers=layers,
                       out_dir=args.out or default_out_dir(args.logdir), pictures=not args.no_pictures,
                       progress=progress)
         d["format"] = fmt.name
+        d["meta_file"] = meta
     if args.json:
         print_json(d)
     else:
@@ -319,6 +326,7 @@ def _print_optrace(d: dict, con, top: int) -> None:
     con.print(f"[bold]{d['trace']}[/bold]  dp={sz['dp_size']} pp={sz['pp_size']} tp={sz['tp_size']} "
               + (f"cp={sz['cp_size']} " if sz.get("cp_size", 1) != 1 else "")
               + f"vpp={sz['vpp_size']} world={sz['world_size']}"
+              + (f" (from {os.path.basename(d['meta_file'])})" if d.get("meta_file") else "")
               + (f" (inferred: {', '.join(d['inferred_sizes'])})" if d["inferred_sizes"] else "")
               + f"  {len(d['steps'])} steps, {d['ops']} ops" + (f", {d['malformed_rows']} malformed rows skipped"
                                                               if d["malformed_rows"] else ""))

@@ -224,6 +224,18 @@ def _read_table(path: str):
         raise OpTraceError(f"{path} is not a readable {kind} op trace: {msg}") from None
 
 
+def find_meta(path: str) -> str | None:
+    """The meta file published beside an op trace, when there is exactly one by the usual names:
+    ``meta-X.yaml`` (``.yml``, ``.json``) beside ``trace-X.parquet`` (the straggler-analysis artifact's naming), or
+    ``STEM.meta.yaml`` (``.yml``, ``.json``) beside ``STEM.parquet``/``STEM.csv``; None otherwise."""
+    folder, name = os.path.split(path)
+    stem = name.rsplit(".", 1)[0]
+    stems = [f"{stem}.meta"] + ([f"meta-{stem[len('trace-'):]}"] if stem.startswith("trace-") else [])
+    found = [os.path.join(folder, s + ext) for s in stems for ext in (".yaml", ".yml", ".json")
+             if os.path.isfile(os.path.join(folder, s + ext))]
+    return found[0] if len(found) == 1 else None
+
+
 def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
     """Read an op trace (Parquet or CSV) and its sizes; malformed rows are counted and dropped."""
     import pyarrow as pa
