@@ -219,7 +219,7 @@ def test_show_cli_writes_pictures_and_text(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("pipeloom: error:") and ".png" in err
     assert main(["show", str(f), "--out", str(f)]) == 2  # never overwrite the schedule with a trace
-    assert "schedule file itself" in capsys.readouterr().err
+    assert "would replace that input" in capsys.readouterr().err
     assert json.load(open(f))["name"] == "1f1b"
 
 
