@@ -101,10 +101,11 @@ def _max_f_work(g, chunks: list[int], cap_mem: int) -> int:
     return int(math.ceil(best - 1e-9))
 
 
-#: dynamic-programming cells :func:`graph_bound` spends on :func:`_min_free_work` over all devices (each device's
-#: at most 2 000 000); past that, the LP relaxation (a weaker, still valid bound). Devices with the same chunk
-#: costs share one result, so at equal costs one table serves every device (pp 128, m 512 at 0.5p: about 1 s)
-DP_CELLS = 4_000_000
+#: dynamic-programming cells :func:`graph_bound` spends on :func:`_min_free_work` over all devices; past that,
+#: the LP relaxation (never stronger, still valid; equal to the exact value on every shape of pp 16-128,
+#: m 4pp, both cost sets of bench/schedules_at_scale.py at 0.5p, 0.75p and V-Min's limit, in 0.06 s instead of
+#: 0.5 s at pp 128). Devices with the same chunk costs share one result
+DP_CELLS = 500_000
 
 
 def _min_free_work(g, chunks: list[int], need: int, exact: bool = True) -> float:
