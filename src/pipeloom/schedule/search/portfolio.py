@@ -237,7 +237,10 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
             lbest = polish_result(prob, lbest, ls_budget)
             if best is None or _better(lbest, best, prob):
                 best = lbest
-    if _vblock.applies(prob) and njobs <= budget_jobs // 4 and prob.limit < INF and not done():
+    # (shapes above GRID_MAX_SHAPE jobs at 1F1B's memory or more skip them: there the greedy's order already
+    # fits, and a block costs seconds: zbv pp 128, m 512, F/B/W 1/2/1, comm 0.5 at 1p 7.9 -> 2 s, the same plan)
+    roomy = njobs > GRID_MAX_SHAPE and prob.limit >= prob.pp - _EPS
+    if _vblock.applies(prob) and njobs <= budget_jobs // 4 and prob.limit < INF and not done() and not roomy:
         # building blocks with a fixed lifespan (the controllable-memory construction): they win at
         # budgets below 1p, where the greedy's memory-blind order leaves bubbles
         vbest: PassResult | None = None
