@@ -106,7 +106,7 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     polish_det = _polish_option(spec, njobs, high)
     grid = None if "budget" in spec.options else _portfolio.default_grid_jobs(prob, budget)
     bound = None
-    if polish_det is None:  # above the polish's sizes: the proven bound (cheap) says how good the plan is
+    if polish_det is None and pp * vpp <= BOUND_MAX_CHUNKS:  # above the polish's sizes: the bound, cheap here
         from .search.bounds import lower_bound
 
         bound = lower_bound(spec if spec.mem_limit == limit else replace(spec, mem_limit=limit), placement).value
@@ -160,6 +160,10 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
 
 
+#: the most chunks (pp * vpp) for which a shape above the polish's sizes gets its proven bound while planning (its
+#: cost grows with the chunks, not the microbatches: pp 128 about 0.1 s; pp 16 384, m 1 would add seconds to a
+#: one-second plan); ``pipeloom plan/simulate --json`` report the bound at every size
+BOUND_MAX_CHUNKS = 4096
 #: default polish budget (CP-SAT deterministic seconds) and the largest shape (jobs) it runs on by default
 #: (pp 4, m 8, vpp 2 = 192 jobs). Nothing runs where the bound proves the greedy optimal; elsewhere the
 #: polish, the insertion search and a second polish cost about 0.05-1.5 s (docs/bench/zb_vs_official.md)
