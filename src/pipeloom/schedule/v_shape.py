@@ -31,9 +31,10 @@ runs as many forwards before its first B as fit (unlike the official generator, 
 caps that count).
 
 Lower bound and polish (:mod:`pipeloom.schedule.search.polish`; option ``effort``: ``high`` only, unless
-``polish`` is given; the default ``fast`` computes the bound and runs no search): for shapes of at most 400 jobs
-the result carries ``meta['lower_bound']``, a proven makespan lower bound under the memory
-limit (critical path, device load and two memory terms), and ``meta['polished']``. When the
+``polish`` is given; the default ``fast`` computes the bound and runs no search): the result carries
+``meta['lower_bound']``, a proven makespan lower bound under the memory limit (critical path, device load
+and two memory terms; every shape up to :data:`BOUND_MAX_CHUNKS` chunks, where it also stops the search
+from adding candidates once met), and for shapes of at most 400 jobs ``meta['polished']``. When the
 bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
 hinted with it looks for a strictly shorter valid one (option ``polish``: CP-SAT
 deterministic seconds; default 0.1 on shapes of at most 200 jobs, 0 = off; explicit values
