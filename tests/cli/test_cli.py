@@ -9,7 +9,7 @@ from pipeloom import make_spec, plan
 from pipeloom.cli import main
 
 SIM_KEYS = {"schedule", "pp", "vpp", "microbatches", "makespan", "bubble", "stage_bubble", "peak_memory",
-            "memory_limit", "valid", "violations"}
+            "memory_limit", "valid", "violations", "lower_bound", "gap", "bound_limit"}
 
 
 def run(capsys, *argv):

@@ -10,7 +10,7 @@ from pipeloom.schedule import io as schedule_io
 from pipeloom.schedule.planning import make_spec, plan
 
 SIM_KEYS = {"schedule", "pp", "vpp", "microbatches", "makespan", "bubble", "stage_bubble", "peak_memory",
-            "memory_limit", "valid", "violations"}
+            "memory_limit", "valid", "violations", "lower_bound", "gap", "bound_limit"}
 
 
 def run(capsys, *argv):

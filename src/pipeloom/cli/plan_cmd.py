@@ -76,6 +76,7 @@ def run(args) -> int:
         res["plan_time_s"] = dt
         res["out"] = args.out
         res["meta"] = sched.meta
+        res.update(_bound(sched, spec, res))
         if titan is not None:
             res["torchtitan"] = titan
         if pplan is not None:  # which layers each stage holds: the plan's costs are this split's
@@ -101,3 +102,12 @@ def run(args) -> int:
     if pplan is not None and not args.json:  # the plan is for this split of the layers: build the stages so
         print(f"layers per global chunk ({pplan.how}): {pplan.partition.seg_layer_num}", flush=True)
     return 0
+
+
+def _bound(sched, spec, res: dict, limit: float | None = None) -> dict:
+    """``lower_bound``, ``gap`` and ``bound_limit`` of the plan (:func:`pipeloom.schedule.search.bounds.plan_bound`;
+    ``limit``: the memory limit to bound under, else the one the plan was made for, else its peak)."""
+    from ..schedule.search.bounds import plan_bound
+
+    peak = max(res["peak_memory"]) if res.get("peak_memory") else None
+    return plan_bound(sched, spec, res.get("makespan"), peak, limit)

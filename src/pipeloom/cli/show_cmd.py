@@ -66,15 +66,17 @@ def run(args) -> int:
         res = simulate(sched, costs, mem)
     except DeadlockError as e:
         raise ValueError(f"{args.file}: cannot be drawn, {e}") from None
+    bound = bound_line(sched, costs, mem, limit, res)
     if not args.out:
         from ..viz.text import text_gantt
         head, *rest = text_gantt(res, width=args.width or None).split("\n")
-        print("\n".join([head, memory_line(res.peak_memory, sched.pp, limit), *rest]))
+        print("\n".join([head, memory_line(res.peak_memory, sched.pp, limit), bound, *rest]))
         return 0
     from ..viz import write_outputs
     from ..viz.timeline import from_sim
 
     print(memory_line(res.peak_memory, sched.pp, limit))
+    print(bound)
     progress.report(f"drawing {', '.join(args.out)}")
     tl = from_sim(res, mem=mem, mem_limit=limit)
     for path in write_outputs(args.out, timeline=tl, us_per_unit=1000.0,
@@ -89,3 +91,17 @@ def memory_line(peaks: list[float], pp: int, limit: float | None) -> str:
     over = "" if limit is None else (f", limit {fmt(limit)}" + (" EXCEEDED" if top > limit + 1e-9 else ""))
     return (f"peak memory per device (units): {' '.join(fmt(x, 3) for x in peaks)}  "
             f"(max {fmt(top, 3)} = {top / pp:.3g}p{over})")
+
+
+def bound_line(sched, costs, mem, limit, res) -> str:
+    """The makespan, its proven lower bound and the gap (:func:`pipeloom.schedule.search.bounds.plan_bound`)."""
+    from ..schedule.registry import PlanSpec
+    from ..schedule.search.bounds import plan_bound
+
+    spec = PlanSpec(pp=sched.pp, microbatches=sched.microbatches, vpp=sched.vpp, costs=costs, mem=mem)
+    b = plan_bound(sched, spec, res.makespan, max(res.peak_memory), limit)
+    if b["lower_bound"] is None:
+        return f"makespan {fmt(res.makespan)} (no lower bound for this schedule)"
+    gap = "-" if b["gap"] is None else f"{b['gap']:.2%}"
+    return (f"makespan {fmt(res.makespan)}, proven lower bound {fmt(b['lower_bound'])} at memory "
+            f"{fmt(b['bound_limit'], 3)} units: gap {gap}")

@@ -61,6 +61,8 @@ def run(args) -> int:
         spec = _spec(args)
         sched = plan_named(args.schedule, spec, check=False)
     res = evaluate(sched, spec)
+    from .plan_cmd import _bound
+    res.update(_bound(sched, spec, res, spec.mem_limit if args.plan is not None else None))
     if dp_wanted(args) and res["makespan"] is not None:
         from ..sim.simulate import simulate
         sim = simulate(sched, spec.costs, spec.mem)
@@ -161,6 +163,9 @@ def print_result(res: dict, costs: tuple[str, str, str | None] | None = None, li
     t.add_row("makespan", fmt(res["makespan"]))
     t.add_row("bubble (idle / pp*makespan)", fmt(res["bubble"]))
     t.add_row("stage bubble (max over devices)", fmt(res["stage_bubble"]))
+    if res.get("lower_bound") is not None:
+        t.add_row(f"proven lower bound (at memory {fmt(res['bound_limit'], 3)})", fmt(res["lower_bound"]))
+        t.add_row("gap (makespan / bound - 1)", "-" if res["gap"] is None else f"{res['gap']:.2%}")
     if res["peak_memory"] is not None:
         t.add_row("peak memory per device", " ".join(fmt(x, 3) for x in res["peak_memory"]))
     if "step_time" in res:

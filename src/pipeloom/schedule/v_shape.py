@@ -31,9 +31,10 @@ runs as many forwards before its first B as fit (unlike the official generator, 
 caps that count).
 
 Lower bound and polish (:mod:`pipeloom.schedule.search.polish`; option ``effort``: ``high`` only, unless
-``polish`` is given; the default ``fast`` computes the bound and runs no search): for shapes of at most 400 jobs
-the result carries ``meta['lower_bound']``, a proven makespan lower bound under the memory
-limit (critical path, device load and two memory terms), and ``meta['polished']``. When the
+``polish`` is given; the default ``fast`` computes the bound and runs no search): the result carries
+``meta['lower_bound']``, a proven makespan lower bound under the memory limit (critical path, device load
+and two memory terms; every shape up to :data:`BOUND_MAX_CHUNKS` chunks, where it also stops the search
+from adding candidates once met), and for shapes of at most 400 jobs ``meta['polished']``. When the
 bound does not already prove the greedy schedule optimal, a deterministic CP-SAT search
 hinted with it looks for a strictly shorter valid one (option ``polish``: CP-SAT
 deterministic seconds; default 0.1 on shapes of at most 200 jobs, 0 = off; explicit values
@@ -65,8 +66,18 @@ from ..core.errors import ScheduleError
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
-#: default greedy work budget (job placements summed over all policies tried)
+#: default greedy work budget (job placements summed over all policies tried) ...
 DEFAULT_BUDGET = 60_000
+#: ... or this many placements per job where that is more (shapes above 7 500 jobs): the lock-step and
+#: building-block candidates then run at every size (they need 8 and 4 placements per job). Without them
+#: V-Min at pp 32-128, m 4pp was 21-31% slower than 1F1B; with them it meets its proven bound
+BUDGET_PER_JOB = 8
+
+
+def default_budget(njobs: int) -> int:
+    """The default ``budget`` of a shape of ``njobs`` jobs: :data:`DEFAULT_BUDGET` or :data:`BUDGET_PER_JOB`
+    placements per job, whichever is more (deterministic: counted in placements, not time)."""
+    return max(DEFAULT_BUDGET, BUDGET_PER_JOB * njobs)
 
 
 def _fmt_units(x: float, pp: int) -> str:
@@ -89,20 +100,26 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
             f"memory limit {_fmt_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest "
             f"feasible limit is {_fmt_units(lo, pp)} (one microbatch's activations on all {vpp} chunks of a "
             f"device at once); use --mem-limit {lo:g} or more")
-    budget = int_option(spec.options, "budget", DEFAULT_BUDGET)
-    insert_budget = int_option(spec.options, "insert_budget", 0)
     njobs = 3 * m * pp * vpp
+    budget = int_option(spec.options, "budget", default_budget(njobs))
+    insert_budget = int_option(spec.options, "insert_budget", 0)
     high = effort_option(spec) == "high"
     polish_det = _polish_option(spec, njobs, high)
     grid = None if "budget" in spec.options else _portfolio.default_grid_jobs(prob, budget)
-    best = _portfolio.search(prob, budget, insert_budget=insert_budget, grid_jobs=grid)
+    bound = None
+    if polish_det is None and pp * vpp <= BOUND_MAX_CHUNKS:  # above the polish's sizes: the bound, cheap here
+        from .search.bounds import lower_bound
+
+        bound = lower_bound(spec if spec.mem_limit == limit else replace(spec, mem_limit=limit), placement).value
+    best = _portfolio.search(prob, budget, insert_budget=insert_budget, grid_jobs=grid, target=bound)
     if best is None:  # cannot happen: the 'reserve' policy is always tried and never deadlocks
         raise ScheduleError(f"{name}: no schedule found under the memory limit {limit}")
     pol = best.policy
     meta = {"builder": name, "mem_limit": limit, "policy": _policy_dict(pol), "local_search": best.improved}
     if target:
         meta["target"] = target
-    if polish_det is None:  # large shape: no bound, no polish (the greedy path is all there is)
+    if polish_det is None:  # large shape: the bound, no polish (the greedy path is all there is)
+        meta["lower_bound"] = bound
         return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
     from .search import polish as _polish  # CP-SAT machinery: imported only when a shape is small enough to polish
 
@@ -144,6 +161,10 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
     return make_schedule(name, pp, vpp, m, placement, best.seqs, witness=best.order, **meta)
 
 
+#: the most chunks (pp * vpp) for which a shape above the polish's sizes gets its proven bound while planning (its
+#: cost grows with the chunks, not the microbatches: pp 128 about 0.1 s; pp 16 384, m 1 would add seconds to a
+#: one-second plan); ``pipeloom plan/simulate --json`` report the bound at every size
+BOUND_MAX_CHUNKS = 4096
 #: default polish budget (CP-SAT deterministic seconds) and the largest shape (jobs) it runs on by default
 #: (pp 4, m 8, vpp 2 = 192 jobs). Nothing runs where the bound proves the greedy optimal; elsewhere the
 #: polish, the insertion search and a second polish cost about 0.05-1.5 s (docs/bench/zb_vs_official.md)

@@ -101,10 +101,17 @@ def _max_f_work(g, chunks: list[int], cap_mem: int) -> int:
     return int(math.ceil(best - 1e-9))
 
 
-def _min_free_work(g, chunks: list[int], need: int) -> float:
+#: dynamic-programming cells :func:`graph_bound` spends on :func:`_min_free_work` over all devices; past that,
+#: the LP relaxation (never stronger, still valid; equal to the exact value on every shape of pp 16-128,
+#: m 4pp, both cost sets of bench/schedules_at_scale.py at 0.5p, 0.75p and V-Min's limit, in 0.06 s instead of
+#: 0.5 s at pp 128). Devices with the same chunk costs share one result
+DP_CELLS = 500_000
+
+
+def _min_free_work(g, chunks: list[int], need: int, exact: bool = True) -> float:
     """Least B/W work on ``chunks`` that frees at least ``need`` memory (per microbatch and chunk:
-    nothing, B alone, or B and W). Exact by dynamic programming when small, else the LP relaxation
-    of that choice problem (a lower bound)."""
+    nothing, B alone, or B and W). Exact by dynamic programming when small (and ``exact``), else the LP
+    relaxation of that choice problem (a lower bound)."""
     if need <= 0:
         return 0.0
     opts = []  # per chunk: (freed, cost) of B alone and of B+W
@@ -114,7 +121,7 @@ def _min_free_work(g, chunks: list[int], need: int) -> float:
     if total_free < need:  # cannot happen for a feasible limit; be safe
         return 0.0
     groups = len(chunks) * g.m
-    if need * groups <= 2_000_000:
+    if exact and need * groups <= 2_000_000:
         INF = math.inf
         dp = [0.0] + [INF] * need  # dp[x]: least cost to free at least x (capped at need)
         for (fb, cb), (fw, cw) in opts:
@@ -151,8 +158,12 @@ def graph_bound(g) -> tuple[int, str, int | None]:
     best = (g.lb, "critical path / device", None)
     if g.ilimit is None:
         return best
+    cells, memo = DP_CELLS, {}
+    by_dev: dict[int, list[int]] = {}
+    for c in range(g.nc):
+        by_dev.setdefault(g.dev[c], []).append(c)
     for d in range(g.pp):
-        chunks = [c for c in range(g.nc) if g.dev[c] == d]
+        chunks = by_dev.get(d)
         if not chunks:
             continue
         fs = [Job(Kind.F, 0, c) for c in chunks]
@@ -167,7 +178,13 @@ def graph_bound(g) -> tuple[int, str, int | None]:
             best = (warm, "warm-up (memory)", d)
         top = max(chunks)
         need = g.m * sum(g.ia[c] for c in chunks) - g.ilimit
-        wfree = int(math.ceil(_min_free_work(g, chunks, need) - 1e-9))
+        key = (need, tuple((g.ia[c], g.ib[c], g.iB[c], g.iW[c]) for c in chunks))
+        if key not in memo:
+            size = need * len(chunks) * g.m
+            memo[key] = _min_free_work(g, chunks, need, exact=size <= cells)
+            if size <= cells and size <= 2_000_000:
+                cells -= max(size, 0)
+        wfree = int(math.ceil(memo[key] - 1e-9))
         if wfree <= 0:  # nothing must be freed: P may come before every B (the device bound covers it)
             continue
         last = hB + wfree + max(0, ftot - g.iF[top] - fpre) + g.tail[Job(Kind.F, 0, top)]
@@ -176,11 +193,77 @@ def graph_bound(g) -> tuple[int, str, int | None]:
     return best
 
 
+def microbatch_graph(spec: PlanSpec, placement: Placement) -> JobGraph:
+    """The split job graph of ``spec`` built for one microbatch, then read for all of them.
+
+    No dependency crosses microbatches (:mod:`pipeloom.core.rules`), so every head and tail is the
+    same for each microbatch: the critical path and the terms of :func:`graph_bound` (which read the
+    heads and tails of microbatch 0, chunk sums times ``m``) are exactly those of the full graph, for
+    ``pp * vpp`` jobs of work instead of ``3 * m * pp * vpp`` (pp 128, m 512: 768 jobs, not 393 216).
+    Only ``g.m`` and the device term of ``g.lb`` are set for the real ``m``; ``g.jobs`` stays
+    microbatch 0's (not a graph to solve)."""
+    from dataclasses import replace
+
+    m = spec.microbatches
+    g = split_graph(replace(spec, microbatches=1), placement)
+    g.m = m
+    lb = max(g.head[j] + g.tail[j] for j in g.jobs)  # the critical path (any microbatch)
+    per: dict[int, list] = {}  # device -> [min head, work of one microbatch, min tail - own duration]
+    for j in g.jobs:  # one pass (a scan of all jobs per device is quadratic in pp: pp 16 384 at m 1)
+        du = g.dur(j.kind, j.chunk)
+        x = per.get(g.dev[j.chunk])
+        if x is None:
+            per[g.dev[j.chunk]] = [g.head[j], du, g.tail[j] - du]
+        else:
+            x[0] = min(x[0], g.head[j])
+            x[1] += du
+            x[2] = min(x[2], g.tail[j] - du)
+    for h, w, t in per.values():
+        lb = max(lb, h + m * w + t)
+    g.lb = lb
+    return g
+
+
 def lower_bound(spec: PlanSpec, placement: Placement | str = Placement.V) -> Bound:
     """A lower bound of the makespan of every valid B/W-split schedule of ``spec`` (under
-    ``spec.mem_limit``) with ``placement`` (see the module docstring for the proof)."""
-    g = split_graph(spec, Placement(placement))
+    ``spec.mem_limit``) with ``placement`` (see the module docstring for the proof).
+
+    Computed on :func:`microbatch_graph` (the same value as on the full job graph), so it is cheap at
+    every size. It holds for unsplit schedules (BW jobs) too: a BW is a B with its W right after it,
+    whose memory never rises in between."""
+    g = microbatch_graph(spec, Placement(placement))
     v, term, d = graph_bound(g)
-    if g.rounded:  # durations rounded to 1/tscale: every path or sum has < 2*len(jobs) terms, each off by <= 1/2
-        return Bound(max(0.0, (v - len(g.jobs)) / g.tscale), term, d)
+    if g.rounded:  # durations rounded to 1/tscale: every path or sum has < 2*njobs terms, each off by <= 1/2
+        return Bound(max(0.0, (v - 3 * g.m * g.nc) / g.tscale), term, d)
     return Bound(v / g.tscale, term, d)
+
+
+def plan_bound(sched, spec: PlanSpec, makespan: float | None, peak: float | None,
+               limit: float | None = None) -> dict:
+    """``lower_bound``, ``gap`` and ``bound_limit`` for ``pipeloom plan/simulate --json`` and ``show``.
+
+    The bound is :func:`lower_bound` for the schedule's shape and placement under ``limit`` if given, else
+    the memory limit it was planned for (``meta['mem_limit']``, else ``spec.mem_limit``), or, without one,
+    under its own peak memory: no valid schedule that fits that memory is faster. ``gap`` = makespan / bound - 1. All three
+    are None where no bound applies: no makespan, overlapped pairs (two jobs at once on a device) or a
+    memory model the bound does not cover."""
+    out = {"lower_bound": None, "gap": None, "bound_limit": None}
+    if makespan is None or (sched.overlapped and spec.costs.overlap > 0):
+        return out
+    if limit is None:
+        limit = sched.meta.get("mem_limit", spec.mem_limit) if isinstance(sched.meta, dict) else spec.mem_limit
+    if limit is None:
+        limit = peak
+    if limit is None or not math.isfinite(limit):
+        return out
+    from dataclasses import replace
+
+    try:
+        b = lower_bound(replace(spec, pp=sched.pp, vpp=sched.vpp, microbatches=sched.microbatches,
+                                mem_limit=float(limit)), sched.placement).value
+    except (ValueError, ZeroDivisionError):
+        return out
+    out["lower_bound"] = b
+    out["bound_limit"] = float(limit)
+    out["gap"] = (makespan / b - 1.0) if b > 0 else None
+    return out

@@ -125,11 +125,12 @@ def job_graph(spec: PlanSpec, placement: Placement, split: bool = True) -> JobGr
     for j in reversed(order):
         tail[j] = dur(j.kind, j.chunk) + max((lag + tail[s] for s, lag in succs[j]), default=0)
     lb = max(head[j] + tail[j] for j in jobs)
-    for d in range(pp):
-        on = [j for j in jobs if dev[j.chunk] == d]
-        if on:
-            lb = max(lb, min(head[j] for j in on) + sum(dur(j.kind, j.chunk) for j in on)
-                     + min(tail[j] - dur(j.kind, j.chunk) for j in on))
+    by_dev: dict[int, list[Job]] = {}  # one pass over the jobs (a scan per device is quadratic in pp)
+    for j in jobs:
+        by_dev.setdefault(dev[j.chunk], []).append(j)
+    for on in by_dev.values():
+        lb = max(lb, min(head[j] for j in on) + sum(dur(j.kind, j.chunk) for j in on)
+                 + min(tail[j] - dur(j.kind, j.chunk) for j in on))
     g.jobs, g.preds, g.succs, g.head, g.tail, g.lb = jobs, preds, succs, head, tail, lb
     return g
 

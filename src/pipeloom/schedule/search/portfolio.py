@@ -172,7 +172,7 @@ def _coarse_to_fine(hi: int, n: int, f):
 
 
 def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
-           insert_budget: int = 0, grid_jobs: int | None = None) -> PassResult | None:
+           insert_budget: int = 0, grid_jobs: int | None = None, target: float | None = None) -> PassResult | None:
     """Best schedule over the policy grid and a local search, within a deterministic work budget.
 
     ``budget_jobs`` bounds the job placements summed over all greedy passes (at least one pass
@@ -190,6 +190,10 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
     better. The greedy result itself is computed exactly as without them, so adding them never
     makes a schedule worse. Best = smallest makespan, then smallest stage bubble, then smallest
     peak memory.
+
+    ``target``, a proven lower bound of the makespan (:func:`.bounds.lower_bound`), skips the lock-step and
+    building-block candidates once the best so far meets it: nothing can be shorter (zbv pp 128, m 512 at 1p:
+    the greedy meets the critical path, about 10 s of candidates saved).
     """
     njobs = 3 * prob.m * prob.nc
     grid = policy_grid(prob)
@@ -217,7 +221,10 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
         best = run_pass(prob, Policy(admit="reserve"))
     if best is not None:
         best = polish_result(prob, _trim(prob, best, min(n, len(grid)) * njobs, budget_jobs), ls_budget)
-    if _vlockstep.applies(prob) and njobs <= budget_jobs // 8:
+    def done() -> bool:
+        return target is not None and best is not None and best.makespan <= target + _EPS
+
+    if _vlockstep.applies(prob) and njobs <= budget_jobs // 8 and not done():
         # the official ZB-V generator's lock-step construction (8 passes usually: 4 fill
         # variants x 2 refinements)
         lbest: PassResult | None = None
@@ -230,7 +237,10 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
             lbest = polish_result(prob, lbest, ls_budget)
             if best is None or _better(lbest, best, prob):
                 best = lbest
-    if _vblock.applies(prob) and njobs <= budget_jobs // 4 and prob.limit < INF:
+    # (shapes above GRID_MAX_SHAPE jobs at 1F1B's memory or more skip them: there the greedy's order already
+    # fits, and a block costs seconds: zbv pp 128, m 512, F/B/W 1/2/1, comm 0.5 at 1p 7.9 -> 2 s, the same plan)
+    roomy = njobs > GRID_MAX_SHAPE and prob.limit >= prob.pp - _EPS
+    if _vblock.applies(prob) and njobs <= budget_jobs // 4 and prob.limit < INF and not done() and not roomy:
         # building blocks with a fixed lifespan (the controllable-memory construction): they win at
         # budgets below 1p, where the greedy's memory-blind order leaves bubbles
         vbest: PassResult | None = None
