@@ -120,10 +120,11 @@ def test_tune_out_config_runs_the_exact_plan_and_plans_again(tmp_path, capsys):
     assert (d["schedule"], d["pp"], d["vpp"], d["microbatches"], d["valid"]) == \
         (best["schedule"], best["pp"], best["vpp"], best["microbatches"], True)
     assert d["partition"]["seg_layer_num"] == best["seg_layer_num"]
-    # tune --config: the [tune] record asks the same question again (the search limits are flags)
-    rc3, o3, e3 = _main(capsys, "tune", "--config", str(out / "pipeloom.toml"), "--gpus-per-node", "4",
-                        "--gpu-flops", "2e9", "--gpu-memory", "24MiB", "--reserve", "0", "--schedules", "zbv,interleaved",
-                        "--max-microbatch-size", "2", "--json")
+    # the whole question is recorded: hardware figures and search limits as [tune] fields
+    assert (cfg.tune.gpus_per_node, cfg.tune.gpu_flops, cfg.tune.gpu_memory, cfg.tune.reserve, cfg.tune.schedules,
+            cfg.tune.max_microbatch_size) == (4, 2e9, "24MiB", "0", "zbv,interleaved", 2)
+    # tune --config alone: the [tune] record asks the same question again
+    rc3, o3, e3 = _main(capsys, "tune", "--config", str(out / "pipeloom.toml"), "--json")
     assert rc3 == 0, e3
     again = json.loads(o3)["configs"][0]
     assert {k: again[k] for k in ("tp", "pp", "vpp", "dp", "schedule", "microbatches", "seg_layer_num")} == \

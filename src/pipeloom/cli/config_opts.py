@@ -49,7 +49,18 @@ RUN_FLAGS = SCHEDULE_FLAGS + PARTITION_FLAGS + [
 ]
 #: tune: the problem of its [tune] record (the file tune --out wrote asks the same question again)
 TUNE_FLAGS = [("model", "tune.model", None), ("gpus", "tune.gpus", None), ("gpu", "tune.gpu", None),
-              ("global_batch", "tune.global_batch", None), ("seq", "tune.seq", None)]
+              ("global_batch", "tune.global_batch", None), ("seq", "tune.seq", None),
+              ("gpus_per_node", "tune.gpus_per_node", None), ("gpu_flops", "tune.gpu_flops", None),
+              ("gpu_memory", "tune.gpu_memory", None), ("intra_bw", "tune.intra_bw", None),
+              ("intra_latency", "tune.intra_latency", None), ("inter_bw", "tune.inter_bw", None),
+              ("inter_latency", "tune.inter_latency", None), ("efficiency", "tune.efficiency", None),
+              ("calibration", "tune.calibration", None), ("max_tp", "tune.max_tp", None),
+              ("tp", "tune.pin_tp", None), ("pp", "tune.pin_pp", None), ("max_pp", "tune.max_pp", None),
+              ("max_vpp", "tune.max_vpp", None), ("max_microbatch_size", "tune.max_microbatch_size", None),
+              ("schedules", "tune.schedules", None), ("recompute", "tune.recompute_modes", None),
+              ("zero", "tune.zero_modes", None), ("reserve", "tune.reserve", None), ("top", "tune.top", None)]
+#: the tune flags a settings file records as the question asked (argparse dest -> [tune] field)
+TUNE_QUESTION = {dest: path.split(".", 1)[1] for dest, path, _ in TUNE_FLAGS}
 #: the flags that plan a schedule: when one is on the command line, a file's schedule.plan is not used
 PLANNING_DESTS = {d for d, _, _ in SCHEDULE_FLAGS + PARTITION_FLAGS} | {"model"}
 

@@ -218,8 +218,14 @@ def run(args) -> int:
         before = replaced(args.out)
         written = write_plan(res, args.out)
         from ..tune.settings import write_config
+        from .config_opts import TUNE_QUESTION
 
-        written.append(write_config(res, args.out, model_path=args.model))
+        # the whole question, so that 'tune --config DIR/pipeloom.toml' asks it again
+        asked = {f: getattr(args, d) for d, f in TUNE_QUESTION.items()
+                 if f not in ("model", "gpus", "gpu", "global_batch", "seq") and hasattr(args, d)}
+        if asked.get("calibration"):
+            asked["calibration"] = os.path.abspath(asked["calibration"])
+        written.append(write_config(res, args.out, model_path=args.model, asked=asked))
         titan = _titan_line(args.out)
     if args.json:
         out = res.to_dict()

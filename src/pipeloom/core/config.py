@@ -293,11 +293,63 @@ class TuneSection:
     """predicted model FLOPs utilisation (0..1)"""
     tokens_per_s: float | None = None
     """predicted throughput"""
+    # the rest of the question (tune's flags of the same names; left out = the flag's default)
+    gpus_per_node: int | None = None
+    """GPUs per node (--gpus-per-node)"""
+    gpu_flops: float | None = None
+    """peak FLOP/s of one GPU, replacing the preset's (--gpu-flops)"""
+    gpu_memory: str | None = None
+    """memory per GPU, e.g. "80GiB", replacing the preset's (--gpu-memory)"""
+    intra_bw: float | None = None
+    """bytes/s between GPUs of a node (--intra-bw)"""
+    intra_latency: float | None = None
+    """seconds per message inside a node (--intra-latency)"""
+    inter_bw: float | None = None
+    """bytes/s between nodes (--inter-bw)"""
+    inter_latency: float | None = None
+    """seconds per message between nodes (--inter-latency)"""
+    efficiency: float | None = None
+    """share of peak FLOP/s a GEMM reaches, 0..1 (--efficiency)"""
+    calibration: str | None = None
+    """a calibration file (--calibration)"""
+    max_tp: int | None = None
+    """largest tensor-parallel degree searched (--max-tp)"""
+    pin_tp: int | None = None
+    """the tensor-parallel degree, fixed (--tp)"""
+    pin_pp: int | None = None
+    """the pipeline degree, fixed (--pp)"""
+    max_pp: int | None = None
+    """largest pipeline degree searched (--max-pp)"""
+    max_vpp: int | None = None
+    """largest number of chunks per device searched (--max-vpp)"""
+    max_microbatch_size: int | None = None
+    """largest micro-batch size searched (--max-microbatch-size)"""
+    schedules: str | None = None
+    """schedules searched, comma-separated (--schedules)"""
+    recompute_modes: str | None = None
+    """recompute modes searched, comma-separated (--recompute)"""
+    zero_modes: str | None = None
+    """ZeRO settings searched, comma-separated (--zero)"""
+    reserve: str | None = None
+    """memory kept free per GPU, e.g. "2GiB" (--reserve)"""
+    top: int | None = None
+    """configurations ranked (--top)"""
 
     def __post_init__(self) -> None:
         s = self.SECTION
-        for k in ("gpus", "global_batch", "seq", "tp"):
+        for k in ("gpus", "global_batch", "seq", "tp", "gpus_per_node", "max_tp", "pin_tp", "pin_pp", "max_pp",
+                  "max_vpp", "max_microbatch_size", "top"):
             _int(s, k, getattr(self, k), none=True)
+        for k in ("gpu_flops", "intra_bw", "inter_bw"):
+            _num(s, k, getattr(self, k), none=True)
+        for k in ("intra_latency", "inter_latency"):
+            _num(s, k, getattr(self, k), strict=False, none=True)
+        if self.efficiency is not None:
+            _num(s, "efficiency", self.efficiency)
+            if self.efficiency > 1:
+                raise ConfigError(f"{s}.efficiency must be a share of the peak, in (0, 1]; got {self.efficiency!r}")
+        for k in ("gpu_memory", "calibration", "schedules", "recompute_modes", "zero_modes", "reserve"):
+            _str(s, k, getattr(self, k))
         _str(s, "model", self.model)
         _str(s, "gpu", self.gpu)
         _str(s, "recompute", self.recompute, choices=("none", "selective", "full"))

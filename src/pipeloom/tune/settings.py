@@ -15,10 +15,12 @@ from ..core.config import CONFIG_NAME, ModelSection, PartitionSection, PipeloomC
     TrainingSection, TuneSection
 
 
-def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None) -> PipeloomConfig:
+def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None,
+                asked: dict | None = None) -> PipeloomConfig:
     """The settings of ``res.best`` (a :class:`~pipeloom.tune.search.TuneResult`); ``plan_file`` is the
     schedule file beside the settings file; ``model_path`` the transformers config.json tuned for (what
-    ``pipeloom run`` trains; a preset has none)."""
+    ``pipeloom run`` trains; a preset has none); ``asked``: the rest of the question as ``[tune]`` fields
+    (``gpu_flops``, ``max_pp``, ``schedules``, ... as the command line gave them; None values left out)."""
     c, p = res.best, res.problem
     if c is None:
         raise ValueError("no configuration fits; nothing to write")
@@ -32,12 +34,13 @@ def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None
                                  dtype="bf16"),
         tune=TuneSection(model=model_path if path_like else p.model.name, gpus=p.gpus, gpu=p.gpu.name, global_batch=p.global_batch, seq=p.seq,
                          tp=c.tp, recompute=c.recompute, step_time_s=c.step_time_s, mfu=c.mfu,
-                         tokens_per_s=c.tokens_per_s))
+                         tokens_per_s=c.tokens_per_s, **{k: v for k, v in (asked or {}).items() if v is not None}))
 
 
-def write_config(res, out_dir: str, plan_file: str = "plan.json", model_path: str | None = None) -> str:
+def write_config(res, out_dir: str, plan_file: str = "plan.json", model_path: str | None = None,
+                 asked: dict | None = None) -> str:
     """Write ``out_dir/pipeloom.toml`` (:func:`plan_config`); returns its path."""
-    cfg = plan_config(res, plan_file, os.path.abspath(model_path) if model_path else None)
+    cfg = plan_config(res, plan_file, os.path.abspath(model_path) if model_path else None, asked)
     c = res.best
     header = (f"pipeloom tune's best plan: {res.problem.model.name} on {res.problem.gpus} x {res.problem.gpu.name}, "
               f"tp {c.tp} x pp {c.pp} x dp {c.dp}\n"
