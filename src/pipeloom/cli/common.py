@@ -6,7 +6,7 @@ import json
 import math
 import sys
 
-from ..core.costs import RUNTIMES, MemModel, runtime_mem_model
+from ..core.costs import MEM_LIMIT_HELP as _LIMIT_GRAMMAR, RUNTIMES, MemLimit, MemModel, parse_size, runtime_mem_model
 from ..core.limits import MAX_LAYERS
 from ..schedule.planning import make_spec, plan
 from ..schedule import registry
@@ -88,8 +88,8 @@ def wrap(text: str, width: int = 90) -> str:
 
 # ---------------------------------------------------------------------- planning options, each defined once
 DEFAULT_COSTS = "F=1,B=1,W=1,comm=0"
-MEM_LIMIT_HELP = ("peak activation memory per device: none, 1p (1F1B's peak = pp units), 1.5p, 2p, Xp, or a number of "
-                  "units (one unit = one full-stage microbatch activation)")
+#: the one --mem-limit grammar of every command (:class:`pipeloom.core.costs.MemLimit`)
+MEM_LIMIT_HELP = "peak activation memory per device: " + _LIMIT_GRAMMAR
 COSTS_HELP = ("durations per chunk pass (BW = B+W) and cross-device latency; per-chunk lists as F=1:2:1:1 "
               "(default: %(default)s)")
 
@@ -111,9 +111,37 @@ def add_shape_options(p, *, required: bool = True, pp_help: str = "pipeline degr
     p.add_argument("--vpp", type=positive_int, default=None, help=vpp_help)
 
 
-def add_mem_limit_option(p, *, default: str | None = "none", help: str = MEM_LIMIT_HELP) -> None:
-    """--mem-limit LIMIT (parsed by :func:`pipeloom.core.costs.parse_mem_limit` where it is used)."""
-    p.add_argument("--mem-limit", default=default, metavar="LIMIT", help=help)
+def mem_limit_type(*, bytes_ok: bool):
+    """argparse type of --mem-limit: a :class:`~pipeloom.core.costs.MemLimit`, parsed once with the one
+    grammar; ``bytes_ok``: the command has a model that turns a size in bytes into units (memory, tune)."""
+    def parse(text: str) -> MemLimit:
+        try:
+            return MemLimit.parse(text, what="", bytes_ok=bytes_ok)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def size_type(flag: str, *, zero_ok: bool = True):
+    """argparse type of a size in bytes (--gpu-memory, --reserve): ``80GiB`` etc. as an int
+    (:func:`pipeloom.core.costs.parse_size`, one grammar and cap for every size)."""
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, what="", zero_ok=zero_ok)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def add_mem_limit_option(p, *, default: str | None = "none", bytes_ok: bool = False, purpose: str = "") -> None:
+    """--mem-limit LIMIT, one grammar and one help for every command (``purpose``: what the command does with
+    it, put before the grammar); parsed into a :class:`~pipeloom.core.costs.MemLimit` by argparse."""
+    grammar = _LIMIT_GRAMMAR if bytes_ok else _LIMIT_GRAMMAR.replace(
+        "or, where a model converts it (memory, tune), a size per device such as 80GiB",
+        "(a size in bytes such as 80GiB needs a model: memory, tune)")
+    p.add_argument("--mem-limit", default=default, metavar="LIMIT", type=mem_limit_type(bytes_ok=bytes_ok),
+                   help=(purpose or "peak activation memory per device") + ": " + grammar
+                   + ("" if default is None else " (default: %(default)s)"))
 
 
 def add_costs_option(p, *, default: str | None = DEFAULT_COSTS, help: str = COSTS_HELP) -> None:

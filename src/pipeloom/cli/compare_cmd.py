@@ -122,7 +122,7 @@ def run(args) -> int:
                              max(r.get("peak_memory") or [0])))
     if args.json:
         print_json({"pp": args.pp, "microbatches": args.microbatches, "costs": args.costs,
-                    "costs_per": args.costs_per, "mem_limit": args.mem_limit, "rows": rows})
+                    "costs_per": args.costs_per, "mem_limit": str(args.mem_limit), "rows": rows})
         return 0
     from rich.console import Console
     from rich.table import Table

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from .common import add_mem_limit_option, add_model_option, add_schedule_option, add_shape_options, positive_int, print_json
+from .common import (add_mem_limit_option, add_model_option, add_schedule_option, add_shape_options, positive_int,
+                     print_json, size_type)
 
 GiB = 1024 ** 3
 
@@ -54,12 +55,12 @@ def add_parser(sub) -> None:
                    help="1 = shard fp32 master weights/grads and Adam states over dp (ZeRO-1) (default: 0)")
     p.add_argument("--layers-per-chunk", default=None, metavar="N,N,...",
                    help="layers of every global chunk (pp*vpp values; default: even, extras to the first chunks)")
-    add_mem_limit_option(p, default=None,
-                         help="memory limit for memory-aware schedules: 1p/1.5p/2p/Xp, units, or bytes per device "
-                              "such as 60GiB (converted into units with this estimate)")
-    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
+    add_mem_limit_option(p, default=None, bytes_ok=True,
+                         purpose="memory limit for memory-aware schedules (a size in bytes is converted into units "
+                                 "with this estimate)")
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE", type=size_type("--gpu-memory", zero_ok=False),
                    help="device memory to check against, e.g. 80GiB, 80GB, 40960MiB")
-    p.add_argument("--reserve", default="0", metavar="SIZE",
+    p.add_argument("--reserve", default="0", metavar="SIZE", type=size_type("--reserve"),
                    help="memory kept aside per device (CUDA context, allocator slack), e.g. 2GiB "
                         "(default: %(default)s)")
     p.add_argument("--json", action="store_true",

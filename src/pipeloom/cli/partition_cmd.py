@@ -48,9 +48,7 @@ def add_parser(sub) -> None:
                    help="microbatches for the simulation (default: 2*pp)")
     add_costs_option(p, help="F/B/W of the average chunk (per-layer costs scale from it unless --layer-costs) and "
                              "the cross-device latency comm (default: %(default)s)")
-    add_mem_limit_option(p, help="per-device activation budget for --balance and the simulation: none, 1p (= pp "
-                                 "units), 1.5p, 2p, Xp or units (one unit = the average device's activation per "
-                                 "microbatch)")
+    add_mem_limit_option(p, purpose="per-device activation budget for --balance and the simulation")
     p.add_argument("--max-evals", type=positive_int, default=400,
                    help="most schedules the makespan search may simulate (default: %(default)s)")
     p.add_argument("--json", action="store_true",

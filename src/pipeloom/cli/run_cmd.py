@@ -107,7 +107,7 @@ def add_parser(sub) -> None:
                         "(ranks 0..dp-1 are stage 0's replicas: with one node per stage, pp crosses nodes and "
                         "dp stays inside a node)")
     g = p.add_argument_group("planning", "The schedule is planned as 'pipeloom plan' plans it, from these options.")
-    add_mem_limit_option(g, default=None, help="memory limit for memory-aware schedules: none, 1p, 1.5p, 2p or units")
+    add_mem_limit_option(g, default=None, purpose="memory limit for memory-aware schedules")
     add_costs_option(g, default=None,
                      help="costs to plan with: F=..,B=..,W=..,comm=.. as in 'pipeloom plan' (default: unit costs), "
                           "or 'measured': run a first plan for a few logged steps, fit every chunk's F/B/W and "
@@ -298,8 +298,7 @@ def run_config(args):
         args.seq = args.seq or args.seq_len
     spec, pplan = plan_inputs(args, schedule, pp=pp, microbatches=m, vpp=vpp,
                               costs="" if measured else args.costs, layers=layers)
-    return RunConfig(schedule=schedule, pp=pp, vpp=vpp, microbatches=m, spec=spec, mem_limit=args.mem_limit,
-                     n_layers=args.layers,
+    return RunConfig(schedule=schedule, pp=pp, vpp=vpp, microbatches=m, spec=spec, n_layers=args.layers,
                      layers_per_chunk=tuple(pplan.partition.seg_layer_num) if pplan is not None else None,
                      measure_costs=measured, **common)
 

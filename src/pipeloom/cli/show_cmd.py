@@ -24,8 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("file", help="schedule file written by 'pipeloom plan' (or by hand): .json or .csv")
     add_costs_option(p, help="durations used to lay out the chart (default: %(default)s)")
     add_mem_option(p, help="activation memory model (default a=1/vpp, b=a/2)")
-    add_mem_limit_option(p, help="draw this memory limit under each row: none, 1p, 1.5p, 2p, Xp or units "
-                                 "(default: none)")
+    add_mem_limit_option(p, purpose="draw this memory limit under each row")
     p.add_argument("--out", "-o", action="append", default=[], metavar="PATH",
                    help="write a picture instead of printing: .png, .svg or .pdf (Gantt), .html (interactive: hover, "
                         "zoom) or .json (Chrome/Perfetto trace); repeat for several")

@@ -170,40 +170,180 @@ def runtime_mem_model(runtime: str, a: PerChunk | None = None) -> "MemModel":
     raise ValueError(f"unknown runtime {runtime!r}; choose one of: {', '.join(RUNTIMES)}")
 
 
-_LIMIT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*p\s*$", re.I)
+# ------------------------------------------------------------------------------------- sizes and limits
+#: one decimal number as every size and limit is written: digits with an optional fraction and exponent
+#: (``6``, ``0.75``, ``1e3``); no sign, no ``nan``/``inf`` spellings, no underscores
+_NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+#: the longest number text read at all: longer ones are refused before any conversion (Python's int()
+#: stops at 4300 digits with a message that names no option; no real size needs more than a few dozen)
+MAX_NUMBER_CHARS = 64
+_BYTE_UNITS = {"b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
+               "mi": 1024 ** 2, "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gi": 1024 ** 3,
+               "gib": 1024 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4, "ti": 1024 ** 4, "tib": 1024 ** 4}
+_SIZE_RE = re.compile(rf"^\s*({_NUMBER})\s*([kmgt]i?b?|b)?\s*$", re.I)
+_LIMIT_RE = re.compile(rf"^\s*({_NUMBER})\s*(p|[kmgt]i?b?|b)?\s*$", re.I)
+#: the words that mean "no memory limit"
+NO_LIMIT_WORDS = ("none", "unlimited", "inf")
+
+SIZE_HELP = ("a number of bytes with an optional unit: B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB "
+             "(powers of 1000), e.g. 80GiB")
+MEM_LIMIT_HELP = ("none (no limit), a number of units (one unit = one full-stage microbatch activation, so 1F1B "
+                  "peaks at pp units), Xp (X times pp units: 1p = 1F1B's peak, 0.75p, 1.5p, 2p) or, where a model "
+                  "converts it (memory, tune), a size per device such as 80GiB")
 
 
-def parse_mem_limit(limit: str | float | int | None, pp: int) -> float | None:
-    """Turn ``none``/``1p``/``1.5p``/``2p``/``Xp``/a number into units (None = unlimited)."""
-    if limit is None:
-        return None
-    if isinstance(limit, (int, float)):
-        val = float(limit)
+class SizeError(ValueError):
+    """A size or memory limit that is not understood, not positive, not finite or above its cap (one line
+    naming the option and what is allowed)."""
+
+
+def _label(what: str, text) -> str:
+    """``--option 'text'`` for a message, a long text cut to its first characters and its length."""
+    t = repr(text) if isinstance(text, str) else str(text)
+    t = t if len(t) <= 40 else f"{t[:24]}...' ({len(str(text)):,} characters)"
+    return f"{what} {t}" if what else t
+
+
+def _too_long(text: str, what: str, allowed: str) -> None:
+    if len(text.strip()) > MAX_NUMBER_CHARS:
+        raise SizeError(f"{_label(what, text)} is too long: a number here has at most {MAX_NUMBER_CHARS} "
+                        f"characters; allowed: {allowed}")
+
+
+def _number(text: str, label: str, allowed: str) -> float:
+    """The finite float of a number text matched by the grammar (its length checked before)."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise SizeError(f"{label} is too large to be a number; allowed: {allowed}")
+    return v
+
+
+def parse_size(text: str | int | float, *, what: str = "memory size", zero_ok: bool = True) -> int:
+    """``80GiB``, ``80GB`` (10^9), ``512MiB``, ``1.5TiB`` or a plain number of bytes -> bytes (an int).
+
+    Refuses (:class:`SizeError`, a ``ValueError``) what is not such a size, negative, non-finite, too long
+    or above :data:`pipeloom.core.limits.MAX_BYTES`; ``what`` names the option in the message."""
+    from .limits import MAX_BYTES
+
+    label = _label(what, text)
+    if isinstance(text, bool):
+        raise SizeError(f"{label} is not a size; allowed: {SIZE_HELP}")
+    if isinstance(text, (int, float)):
+        if isinstance(text, float) and not math.isfinite(text):
+            raise SizeError(f"{label} is not finite; allowed: {SIZE_HELP}")
+        val = float(text) if isinstance(text, float) else text
     else:
-        s = str(limit).strip().lower()
-        if s in ("", "none", "inf", "unlimited"):
-            return None
-        m = _LIMIT_RE.match(s)
-        if s.startswith("-"):
-            raise ValueError(f"memory limit must be > 0, got {limit!r}: use none, 1p, 1.5p, 2p, Xp or a number of "
-                             f"units > 0")
-        if m:
-            val = float(m.group(1)) * pp
+        s = str(text)
+        _too_long(s, what, SIZE_HELP)
+        m = _SIZE_RE.match(s)
+        if not m:
+            if s.strip().startswith("-"):
+                raise SizeError(f"{label} must be {'>= 0' if zero_ok else '> 0'} bytes; allowed: {SIZE_HELP}")
+            raise SizeError(f"{label} not understood; allowed: {SIZE_HELP}")
+        val = _number(m.group(1), label, SIZE_HELP) * _BYTE_UNITS[(m.group(2) or "b").lower()]
+    if val < 0 or (val == 0 and not zero_ok):
+        raise SizeError(f"{label} must be {'>= 0' if zero_ok else '> 0'} bytes; allowed: {SIZE_HELP}")
+    if val > MAX_BYTES:
+        raise SizeError(f"{label} = {float(val):.3g} bytes is above the cap of {MAX_BYTES:.3g} bytes (caps: "
+                        f"docs/robustness.md)")
+    return int(val)
+
+
+@dataclass(frozen=True, slots=True)
+class MemLimit:
+    """A peak-memory limit per device, parsed once from ``none | units | Xp | bytes`` (:data:`MEM_LIMIT_HELP`).
+
+    ``kind`` is ``'none'``, ``'units'`` (``value`` units), ``'p'`` (``value`` x pp units) or ``'bytes'``
+    (``value`` bytes per device: only a model turns that into units, see
+    :func:`pipeloom.memory.budget.limit_units`). ``text`` is the limit as given, for messages and output.
+    Every command that takes ``--mem-limit`` parses it with :meth:`parse`, so the same string is accepted or
+    refused the same way everywhere.
+    """
+
+    kind: str = "none"
+    value: float = 0.0
+    text: str = "none"
+
+    @classmethod
+    def parse(cls, limit: "MemLimit | str | float | int | None", *, what: str = "--mem-limit",
+              bytes_ok: bool = True) -> "MemLimit":
+        """The limit of ``limit`` (None or a no-limit word: no limit; a number: units); ``bytes_ok=False``
+        refuses a size in bytes (where no model converts it)."""
+        if isinstance(limit, MemLimit):
+            out = limit
+        elif limit is None:
+            return cls()
+        elif isinstance(limit, (int, float)) and not isinstance(limit, bool):
+            if not math.isfinite(limit):  # (programmatic) inf = no limit, as the word
+                if math.isnan(limit):
+                    raise SizeError(f"{_label(what, limit)} is not a number; allowed: {MEM_LIMIT_HELP}")
+                return cls()
+            out = cls._checked("units", float(limit), f"{limit:g}", what)
         else:
-            try:
-                val = float(s)
-            except ValueError:
-                raise ValueError(
-                    f"memory limit {limit!r} not understood: use none, 1p, 1.5p, 2p, Xp (multiples of 1F1B's peak "
-                    f"= pp units) or a plain number of units"
-                ) from None
-    if math.isnan(val):
-        raise ValueError(f"memory limit {limit!r} is not a number: use none, 1p, 1.5p, 2p, Xp or a number of units > 0")
-    if val <= 0:
-        raise ValueError(f"memory limit must be > 0, got {limit!r}")
-    if math.isinf(val):
-        return None
-    if val > MAX_MEM_UNITS:
-        raise ValueError(f"memory limit {limit!r} = {val:g} units is above the cap of {MAX_MEM_UNITS:g} units "
-                         f"(caps: docs/robustness.md); give none for no limit")
-    return val
+            s = str(limit).strip()
+            if s.lower() in NO_LIMIT_WORDS or not s:
+                return cls()
+            _too_long(s, what, MEM_LIMIT_HELP)
+            m = _LIMIT_RE.match(s)
+            label = _label(what, limit)
+            if not m:
+                if s.startswith("-"):
+                    raise SizeError(f"{label}: a memory limit must be > 0; allowed: {MEM_LIMIT_HELP}")
+                raise SizeError(f"{label} not understood; allowed: {MEM_LIMIT_HELP}")
+            val = _number(m.group(1), label, MEM_LIMIT_HELP)
+            unit = (m.group(2) or "").lower()
+            if unit == "p":
+                out = cls._checked("p", val, s, what)
+            elif unit:
+                out = cls._checked("bytes", val * _BYTE_UNITS[unit], s, what)
+            else:
+                out = cls._checked("units", val, s, what)
+        if out.kind == "bytes" and not bytes_ok:
+            raise SizeError(f"{_label(what, out.text)}: a size in bytes needs a model to convert it into units (pipeloom "
+                            f"memory --model, pipeloom tune); here give none, a number of units or Xp (e.g. 1p)")
+        return out
+
+    @classmethod
+    def _checked(cls, kind: str, val: float, text: str, what: str) -> "MemLimit":
+        from .limits import MAX_BYTES
+
+        if val <= 0:
+            raise SizeError(f"{_label(what, text)}: a memory limit must be > 0; allowed: {MEM_LIMIT_HELP}")
+        cap, unit = (MAX_BYTES, "bytes") if kind == "bytes" else (MAX_MEM_UNITS, "units" if kind == "units" else "p")
+        if val > cap:
+            raise SizeError(f"{_label(what, text)} = {val:g} {unit} is above the cap of {cap:g} {unit} (caps: "
+                            f"docs/robustness.md); give none for no limit")
+        return cls(kind, float(val) if kind != "bytes" else float(int(val)), text)
+
+    @property
+    def is_none(self) -> bool:
+        return self.kind == "none"
+
+    @property
+    def is_bytes(self) -> bool:
+        return self.kind == "bytes"
+
+    def units(self, pp: int) -> float | None:
+        """The limit in units for ``pp`` devices (None: no limit). A size in bytes has no units without a
+        model: :class:`SizeError` (convert it with :func:`pipeloom.memory.budget.limit_units`)."""
+        if self.kind == "none":
+            return None
+        if self.kind == "units":
+            return self.value
+        if self.kind == "p":
+            val = self.value * pp
+            if val > MAX_MEM_UNITS:
+                raise SizeError(f"memory limit {self.text} = {val:g} units at pp={pp} is above the cap of "
+                                f"{MAX_MEM_UNITS:g} units (caps: docs/robustness.md); give none for no limit")
+            return val
+        raise SizeError(f"memory limit {self.text}: a size in bytes needs a model to convert it into units "
+                        f"(pipeloom memory --model, pipeloom tune); give none, a number of units or Xp (e.g. 1p)")
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_mem_limit(limit: "MemLimit | str | float | int | None", pp: int) -> float | None:
+    """``none``/``Xp``/a number of units -> units for ``pp`` devices (None = unlimited): :meth:`MemLimit.parse`
+    then :meth:`MemLimit.units` (a size in bytes is refused here: it needs a model)."""
+    return MemLimit.parse(limit, what="memory limit", bytes_ok=False).units(pp)

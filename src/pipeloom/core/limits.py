@@ -28,6 +28,9 @@ MAX_SEARCH_BUDGET = 10_000_000_000
 MAX_COST = 1e12
 #: the largest finite memory limit, in units (one unit = one full-stage microbatch activation); "none" is no limit
 MAX_MEM_UNITS = 1e12
+#: the largest memory size in bytes (--gpu-memory, --reserve, --param-bytes, a --mem-limit in bytes): 1 EiB,
+#: a million times today's largest device; larger sizes overflow the sums of the estimator and the tuner
+MAX_BYTES = 2 ** 60
 #: evaluations of the makespan balance search (--max-evals)
 MAX_EVALS = 1_000_000
 

@@ -1,11 +1,14 @@
 """Memory estimation: analytic (no torch) and traced (torch, imported lazily).
 
-:mod:`.analytic` counts parameters, gradients, optimizer states and saved activations of a
-decoder-only transformer and turns a schedule's memory trace into per-device peak bytes;
-:mod:`.traced` measures the same quantities on a real ``torch.nn.Module`` per chunk.
+:mod:`.layers` counts parameters, gradients, optimizer states and saved activations of a decoder-only
+transformer; :mod:`.budget` says what each device of a layout holds besides the schedule's activations
+(:func:`device_budget`) and turns a size in bytes into a limit in units; :mod:`.analytic` turns a
+schedule's memory trace into per-device peak bytes (:func:`estimate`); :mod:`.traced` measures the same
+quantities on a real ``torch.nn.Module`` per chunk.
 """
 from .analytic import (PRESETS, MemoryConfigError, MemoryReport, ModelConfig, TrainConfig, estimate,
                        mem_limit_units, parse_bytes, preset, total_params)
+from .budget import DeviceBudget, device_budget, limit_units
 
-__all__ = ["PRESETS", "MemoryConfigError", "MemoryReport", "ModelConfig", "TrainConfig", "estimate",
-           "mem_limit_units", "parse_bytes", "preset", "total_params"]
+__all__ = ["PRESETS", "DeviceBudget", "MemoryConfigError", "MemoryReport", "ModelConfig", "TrainConfig",
+           "device_budget", "estimate", "limit_units", "mem_limit_units", "parse_bytes", "preset", "total_params"]

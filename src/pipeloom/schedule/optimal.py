@@ -52,6 +52,7 @@ from ..core.errors import DeadlockError
 from ..sim import kernel
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
+from . import registry as _registry
 from .registry import Option, PlanSpec, register
 from ..core.errors import ScheduleError
 from ..core import progress
@@ -63,17 +64,9 @@ MAX_JOBS = 192
 
 
 def min_feasible_limit(pp: int, vpp: int, placement: Placement | str, mem: MemModel | None = None) -> float:
-    """Smallest memory limit (units) under which any valid schedule exists: ``max_d sum_{c on d} a_c``.
-
-    Every schedule needs it (a microbatch's activations on all chunks of a device are live right after
-    its last forward there) and the one-microbatch-at-a-time schedule reaches it.
-    """
-    nc = pp * vpp
-    a, _ = (mem or MemModel()).per_chunk(nc, vpp)
-    per = [0.0] * pp
-    for c in range(nc):
-        per[device_of(c, pp, placement)] += a[c]
-    return max(per)
+    """Smallest memory limit (units) under which any valid schedule exists: ``max_d sum_{c on d} a_c``
+    (:func:`pipeloom.schedule.registry.min_feasible_limit`, the one floor)."""
+    return _registry.min_feasible_limit(pp, vpp, placement, mem)
 
 
 def _serial_orders(pp: int, m: int, nc: int, placement: Placement, split: bool) -> list[list[Job]]:
@@ -242,9 +235,20 @@ def _placement(vpp: int, options: dict) -> Placement:
     return Placement(str(options.get("placement", "v" if vpp == 2 else "interleaved")).lower())
 
 
+def _shapes(pp: int, vpp: int, m: int, options: dict) -> str | None:
+    """optimal's declared shapes: at most ``MAX_JOBS`` jobs (unless the option allow_large is true)."""
+    split = str(options.get("backward", "split")).lower() != "bw"
+    n_jobs = m * pp * vpp * (3 if split else 2)
+    if n_jobs > MAX_JOBS and options.get("allow_large", False) is not True:
+        return (f"optimal: pp={pp} vpp={vpp} m={m} has {n_jobs} jobs; the exact solver takes at most {MAX_JOBS} "
+                f"(e.g. pp<=4, m<=8, vpp<=2 with split backward); pass the option allow_large=True to try anyway "
+                f"(it returns the best schedule found in time_limit with its proven bound)")
+    return None
+
+
 @register("optimal", description="exact minimum makespan under the memory limit (OR-Tools CP-SAT; small shapes: "
                                  f"at most {MAX_JOBS} jobs, e.g. pp<=4, m<=8, vpp<=2)",
-          vpp="any", memory_aware=True, options=OPTIONS, placement=_placement)
+          vpp="any", memory_aware=True, options=OPTIONS, placement=_placement, shapes=_shapes)
 def optimal(spec: PlanSpec) -> Schedule:
     """Minimum-makespan schedule by CP-SAT.
 
@@ -300,12 +304,9 @@ def optimal(spec: PlanSpec) -> Schedule:
     for key in ("allow_large", "hints"):
         if not isinstance(opts.get(key, False), bool):
             raise ScheduleError(f"optimal: {key} must be true or false, got {opts[key]!r}")
-    n_jobs = m * nc * (3 if split else 2)
-    if n_jobs > MAX_JOBS and not opts.get("allow_large", False):
-        raise ScheduleError(
-            f"optimal: pp={pp} vpp={vpp} m={m} has {n_jobs} jobs; the exact solver takes at most {MAX_JOBS} "
-            f"(e.g. pp<=4, m<=8, vpp<=2 with split backward); pass the option allow_large=True to try anyway "
-            f"(it returns the best schedule found in time_limit with its proven bound)")
+    too_large = _shapes(pp, vpp, m, opts)
+    if too_large:
+        raise ScheduleError(too_large)
 
     dF, dB, dW = spec.costs.per_chunk(nc)
     if split and any(x <= 0 for x in dF + dB + dW):
@@ -313,12 +314,7 @@ def optimal(spec: PlanSpec) -> Schedule:
     if not split and (any(x <= 0 for x in dF) or any(x + y <= 0 for x, y in zip(dB, dW))):
         raise ScheduleError("optimal: every F and B+W duration must be > 0")
     a, b = spec.mem.per_chunk(nc, vpp)
-    need = min_feasible_limit(pp, vpp, placement, spec.mem)
-    limit = spec.mem_limit
-    if limit is not None and limit < need - 1e-9:
-        raise ScheduleError(
-            f"optimal: memory limit {limit:g} units is infeasible for pp={pp} vpp={vpp} ({placement.value} "
-            f"placement): every schedule needs at least {need:g} units (= {need / pp:g}p) on some device")
+    limit = _registry.effective_limit("optimal", spec)
 
     t_start = time.perf_counter()
     g = job_graph(spec, placement, split)

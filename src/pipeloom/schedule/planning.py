@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.costs import Costs, MemModel, parse_mem_limit
+from ..core.costs import Costs, MemLimit, MemModel
 from ..core import progress
 from ..core.errors import ScheduleError
 from ..core.limits import check_shape
@@ -18,16 +18,18 @@ from .validate import summary, validate
 
 
 def make_spec(*, pp: int, microbatches: int, vpp: int = 1, costs: Costs | str | None = None,
-              mem: MemModel | str | None = None, mem_limit: str | float | None = None,
+              mem: MemModel | str | None = None, mem_limit: MemLimit | str | float | None = None,
               options: dict | None = None) -> PlanSpec:
-    """Parse loose inputs (strings from a CLI or config) into a :class:`PlanSpec`."""
+    """Parse loose inputs (strings from a CLI or config) into a :class:`PlanSpec`. ``mem_limit``: a
+    :class:`~pipeloom.core.costs.MemLimit` or its text (``none``, units, ``Xp``; a size in bytes needs a model:
+    :func:`pipeloom.memory.budget.limit_units`)."""
     if not isinstance(pp, int) or pp < 1:
         raise ScheduleError(f"pp must be an integer >= 1, got {pp!r}")
     if isinstance(vpp, int) and isinstance(microbatches, int):  # before anything is sized by them
         check_shape(pp, vpp, microbatches)
     costs = costs if isinstance(costs, Costs) else Costs.parse(costs)
     mem = mem if isinstance(mem, MemModel) else MemModel.parse(mem)
-    limit = mem_limit if isinstance(mem_limit, float) else parse_mem_limit(mem_limit, pp)
+    limit = MemLimit.parse(mem_limit, what="memory limit", bytes_ok=False).units(pp)
     if limit is not None and isinstance(vpp, int) and vpp >= 1:
         a, _ = mem.per_chunk(pp * vpp, vpp)
         if limit < max(a) - 1e-12:

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..core.costs import Costs, MemModel
 from ..core.errors import ScheduleError
-from ..core.ir import Placement, Schedule
+from ..core.ir import Placement, Schedule, device_of
 from ..core.limits import check_shape
 
 
@@ -138,8 +138,16 @@ class BuilderInfo:
     no_limit: str = UNLIMITED
     """what ``mem_limit=None`` means: 'unlimited', or the limit the builder then plans under"""
     default_limit: Callable[[int], float] | None = None
-    """the nominal limit in units for ``pp`` that ``mem_limit=None`` stands for (None: unlimited);
-    builders may raise it to the smallest feasible limit (see ``no_limit``)"""
+    """the nominal limit in units for ``pp`` that ``mem_limit=None`` stands for (None: unlimited), raised to
+    the smallest feasible limit where it is below (:func:`effective_limit`)"""
+    limit_caps: bool = False
+    """True: the default limit is the builder's own budget and also caps a given limit (V-Half, V-Min plan
+    under ``min(max(default, floor), given)``); False: a given limit replaces the default"""
+    shapes: Callable[[int, int, int, dict], str | None] | None = None
+    """the shapes the builder plans: ``shapes(pp, vpp, microbatches, options)`` is None for a supported shape,
+    else the one-line reason it is not; None: every shape its ``vpp`` rule takes (any pp >= 1, any m >= 1).
+    :func:`build` refuses an unsupported shape with that reason; every supported one must build (at no limit
+    and at any limit >= the feasibility floor for memory-aware builders: tests/schedule/test_builders_property.py)"""
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -160,6 +168,14 @@ class BuilderInfo:
         p = self.placement
         return Placement(p(vpp, dict(options or {}))) if callable(p) else Placement(p)
 
+    def unsupported(self, pp: int, vpp: int, microbatches: int, options: dict | None = None) -> str | None:
+        """None when the builder plans this shape (its declared ``vpp`` rule and ``shapes``), else why not."""
+        ok = {"1": vpp == 1, "2": vpp == 2, ">=2": vpp >= 2, "any": vpp >= 1}[self.vpp]
+        if not ok:
+            allowed = {"1": "1", "2": "2", ">=2": "2 or more", "any": "any value >= 1"}[self.vpp]
+            return f"schedule {self.name!r} takes vpp {allowed}, got vpp={vpp}"
+        return None if self.shapes is None else self.shapes(pp, vpp, microbatches, dict(options or {}))
+
 
 BUILDERS: dict[str, BuilderInfo] = {}
 #: the family modules; importing one registers its builders
@@ -169,17 +185,22 @@ FAMILIES = ("classic", "zero_bubble", "v_shape", "dualpipe", "optimal", "zb_loop
 def register(name: str, *, description: str, vpp: str = "1", memory_aware: bool = False,
              default_vpp: int | None = None, options: tuple[Option, ...] = (),
              placement: Placement | Callable[[int, dict], Placement] = Placement.INTERLEAVED,
-             no_limit: str = UNLIMITED, default_limit: Callable[[int], float] | None = None):
+             no_limit: str = UNLIMITED, default_limit: Callable[[int], float] | None = None,
+             limit_caps: bool = False, shapes: Callable[[int, int, int, dict], str | None] | None = None):
     """Decorator: add a builder to :data:`BUILDERS` with its declaration (see :class:`BuilderInfo`)."""
     for o in options:
         if not isinstance(o, Option):
             raise TypeError(f"{name}: options must be Option declarations, got {o!r}")
     if (default_limit is None) != (no_limit == UNLIMITED):
         raise ValueError(f"{name}: give default_limit exactly when mem_limit=None is not unlimited")
+    if (default_limit is not None or limit_caps) and not memory_aware:
+        raise ValueError(f"{name}: default_limit and limit_caps are for memory-aware builders")
+    if limit_caps and default_limit is None:
+        raise ValueError(f"{name}: limit_caps needs a default_limit (the budget that caps a given limit)")
 
     def deco(fn: Callable[[PlanSpec], Schedule]):
         info = BuilderInfo(name, fn, description, vpp, memory_aware, default_vpp, tuple(options), placement,
-                           no_limit, default_limit)
+                           no_limit, default_limit, limit_caps, shapes)
         if default_vpp is not None:
             check_vpp(info, default_vpp)
         BUILDERS[name] = info
@@ -225,6 +246,57 @@ def check_vpp(info: BuilderInfo, vpp: int) -> None:
         raise ScheduleError(f"schedule {info.name!r} takes vpp {allowed}, got vpp={vpp}")
 
 
+# ---------------------------------------------------------------------- the memory limit a builder plans under
+def min_feasible_limit(pp: int, vpp: int, placement: Placement | str, mem: MemModel | None = None) -> float:
+    """THE feasibility floor (units): the smallest memory limit any valid schedule meets, ``max_d sum_{c on d} a_c``.
+
+    Every schedule needs it (a microbatch's B on chunk c needs its F on every later chunk, so right after a
+    device runs that microbatch's forward of its last local chunk, the microbatch holds ``a`` on every chunk
+    of the device at once) and the one-microbatch-at-a-time schedule reaches it."""
+    nc = pp * vpp
+    a, _ = (mem or MemModel()).per_chunk(nc, vpp)
+    per = [0.0] * pp
+    for c in range(nc):
+        per[device_of(c, pp, placement)] += a[c]
+    return max(per)
+
+
+def _units(x: float, pp: int) -> str:
+    return f"{x:g} units ({x / pp:.3g}p)"
+
+
+def infeasible_limit(name: str, pp: int, vpp: int, limit: float, floor: float) -> ScheduleError:
+    """THE one-line error of a limit below the floor (every memory-aware builder raises this one)."""
+    return ScheduleError(
+        f"memory limit {_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest feasible "
+        f"limit is {_units(floor, pp)} (one microbatch's activations on all {vpp} chunk{'s' if vpp > 1 else ''} of "
+        f"a device at once); use --mem-limit {floor:g} or more")
+
+
+def effective_limit(builder: "str | BuilderInfo", spec: PlanSpec, *, floor: float | None = None) -> float | None:
+    """The memory limit (units) builder ``builder`` plans ``spec`` under, from its declaration alone: None
+    when it plans without one (not memory-aware, or ``default_limit`` None and no limit given); a given
+    ``spec.mem_limit``; or ``default_limit(pp)`` raised to the feasibility floor, which with ``limit_caps``
+    also caps a given limit. A limit below the floor (:func:`min_feasible_limit`; ``floor`` when the caller
+    has it) is :func:`infeasible_limit`. Builders and the tuner both call this: no builder codes its default."""
+    info = builder if isinstance(builder, BuilderInfo) else get(builder)
+    if not info.memory_aware:
+        return None
+    given = spec.mem_limit
+    if info.default_limit is None and given is None:
+        return None
+    if floor is None:
+        floor = min_feasible_limit(spec.pp, spec.vpp, info.placement_at(spec.vpp, spec.options), spec.mem)
+    if info.default_limit is None:
+        limit = given
+    else:
+        nominal = max(float(info.default_limit(spec.pp)), floor)
+        limit = nominal if given is None else (min(nominal, given) if info.limit_caps else given)
+    if limit < floor - 1e-9:
+        raise infeasible_limit(info.name, spec.pp, spec.vpp, limit, floor)
+    return limit
+
+
 def check_options(info: BuilderInfo, options: dict) -> None:
     """Reject option keys the builder does not read (a typo would otherwise be ignored silently) and
     values outside the declarations."""
@@ -266,8 +338,12 @@ def effort_option(spec: PlanSpec) -> str:
 
 
 def build(name: str, spec: PlanSpec) -> Schedule:
-    """Build and return the schedule (not yet validated; see :func:`pipeloom.plan`)."""
+    """Build and return the schedule (not yet validated; see :func:`pipeloom.plan`). A shape the builder does
+    not declare (:meth:`BuilderInfo.unsupported`) is refused here, before the builder runs."""
     info = get(name)
     check_vpp(info, spec.vpp)
     check_options(info, spec.options)
+    why = info.unsupported(spec.pp, spec.vpp, spec.microbatches, spec.options)
+    if why:
+        raise ScheduleError(why)
     return info.fn(spec)

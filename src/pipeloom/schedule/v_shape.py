@@ -61,7 +61,8 @@ import math
 from dataclasses import replace
 
 from ..core.ir import Placement, make_schedule
-from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
+from .registry import (EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_option, get, infeasible_limit,
+                       int_option, register)
 from ..core.errors import ScheduleError
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
@@ -96,10 +97,7 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         raise ScheduleError(str(e)) from None
     lo = _greedy.min_feasible_limit(prob)
     if limit is not None and limit < lo - 1e-9:
-        raise ScheduleError(
-            f"memory limit {_fmt_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest "
-            f"feasible limit is {_fmt_units(lo, pp)} (one microbatch's activations on all {vpp} chunks of a "
-            f"device at once); use --mem-limit {lo:g} or more")
+        raise infeasible_limit(name, pp, vpp, limit, lo)
     njobs = 3 * m * pp * vpp
     budget = int_option(spec.options, "budget", default_budget(njobs))
     insert_budget = int_option(spec.options, "insert_budget", 0)
@@ -224,29 +222,27 @@ def _policy_dict(pol) -> dict:
 @register("zbv", description="ZB-V: V placement, B/W split, greedy under the memory limit (any vpp >= 2)",
           vpp=">=2", memory_aware=True, options=V_OPTIONS, placement=Placement.V)
 def zbv(spec: PlanSpec):
-    return plan_v("zbv", spec, spec.mem_limit)
+    return plan_v("zbv", spec, effective_limit("zbv", spec))
 
 
-def _budget_limit(name: str, spec: PlanSpec, units: float, text: str):
-    prob = _greedy.make_problem(spec.pp, spec.vpp, spec.microbatches, Placement.V, spec.costs, spec.mem, None)
-    lo = _greedy.min_feasible_limit(prob)
-    limit = max(units, lo)
-    if spec.mem_limit is not None:
-        limit = min(limit, spec.mem_limit)
+def _budget_limit(name: str, spec: PlanSpec, text: str):
+    """Plan at the builder's declared budget (raised to the floor, capping a given limit: ``limit_caps``)."""
+    limit = effective_limit(name, spec)
+    units = float(get(name).default_limit(spec.pp))
     return plan_v(name, spec, limit, target=f"{text} = {units:g} units, used {limit:g}")
 
 
 @register("vhalf", description="V-Half: zbv greedy at (p+2)//2 microbatch activations (about 1/2 of 1F1B)",
           vpp=">=2", memory_aware=True, options=V_OPTIONS, placement=Placement.V,
           no_limit="V-Half budget (p+2)//2 units, raised to the smallest feasible limit",
-          default_limit=lambda pp: float((pp + 2) // 2))
+          default_limit=lambda pp: float((pp + 2) // 2), limit_caps=True)
 def vhalf(spec: PlanSpec):
-    return _budget_limit("vhalf", spec, float((spec.pp + 2) // 2), "V-Half budget (p+2)//2")
+    return _budget_limit("vhalf", spec, "V-Half budget (p+2)//2")
 
 
 @register("vmin", description="V-Min: zbv greedy at (p+4)//3 microbatch activations (about 1/3 of 1F1B)",
           vpp=">=2", memory_aware=True, options=V_OPTIONS, placement=Placement.V,
           no_limit="V-Min budget (p+4)//3 units, raised to the smallest feasible limit",
-          default_limit=lambda pp: float((pp + 4) // 3))
+          default_limit=lambda pp: float((pp + 4) // 3), limit_caps=True)
 def vmin(spec: PlanSpec):
-    return _budget_limit("vmin", spec, float((spec.pp + 4) // 3), "V-Min budget (p+4)//3")
+    return _budget_limit("vmin", spec, "V-Min budget (p+4)//3")

@@ -42,7 +42,7 @@ from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from ..core.ir import Job, Kind, Placement, make_schedule
 from ..sim.kernel import KIND_INDEX
 from .classic import microbatch_groups
-from .registry import EFFORT_OPTION, Option, PlanSpec, effort_option, int_option, register
+from .registry import EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_option, int_option, register
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
@@ -330,20 +330,11 @@ def plan_looped(name: str, spec: PlanSpec):
         raise ScheduleError(f"schedule {name!r} needs vpp >= 2 (looped placement, chunks d, d+pp, ... on "
                             f"device d; for one chunk per device use zbh1 or zbh2), got vpp={vpp}")
     try:
-        prob = _greedy.make_problem(pp, vpp, m, Placement.INTERLEAVED, spec.costs, spec.mem, None)
+        limit = effective_limit(name, spec)
+        prob = _greedy.make_problem(pp, vpp, m, Placement.INTERLEAVED, spec.costs, spec.mem, limit)
     except ValueError as e:
         raise ScheduleError(str(e)) from None
-    lo = _greedy.min_feasible_limit(prob)
-    if spec.mem_limit is None:
-        limit, how = max(float(pp), lo), "default 1p"
-    else:
-        limit, how = spec.mem_limit, "given"
-    if limit < lo - _EPS:
-        raise ScheduleError(
-            f"memory limit {_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest feasible "
-            f"limit is {_units(lo, pp)} (one microbatch's activations on all {vpp} chunks of a device at once); "
-            f"use --mem-limit {lo:g} or more")
-    prob = replace(prob, limit=limit)
+    how = "default 1p" if spec.mem_limit is None else "given"
     budget = int_option(spec.options, "budget", DEFAULT_BUDGET, who=name)
     tbudget = int_option(spec.options, "template_budget", DEFAULT_TEMPLATE_BUDGET, who=name)
     pbudget = int_option(spec.options, "pull_budget", DEFAULT_PULL_BUDGET, who=name)

@@ -18,7 +18,7 @@ never a larger makespan than 1F1B, so ``zbh1`` is never slower than ``1f1b`` at 
 from __future__ import annotations
 
 from ..core.ir import B, F, Job, Placement, W, make_schedule
-from .registry import Option, PlanSpec, int_option, register
+from .registry import Option, PlanSpec, effective_limit, int_option, register
 from ..core.errors import ScheduleError
 from ..core.limits import MAX_SEARCH_BUDGET
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
@@ -40,22 +40,17 @@ def _one_f_one_b_split(pp: int, m: int) -> list[list[Job]]:
     return devs
 
 
-def plan_h(name: str, spec: PlanSpec, default_p: float):
-    """Plan a one-chunk B/W-split schedule under ``spec.mem_limit`` (default ``default_p`` x pp units)."""
+def plan_h(name: str, spec: PlanSpec):
+    """Plan a one-chunk B/W-split schedule under the limit of :func:`~.registry.effective_limit` (``spec.mem_limit``,
+    or the builder's declared default)."""
     pp, m = spec.pp, spec.microbatches
     if spec.vpp != 1:
         raise ScheduleError(f"schedule {name!r} takes vpp 1 (one chunk per device), got vpp={spec.vpp}")
-    limit = spec.mem_limit if spec.mem_limit is not None else default_p * pp
     try:
+        limit = effective_limit(name, spec)
         prob = _greedy.make_problem(pp, 1, m, Placement.INTERLEAVED, spec.costs, spec.mem, limit)
     except ValueError as e:
         raise ScheduleError(str(e)) from None
-    lo = _greedy.min_feasible_limit(prob)
-    if limit < lo - 1e-9:
-        raise ScheduleError(
-            f"memory limit {limit:g} units ({limit / pp:.3g}p) is infeasible for {name} pp={pp}: the smallest "
-            f"feasible limit is {lo:g} units ({lo / pp:.3g}p, one microbatch activation per device); "
-            f"use --mem-limit {lo:g} or more")
     budget = int_option(spec.options, "budget", DEFAULT_BUDGET, who=name)
     best = _portfolio.search(prob, budget)
     seqs, how = (best.seqs, "greedy") if best is not None else (None, None)
@@ -80,10 +75,10 @@ H_OPTIONS = (Option(name="budget", type="int", min=0, max=MAX_SEARCH_BUDGET, def
 @register("zbh1", description="ZB-H1: B/W split at 1F1B memory (default limit 1p), about 1/3 of 1F1B's bubble",
           vpp="1", memory_aware=True, options=H_OPTIONS, no_limit="1p (pp units)", default_limit=lambda pp: 1.0 * pp)
 def zbh1(spec: PlanSpec):
-    return plan_h("zbh1", spec, 1.0)
+    return plan_h("zbh1", spec)
 
 
 @register("zbh2", description="ZB-H2: B/W split at about 2x 1F1B memory (default limit 2p), near-zero bubble",
           vpp="1", memory_aware=True, options=H_OPTIONS, no_limit="2p (2 pp units)", default_limit=lambda pp: 2.0 * pp)
 def zbh2(spec: PlanSpec):
-    return plan_h("zbh2", spec, 2.0)
+    return plan_h("zbh2", spec)

@@ -1,0 +1,466 @@
+"""The analytic layer model: what one decoder layer, chunk and device hold, in bytes (no torch).
+
+Everything is counted in bytes on one device (one tensor-parallel rank of one pipeline stage).
+
+Static memory per parameter (Megatron-LM's mixed-precision accounting, docs/distrib_optimizer.md;
+``d`` = data-parallel degree when the optimizer is sharded (ZeRO-1 / distributed optimizer),
+else 1)::
+
+    dtype   params  grads                      optimizer (fp32 master params + Adam m + v)   total
+    fp32    4       4                          8 / d   (no master copy)                        16
+    bf16    2       4  (fp32 main grads)       12 / d                                          18
+    fp16    2       2 + 4/d (fp32 master grads)12 / d                                          20
+
+(ZeRO, Rajbhandari et al. 2020, counts 16 bytes/param for fp16 Adam because it keeps no separate
+fp32 master gradient; Megatron keeps one: 20.)
+
+Activations per transformer layer and microbatch (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", eq. 1-2, 16-bit, ``s`` sequence, ``b`` micro-batch,
+``h`` hidden, ``a`` heads, ``t`` tensor-parallel degree)::
+
+    no parallelism          s*b*h*(34 + 5*a*s/h)
+    TP, no seq. parallel    s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    TP + sequence parallel  s*b*h*(34/t + 5*a*s/(h*t))
+    + selective recompute   s*b*h*34/t          (attention core s^2 terms recomputed)
+    full recompute          2*s*b*h (/t with SP) (layer input only)
+
+The 34 = attention block 11 (QKV input 2, Q and K 4, V 2, output-projection input 2, dropout
+mask 1) + MLP 19 (fc1 input 2, GeLU input 8, fc2 input 8, mask 1) + two LayerNorm inputs 4; the
+5*a*s/h = softmax output 2 + its dropout mask 1 + dropout output 2 (per s^2 entry). We do not use
+the closed form: :func:`layer_activations` lists every saved tensor with its size, which gives
+exactly the formula above for a GPT-3 layer (``impl='fused'``, ``attention='math'``, dropout on,
+GeLU MLP with ffn = 4h) and adapts to other layers:
+
+* GQA: K and V have ``kv_heads * head_dim`` columns instead of ``h`` (flash attention); the
+  ``math`` path and ``impl='eager'`` (``repeat_interleave`` before attention, as in
+  :mod:`pipeloom.models.llama`) save the expanded ``h``-wide K and V.
+* SwiGLU (Llama): the MLP input goes through two GEMMs (gate, up) of width ``ffn``; eager
+  PyTorch saves gate, silu(gate), up and their product (4 * ffn per token); a fused SwiGLU
+  kernel (Megatron ``impl='fused'``) saves [gate, up] and the product (3 * ffn).
+* No dropout (Llama): the three dropout masks and the dropout output disappear.
+* Flash attention saves Q, K, V, the output and the fp32 log-sum-exp (``4*a`` bytes per token)
+  instead of the ``s x s`` softmax: no ``5*a*s/h`` term.
+* RMSNorm saves its input and an fp32 ``rstd`` per token; the unfused ``impl='eager'`` RMSNorm
+  of :mod:`pipeloom.models.llama` computes in fp32 and saves an fp32 copy of the input plus the
+  normalised value.
+
+B/W split (zero-bubble schedules, Qi et al. 2024): the weight gradient of a GEMM ``y = x W^T`` is
+``dW = dy^T x``, so W needs the GEMM input ``x`` (saved by F) and the output gradient ``dy``
+(made by B) of every weight GEMM. After B a microbatch still holds
+``H = sum(GEMM inputs) + sum(GEMM output grads)``; this is the ``W: 32*s*b*h`` of Qi et al.'s
+Table 1 for a GPT layer (inputs 2+2+2+8 = 14, output grads 6+2+8+2 = 18). In the schedule's
+memory model (:class:`pipeloom.core.costs.MemModel`): ``a = A`` (what F allocates), ``b = A - H``
+(what B frees), ``a - b = H`` (what W frees). Norm and embedding weight grads are done in B, as
+in the official zero-bubble implementation (only GEMM weight grads are deferred).
+
+Peak activations of a device come from the schedule itself (:mod:`pipeloom.memory.analytic`): the
+order-based memory trace with that MemModel, scaled by the unit ``U = sum_c A_c / pp`` (one full-stage
+microbatch activation), plus a transient working set (one layer's activation grads during its backward;
+on the last stage the logits and their fp32 gradient), see :func:`transient_bytes`. What a device
+holds besides the schedule's activations is :func:`pipeloom.memory.budget.device_budget`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..models.config import ModelConfig
+from ..models.flops import embedding_params, head_params, layer_params
+from ..models.slicing import even_layer_split
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class MemoryConfigError(ValueError):
+    """Bad training configuration, or a model and training that do not fit together (the message says
+    what is wrong and what is allowed). A bad model alone raises
+    :class:`pipeloom.models.config.ModelConfigError`; both are ``ValueError``."""
+
+
+# ------------------------------------------------------------------------------------- configs
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """How the model is trained: shapes, precision, parallelism, recompute."""
+
+    seq: int | None = None
+    """sequence length; None = the model's published context length"""
+    micro_batch: int = 1
+    """sequences per microbatch b"""
+    dtype: str = "bf16"
+    """parameter/activation dtype: fp32, bf16 (fp32 main grads) or fp16 (fp32 master grads)"""
+    tp: int = 1
+    """tensor-parallel degree t (Megatron column/row split)"""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norm/dropout activations split over t too"""
+    recompute: str = "none"
+    """'none', 'selective' (attention core, Korthikanti et al.) or 'full' (keep layer inputs only)"""
+    attention: str = "flash"
+    """'flash' (no s x s matrix saved) or 'math' (softmax probabilities saved, Korthikanti's 5as/h term)"""
+    impl: str = "fused"
+    """'fused' (Megatron kernels: fused norm, fused SwiGLU, native GQA), 'eager' (unfused PyTorch
+    ops as in pipeloom.models.llama: fp32 RMSNorm, silu*up, repeat_interleave K/V) or 'hf'
+    (transformers' modules: eager norms and MLP as 'eager', K/V not expanded with flash (SDPA's
+    native GQA), rotary cos/sin computed once per chunk and saved in the activation dtype)"""
+    dp: int = 1
+    """data-parallel degree (only matters with zero=1)"""
+    zero: int = 0
+    """1 = shard fp32 master params/grads and Adam states over dp (ZeRO-1 / distributed optimizer)"""
+
+    def __post_init__(self) -> None:
+        for f in ("micro_batch", "tp", "dp"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise MemoryConfigError(f"{f} must be an integer >= 1, got {v!r}")
+        if self.seq is not None and (not isinstance(self.seq, int) or self.seq < 1):
+            raise MemoryConfigError(f"seq must be an integer >= 1, got {self.seq!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise MemoryConfigError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.recompute not in ("none", "selective", "full"):
+            raise MemoryConfigError(f"recompute must be none, selective or full, got {self.recompute!r}")
+        if self.attention not in ("flash", "math"):
+            raise MemoryConfigError(f"attention must be 'flash' or 'math', got {self.attention!r}")
+        if self.impl not in ("fused", "eager", "hf"):
+            raise MemoryConfigError(f"impl must be 'fused', 'eager' or 'hf', got {self.impl!r}")
+        if self.zero not in (0, 1):
+            raise MemoryConfigError(f"zero must be 0 (replicated optimizer) or 1 (sharded over dp), got {self.zero!r}")
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)  # nothing to split
+
+    @property
+    def elem(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+def check_tp(model: ModelConfig, train: TrainConfig) -> None:
+    """Every TP-split dimension must divide by t (Megatron's rule)."""
+    t = train.tp
+    bad = [(n, v) for n, v in (("heads", model.heads), ("kv_heads", model.kv_heads), *_ffn_dims(model),
+                               ("hidden", model.hidden)) if v % t]
+    if bad:
+        n, v = bad[0]
+        raise MemoryConfigError(f"{n}={v} of {model.name} is not divisible by tp={t}; choose tp dividing "
+                                f"heads, kv_heads, ffn and hidden (e.g. tp in {_divisors(model)})")
+    if train.sequence_parallel and (train.seq or model.seq) % t:
+        raise MemoryConfigError(f"sequence parallel needs seq={train.seq or model.seq} divisible by tp={t}")
+
+
+def _ffn_dims(model: ModelConfig) -> list[tuple[str, int]]:
+    """The MLP widths that tensor parallelism splits: ffn (dense) or the expert (and shared-expert) widths."""
+    if not model.moe:
+        return [("ffn", model.ffn)]
+    return [("expert_ffn", model.expert_ffn)] + ([("shared_expert_ffn", model.shared_expert_ffn)]
+                                                 if model.shared_experts else [])
+
+
+def _divisors(model: ModelConfig) -> list[int]:
+    g = math.gcd(math.gcd(model.heads, model.kv_heads), math.gcd(model.hidden, *[v for _, v in _ffn_dims(model)]))
+    return [d for d in range(1, min(g, 64) + 1) if g % d == 0]
+
+
+# ------------------------------------------------------------------------------------- parameters
+# layer_params, embedding_params, head_params, total_params: pipeloom.models.flops (imported above)
+
+
+def static_bytes(params: int, train: TrainConfig) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes for ``params`` parameters (table in the module docstring)."""
+    d = train.dp if train.zero else 1
+    if train.dtype == "fp32":
+        return 4 * params, 4 * params, math.ceil(8 * params / d)
+    if train.dtype == "bf16":
+        return 2 * params, 4 * params, math.ceil(12 * params / d)
+    return 2 * params, 2 * params + math.ceil(4 * params / d), math.ceil(12 * params / d)
+
+
+# ------------------------------------------------------------------------------------- activations
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One saved tensor of a microbatch's forward: ``bytes`` on one device."""
+
+    name: str
+    bytes: float
+    w_input: bool = False
+    """input of a weight GEMM: still needed by the weight-gradient pass W"""
+    core: bool = False
+    """attention core (recomputed by selective recompute)"""
+
+
+def _norm_items(prefix: str, model: ModelConfig, train: TrainConfig, tokens: float, rep: int, *,
+                width: int | None = None, rows: int = 1) -> list[Item]:
+    """A norm over ``width`` (default hidden) features, ``rows`` vectors per token (per-head q/k norms:
+    rows = heads, width = head_dim)."""
+    e = train.elem
+    w = (model.hidden if width is None else width) * rows
+    if model.norm == "layernorm":  # F.layer_norm / fused kernel: input + mean + rstd (fp32)
+        return [Item(f"{prefix}.input", e * w * tokens / rep), Item(f"{prefix}.stats", 8 * rows * tokens / rep)]
+    if train.impl != "fused":     # x.float(); x * rsqrt(mean(x^2)); (..).to(dtype) * weight
+        return [Item(f"{prefix}.input_fp32", 4 * w * tokens / rep), Item(f"{prefix}.rstd", 4 * rows * tokens / rep),
+                Item(f"{prefix}.normalised", e * w * tokens / rep)]
+    return [Item(f"{prefix}.input", e * w * tokens / rep), Item(f"{prefix}.rstd", 4 * rows * tokens / rep)]
+
+
+def _mlp_items(prefix: str, model: ModelConfig, train: TrainConfig, ffn: int, tokens: float,
+               with_input: bool = True, deferred: bool = True) -> list[Item]:
+    """One MLP (dense, one expert's share of the routed tokens, or a shared expert) of width ``ffn``;
+    ``deferred``: its weight gradients wait for W (their GEMM inputs are held from B to W)."""
+    e, h, t = train.elem, model.hidden, train.tp
+    items = [Item(f"{prefix}.fc1.input", e * h * tokens, w_input=deferred)] if with_input else []
+    if model.mlp == "gelu":
+        items.append(Item(f"{prefix}.gelu.input", e * ffn * tokens / t))
+        if train.impl == "hf" and model.gelu_saved > 1:  # GPT-2's gelu_new, written out in PyTorch ops
+            items.append(Item(f"{prefix}.gelu.intermediates", (model.gelu_saved - 1) * e * ffn * tokens / t))
+    elif train.impl != "fused":
+        items += [Item(f"{prefix}.swiglu.gate", e * ffn * tokens / t),
+                  Item(f"{prefix}.swiglu.silu_gate", e * ffn * tokens / t),
+                  Item(f"{prefix}.swiglu.up", e * ffn * tokens / t)]
+    else:
+        items.append(Item(f"{prefix}.swiglu.gate_up", 2 * e * ffn * tokens / t))
+    items.append(Item(f"{prefix}.fc2.input", e * ffn * tokens / t, w_input=deferred))
+    return items
+
+
+def _moe_items(model: ModelConfig, train: TrainConfig, tokens: float, rep: int) -> list[Item]:
+    """MoE block after its norm: router, the top-k routed tokens through the experts, shared experts.
+
+    Per token: the router input (the norm output, ``h``, shared with the shared experts) and its fp32
+    softmax over the experts (``4*E``), the top-k weights (``4*k``) and indices (``8*k``); per routed
+    token (``k`` per token) a gathered copy of the input (``h``), the expert's MLP activations and its
+    output (``h``, kept to differentiate the routing weight); per shared expert its MLP activations,
+    and with a gate the gate's sigmoid (4 bytes) and the shared output (``h``).
+
+    The router's and the routed experts' weight gradients are computed in B, as pipeloom's runtime does:
+    transformers (5.x) holds the experts as 3-D parameters run by grouped GEMMs and the router as a raw
+    parameter, which the split backward (:mod:`pipeloom.runtime.splitgrad`, ``nn.Linear`` and ``Conv1D``
+    only) cannot defer; so nothing of theirs is held from B to W. The shared experts and their gate are
+    ``nn.Linear``: deferred to W (they keep the router's input, their own input, until W).
+    """
+    e, h, k, E = train.elem, model.hidden, model.experts_per_token, model.experts
+    routed = tokens * k
+    items = [Item("router.input", e * h * tokens / rep, w_input=bool(model.shared_experts)),
+             Item("router.probs_fp32", 4 * E * tokens), Item("router.topk_weights", 4 * k * tokens),
+             Item("router.topk_indices", 8 * k * tokens)]
+    items += _mlp_items("experts", model, train, model.expert_ffn, routed, deferred=False)
+    items.append(Item("experts.output", e * h * routed))
+    for i in range(model.shared_experts):
+        items += _mlp_items(f"shared{i}", model, train, model.shared_expert_ffn, tokens, with_input=False)
+    if model.shared_experts and model.shared_expert_gate:
+        items += [Item("shared.gate_sigmoid", 4 * tokens), Item("shared.output", e * h * tokens)]
+    return items
+
+
+def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str | None = None) -> list[Item]:
+    """Saved tensors of one transformer layer for one microbatch on one device (see module docstring)."""
+    recompute = train.recompute if recompute is None else recompute
+    e, h, f, a, t = train.elem, model.hidden, model.ffn, model.heads, train.tp
+    q = model.q_dim
+    s = train.seq or model.seq
+    tokens = s * train.micro_batch
+    rep = t if train.sequence_parallel else 1          # norm inputs, masks: split only with SP
+    if recompute == "full":                             # checkpoint keeps the layer input only
+        return [Item("layer.input", e * h * tokens / rep)]
+    drop = model.dropout > 0
+    expand = train.attention == "math" or train.impl == "eager"   # hf + flash: SDPA's native GQA
+    kvw = q if expand else model.kv_dim
+    items = _norm_items("attn_norm", model, train, tokens, rep)
+    items.append(Item("qkv.input", e * h * tokens / rep, w_input=True))
+    if model.qk_norm:                                    # per-head RMSNorm of q and k (Qwen3)
+        items += _norm_items("q_norm", model, train, tokens, t, width=model.head_dim, rows=model.heads)
+        items += _norm_items("k_norm", model, train, tokens, t, width=model.head_dim, rows=model.kv_heads)
+    if train.impl == "eager" and e != 4:
+        # pipeloom.models.llama casts its fp32 rotary tables to the activation dtype in each of the
+        # two apply_rope calls (q and k): cos and sin of (s, head_dim/2), kept by the multiplications
+        items.append(Item("rope.tables", 2 * 2 * s * (model.head_dim // 2) * e))
+    if train.attention == "math":
+        items += [Item("attn.q", e * q * tokens / t), Item("attn.k", e * q * tokens / t),
+                  Item("attn.softmax", e * a * s * s * train.micro_batch / t, core=True)]
+        if drop:
+            items += [Item("attn.dropout_mask", a * s * s * train.micro_batch / t, core=True),
+                      Item("attn.dropout_out", e * a * s * s * train.micro_batch / t, core=True)]
+        items += [Item("attn.v", e * q * tokens / t), Item("proj.input", e * q * tokens / t, w_input=True)]
+    else:
+        items += [Item("attn.q", e * q * tokens / t), Item("attn.k", e * kvw * tokens / t),
+                  Item("attn.v", e * kvw * tokens / t),
+                  Item("attn.lse", 4 * a * tokens / t, core=True),
+                  Item("proj.input", e * q * tokens / t, w_input=True)]  # = the attention output
+    if drop:
+        items.append(Item("attn.residual_dropout_mask", h * tokens / rep))
+    items += _norm_items("mlp_norm", model, train, tokens, rep)
+    if model.moe:
+        items += _moe_items(model, train, tokens, rep)
+    else:
+        mlp = _mlp_items("mlp", model, train, f, tokens)
+        mlp[0] = Item("fc1.input", e * h * tokens / rep, w_input=True)
+        items += [Item(it.name.removeprefix("mlp."), it.bytes, it.w_input, it.core) for it in mlp]
+    if drop:
+        items.append(Item("mlp.residual_dropout_mask", h * tokens / rep))
+    if recompute == "selective":
+        items = [it for it in items if not it.core]
+    return items
+
+
+def layer_w_grads(model: ModelConfig, train: TrainConfig) -> float:
+    """Output gradients ``dy`` of the layer's weight GEMMs, made by B and kept until W (bytes).
+    MoE: the shared experts' (and their gate's); the router's and the routed experts' weight gradients
+    are made in B (see :func:`_moe_items`), so none of theirs is kept."""
+    e, h, f, t = train.elem, model.hidden, model.ffn, train.tp
+    tokens = (train.seq or model.seq) * train.micro_batch
+    gated = 2 if model.mlp == "swiglu" else 1
+    qkv = e * (model.q_dim + 2 * model.kv_dim) * tokens / t
+    proj = e * h * tokens                                   # row-parallel output grad is full width
+    if not model.moe:
+        return qkv + proj + gated * e * f * tokens / t + e * h * tokens
+    mlp = model.shared_experts * (gated * e * model.shared_expert_ffn / t + e * h) * tokens
+    if model.shared_experts and model.shared_expert_gate:
+        mlp += e * tokens
+    return qkv + proj + mlp
+
+
+def layer_w_held(model: ModelConfig, train: TrainConfig) -> float:
+    """H per layer: what a microbatch still holds between its B and its W (bytes).
+
+    With full recompute B re-runs the layer, so W needs the recomputed GEMM inputs as well.
+    """
+    items = layer_activations(model, train, recompute="none")
+    return sum(it.bytes for it in items if it.w_input) + layer_w_grads(model, train)
+
+
+def chunk_input_bytes(model: ModelConfig, train: TrainConfig) -> float:
+    """The received input of a non-first chunk, held by the runtime until B returns its gradient,
+    when no backward op of the first layer already keeps that same tensor (bytes).
+
+    The fused norm, LayerNorm, fp32 eager RMSNorm and full recompute all save the input itself;
+    the eager RMSNorm in 16-bit saves an fp32 copy instead, so the 16-bit input is extra.
+    """
+    if train.impl != "fused" and model.norm == "rmsnorm" and train.elem != 4 and train.recompute != "full":
+        tokens = (train.seq or model.seq) * train.micro_batch
+        return train.elem * model.hidden * tokens / (train.tp if train.sequence_parallel else 1)
+    return 0.0
+
+
+def chunk_rope_bytes(model: ModelConfig, train: TrainConfig) -> float:
+    """``impl='hf'``: transformers computes the rotary cos and sin of ``(1, s, head_dim)`` once per forward
+    (in the activation dtype) and every layer's q/k multiplications save those same two tensors, so a
+    chunk with layers holds them once (bytes). 0 for other impls (per layer there) or learned positions."""
+    if train.impl != "hf" or model.learned_positions or train.recompute == "full":
+        return 0.0
+    return 2.0 * (train.seq or model.seq) * model.head_dim * train.elem
+
+
+def embedding_activations(model: ModelConfig, train: TrainConfig) -> list[Item]:
+    tokens = (train.seq or model.seq) * train.micro_batch
+    rep = train.tp if train.sequence_parallel else 1
+    items = [Item("embed.token_ids", 8 * tokens)]
+    if model.dropout > 0:
+        items.append(Item("embed.dropout_mask", model.hidden * tokens / rep))
+    return items
+
+
+def head_activations(model: ModelConfig, train: TrainConfig) -> list[Item]:
+    """Final norm, head input, and the fp32 log-softmax the cross-entropy loss keeps."""
+    tokens = (train.seq or model.seq) * train.micro_batch
+    rep = train.tp if train.sequence_parallel else 1
+    items = _norm_items("final_norm", model, train, tokens, rep)
+    items += [Item("head.input", train.elem * model.hidden * tokens / rep, w_input=True),
+              Item("loss.log_softmax_fp32", 4 * model.vocab * tokens / train.tp),
+              Item("loss.targets", 8 * tokens)]
+    return items
+
+
+def head_w_grads(model: ModelConfig, train: TrainConfig) -> float:
+    tokens = (train.seq or model.seq) * train.micro_batch
+    return train.elem * model.vocab * tokens / train.tp
+
+
+# ------------------------------------------------------------------------------------- per chunk
+def split_layers(layers: int, num_chunks: int) -> list[int]:
+    """Layers per global chunk, filled round-robin: the counts of
+    :func:`pipeloom.models.slicing.even_layer_split`, the split the runtime builds."""
+    if layers < num_chunks:
+        raise MemoryConfigError(f"{layers} layers cannot fill {num_chunks} chunks (pp*vpp) with at least one "
+                                f"layer each; lower pp or vpp")
+    return [len(c) for c in even_layer_split(layers, num_chunks)]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMemory:
+    """Memory of one global chunk: parameters and per-microbatch activation accounting."""
+
+    chunk: int
+    layers: int
+    params: int
+    activation_bytes: float
+    """A: saved by one microbatch's F"""
+    w_held_bytes: float
+    """H: still held between that microbatch's B and W"""
+    layer_activation_bytes: float
+    """one layer's saved activations without recompute (for the transient estimate)"""
+    first: bool
+    last: bool
+
+
+def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Sequence[int]) -> list[ChunkMemory]:
+    check_tp(model, train)
+    n = len(layers_per_chunk)
+    if sum(layers_per_chunk) != model.layers or any(x < 0 for x in layers_per_chunk):
+        raise MemoryConfigError(f"layers per chunk {list(layers_per_chunk)} must be >= 0 and sum to the "
+                                f"model's {model.layers} layers")
+    per_layer = sum(it.bytes for it in layer_activations(model, train))
+    per_layer_none = sum(it.bytes for it in layer_activations(model, train, recompute="none"))
+    held_layer = layer_w_held(model, train)
+    out = []
+    for c, nl in enumerate(layers_per_chunk):
+        first, last = c == 0, c == n - 1
+        params = nl * layer_params(model, train.tp)
+        A, H = nl * per_layer, nl * held_layer
+        if nl:
+            A += chunk_rope_bytes(model, train)
+        if first:
+            params += embedding_params(model, train.tp)
+            A += sum(it.bytes for it in embedding_activations(model, train))
+        else:
+            A += chunk_input_bytes(model, train)
+        if last:
+            params += head_params(model, train.tp, with_tied_copy=not first)
+            hi = head_activations(model, train)
+            A += sum(it.bytes for it in hi)
+            H += sum(it.bytes for it in hi if it.w_input) + head_w_grads(model, train)
+        out.append(ChunkMemory(c, nl, params, A, H, per_layer_none, first, last))
+    return out
+
+
+def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[ChunkMemory], *,
+                    split: bool = False) -> float:
+    """Working memory on top of the held activations while a job of these chunks runs (bytes).
+
+    * backward of a layer: the incoming activation gradient and two ``ffn``-wide gradients alive
+      at once (SwiGLU: d(silu) and d(up) while d(gate*up) still exists), ``e*(h/r + 2*ffn/t)`` per
+      token (r = t with sequence parallel, else 1); with ``impl='eager'`` PyTorch also materialises
+      a weight gradient before adding it into ``.grad``: ``e*(h/r + ffn/t)`` per token plus one
+      ``h x ffn`` matrix, if that is larger (Megatron's fused accumulation writes in place);
+    * full recompute: plus the recomputed activations of that one layer;
+    * ``split`` (the device runs B jobs of a B/W split): B keeps the ``ffn``-wide GEMM output grads
+      for W while the layer's saved activations are still being released, ``e*ffn/t`` more;
+    * last chunk: the loss backward holds the fp32 gradients of the log-softmax output and input
+      at once, ``8*V/t`` per token (the forward's logits + fp32 copy, ``(e+4)*V/t``, is less).
+
+    Parameter gradients themselves are static (``grads``). Calibrated against the real CPU
+    allocator on :mod:`pipeloom.models.llama`; see docs/bench/memory.md.
+    """
+    if not chunks:
+        return 0.0
+    e, t, h, f = train.elem, train.tp, model.hidden, model.ffn
+    f_mat = f
+    if model.moe:  # ffn-wide activations per token: the routed experts' and the shared ones'
+        f = model.experts_per_token * model.expert_ffn + model.shared_experts * model.shared_expert_ffn
+        f_mat = max(model.expert_ffn, model.shared_expert_ffn if model.shared_experts else 0)
+    tokens = (train.seq or model.seq) * train.micro_batch
+    rep = t if train.sequence_parallel else 1
+    work = e * (h / rep + 2 * f / t) * tokens
+    if train.impl != "fused":
+        work = max(work, e * (h / rep + f / t) * tokens + e * h * f_mat / t)
+    if train.recompute == "full":
+        work += chunks[0].layer_activation_bytes
+    if split:
+        work += e * f * tokens / t
+    logits = 8 * model.vocab * tokens / t if any(c.last for c in chunks) else 0.0
+    return max(work, logits)
