@@ -6,7 +6,7 @@ import json
 import math
 import sys
 
-from ..core.costs import MEM_LIMIT_HELP as _LIMIT_GRAMMAR, RUNTIMES, MemLimit, MemModel, parse_size, runtime_mem_model
+from ..core.costs import MEM_LIMIT_HELP as _LIMIT_GRAMMAR, RUNTIMES, MemLimit, MemModel, runtime_mem_model
 from ..core.limits import MAX_LAYERS
 from ..schedule.planning import make_spec, plan
 from ..schedule import registry
@@ -117,17 +117,6 @@ def mem_limit_type(*, bytes_ok: bool):
     def parse(text: str) -> MemLimit:
         try:
             return MemLimit.parse(text, what="", bytes_ok=bytes_ok)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
-
-
-def size_type(flag: str, *, zero_ok: bool = True):
-    """argparse type of a size in bytes (--gpu-memory, --reserve): ``80GiB`` etc. as an int
-    (:func:`pipeloom.core.costs.parse_size`, one grammar and cap for every size)."""
-    def parse(text: str) -> int:
-        try:
-            return parse_size(text, what="", zero_ok=zero_ok)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse

@@ -59,10 +59,7 @@ def chunk_bytes(args, num_chunks: int, vpp: int) -> list[float]:
         return [float(c.params * args.grad_bytes) for c in chunks]
     if args.param_bytes is not None:
         parts = [s.strip() for s in str(args.param_bytes).split(",")]
-        try:
-            vals = [float(parse_bytes(s)) for s in parts]
-        except ValueError as e:
-            raise ValueError(f"--param-bytes {args.param_bytes}: {e}") from None
+        vals = [float(parse_bytes(s, what="--param-bytes")) for s in parts]  # (the error names the option)
         if len(vals) == 1:
             return [vals[0] / num_chunks] * num_chunks
         if len(vals) != num_chunks:

@@ -5,7 +5,7 @@ import argparse
 import textwrap
 
 from .common import (add_mem_limit_option, add_model_option, add_schedule_option, add_shape_options, positive_int,
-                     print_json, size_type)
+                     print_json)
 
 GiB = 1024 ** 3
 
@@ -58,9 +58,9 @@ def add_parser(sub) -> None:
     add_mem_limit_option(p, default=None, bytes_ok=True,
                          purpose="memory limit for memory-aware schedules (a size in bytes is converted into units "
                                  "with this estimate)")
-    p.add_argument("--gpu-memory", default=None, metavar="SIZE", type=size_type("--gpu-memory", zero_ok=False),
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="device memory to check against, e.g. 80GiB, 80GB, 40960MiB")
-    p.add_argument("--reserve", default="0", metavar="SIZE", type=size_type("--reserve"),
+    p.add_argument("--reserve", default="0", metavar="SIZE",
                    help="memory kept aside per device (CUDA context, allocator slack), e.g. 2GiB "
                         "(default: %(default)s)")
     p.add_argument("--json", action="store_true",
@@ -86,10 +86,10 @@ def _check_sizes(args) -> None:
     """--gpu-memory must leave room after --reserve (else every device 'does not fit' for no model reason)."""
     from ..memory.analytic import parse_bytes
 
-    reserve = parse_bytes(args.reserve)
+    reserve = parse_bytes(args.reserve, what="--reserve")
     if args.gpu_memory is None:
         return
-    gpu = parse_bytes(args.gpu_memory)
+    gpu = parse_bytes(args.gpu_memory, what="--gpu-memory")
     if gpu <= 0:
         raise ValueError(f"--gpu-memory {args.gpu_memory!r}: must be more than 0 bytes, e.g. 80GiB")
     if reserve >= gpu:

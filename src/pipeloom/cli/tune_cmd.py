@@ -6,7 +6,7 @@ import re
 import textwrap
 
 from ..core.limits import MAX_GPUS, MAX_PP, MAX_SEQ, MAX_TOP, MAX_TUNE_LAYERS, MAX_VPP, MAX_WORKERS, check_at_most
-from .common import capped_int, number_type, positive_int, print_json, print_table
+from .common import add_mem_limit_option, capped_int, number_type, positive_int, print_json, print_table
 
 GiB = 1024 ** 3
 
@@ -68,6 +68,10 @@ def add_parser(sub) -> None:
     s.add_argument("--recompute", default="none,selective,full", metavar="MODES",
                    help="recompute modes to consider (default: %(default)s)")
     s.add_argument("--zero", default="0,1", metavar="0,1", help="ZeRO-1 settings to consider (default: %(default)s)")
+    add_mem_limit_option(s, default=None, bytes_ok=True,
+                         purpose="plan every memory-aware schedule under this limit (Xp for each configuration's pp; "
+                                 "a size in bytes through each configuration's memory estimate) instead of searching "
+                                 "its default limit and the GPU's room")
     s.add_argument("--reserve", default="2GiB", metavar="SIZE",
                    help="memory kept aside per GPU (CUDA context, allocator) (default: %(default)s)")
     s.add_argument("--top", type=capped_int(1, MAX_TOP), default=5, help="configurations to rank (default: %(default)s)")
@@ -109,7 +113,7 @@ def _csv(text: str, flag: str, allowed=None, conv=str) -> tuple:
 def problem_from_args(args):
     import dataclasses
 
-    from ..memory.analytic import parse_bytes
+    from ..core.costs import parse_size
     from ..schedule import registry
     from ..tune import Calibration, Problem, gpu_preset, with_overrides
     from ..tune.search import RECOMPUTES
@@ -136,7 +140,8 @@ def problem_from_args(args):
                   "a smaller num_hidden_layers ('simulate'/'memory --model' take up to the general layer cap)")
     gpu = gpu_preset(args.gpu)
     gpu = with_overrides(gpu, peak_flops=args.gpu_flops,
-                         memory=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
+                         memory=(parse_size(args.gpu_memory, what="--gpu-memory", zero_ok=False)
+                                 if args.gpu_memory is not None else None),
                          gpus_per_node=args.gpus_per_node, intra_bandwidth=args.intra_bw,
                          intra_latency=args.intra_latency, inter_bandwidth=args.inter_bw,
                          inter_latency=args.inter_latency)
@@ -156,14 +161,14 @@ def problem_from_args(args):
     schedules = None
     if args.schedules:
         schedules = _csv(args.schedules, "--schedules", registry.names())
-    reserve = parse_bytes(args.reserve)
+    reserve = parse_size(args.reserve, what="--reserve")
     if reserve >= gpu.memory:
         raise ValueError(f"--reserve {args.reserve} is not below the GPU memory ({gpu.memory / GiB:.1f} GiB)")
     return Problem(model=model, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch, seq=args.seq or model.seq,
                    calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp, max_vpp=args.max_vpp,
                    max_microbatch_size=args.max_microbatch_size, schedules=schedules,
                    recompute=_csv(args.recompute, "--recompute", RECOMPUTES),
-                   zero=_csv(args.zero, "--zero", (0, 1), int), reserve=reserve, top=args.top)
+                   zero=_csv(args.zero, "--zero", (0, 1), int), reserve=reserve, top=args.top, mem_limit=args.mem_limit)
 
 
 def _resolve_model(spec: str):

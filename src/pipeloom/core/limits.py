@@ -31,6 +31,9 @@ MAX_MEM_UNITS = 1e12
 #: the largest memory size in bytes (--gpu-memory, --reserve, --param-bytes, a --mem-limit in bytes): 1 EiB,
 #: a million times today's largest device; larger sizes overflow the sums of the estimator and the tuner
 MAX_BYTES = 2 ** 60
+#: the largest dimension of a model (hidden, ffn, vocabulary, sequence, heads, experts): 2^31, thousands of
+#: times today's largest; far larger ones (a config.json with 1e200) overflow the FLOP and byte counts
+MAX_MODEL_DIM = 2 ** 31
 #: evaluations of the makespan balance search (--max-evals)
 MAX_EVALS = 1_000_000
 

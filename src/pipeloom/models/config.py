@@ -27,6 +27,11 @@ def default_ffn(hidden: int, mlp: str) -> int:
     return 16 * math.ceil(8 * hidden / 3 / 16) if mlp == "swiglu" else 4 * hidden
 
 
+#: the integer dimensions of a model, each at most :data:`pipeloom.core.limits.MAX_MODEL_DIM`
+_DIMS = ("hidden", "layers", "heads", "kv_heads", "vocab", "seq", "ffn", "head_size", "experts", "experts_per_token",
+         "shared_experts", "expert_ffn", "shared_expert_ffn")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     """Shape of a decoder-only transformer (published hyper-parameters for the presets)."""
@@ -142,6 +147,13 @@ class ModelConfig:
                 object.__setattr__(self, f, self.ffn)
             elif not _is_pos_int(v):
                 raise ModelConfigError(f"model {f} must be an integer >= 1 or None, got {v!r}")
+        from ..core.limits import MAX_MODEL_DIM
+
+        for f in _DIMS:  # (above the cap, parameter and byte counts overflow a float: OverflowError)
+            v = getattr(self, f)
+            if isinstance(v, int) and v > MAX_MODEL_DIM:
+                raise ModelConfigError(f"model {f} = {v:.3g} is above the cap of {MAX_MODEL_DIM:,} for any model "
+                                       f"dimension (caps: docs/robustness.md)")
 
     @property
     def head_dim(self) -> int:

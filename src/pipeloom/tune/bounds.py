@@ -40,6 +40,12 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from ..core.costs import MemModel
+from ..core.errors import ScheduleError
+from ..schedule import registry
+from ..schedule.registry import PlanSpec
+from .costs import chunk_costs, comm_p2p, dp_time, optimizer_time
+
 
 def chains(F: Sequence[float], B: Sequence[float], W: Sequence[float], comm: float, cross: Sequence[bool]):
     """Microbatch 0's earliest starts ``hF``, ``hB`` per chunk and ``tailF`` (longest path from an F's
@@ -144,3 +150,99 @@ def step_bound(F: Sequence[float], B: Sequence[float], W: Sequence[float], comm:
 
 
 __all__ = ["chains", "max_forward_work", "min_free_work", "step_bound"]
+
+# ------------------------------------------------------------------------------------------ bounds of a configuration
+def memory_lower_bound(space, c) -> float:
+    """Bytes every schedule of ``c`` needs on its fullest device: parameters, gradients, optimizer states,
+    the transient working set, and microbatch 0's activations on each of the device's chunks (all held
+    when that microbatch's backward starts at the last chunk): :meth:`~pipeloom.memory.budget.DeviceBudget.lower_bound_bytes`."""
+    return space.summary(c)[2]
+
+
+def _shape(space, c):
+    """Per (costs, partition, placement): prefix sums of F and of the device crossings, each device's
+    first chunk and work per microbatch sum(F+B+W), sum(B), F of chunk 0 (what :func:`lower_bound` reads)."""
+    k = (c.tp, c.microbatch_size, c.recompute, c.seg_layer_num, c.pp, c.vpp, c.placement)
+    hit = space.shapes.get(k)
+    if hit is None:
+        F, B, W, _ = chunk_costs(space, c)
+        owned, cross = space.owned(c.pp, c.vpp, c.placement)
+        fp, cc = [0.0], [0]
+        for x, y in zip(F, cross):
+            fp.append(fp[-1] + x)
+            cc.append(cc[-1] + (1 if y else 0))
+        dev = [(mine[0], sum(F[j] + B[j] + W[j] for j in mine)) for mine in owned]
+        hit = space.shapes[k] = (fp, cc, dev, sum(B), F[0])
+    return hit
+
+
+def lower_bound(space, c) -> float:
+    """Seconds no schedule of ``c`` can beat (module docstring): the larger of
+    * per device: the forward chain before its first chunk can start, plus its busy time;
+    * the last microbatch: chunk 0 runs m-1 other forwards first, then that microbatch's forward and
+      backward traverse every chunk (with the cross-device latencies);
+    plus the optimizer step."""
+    fp, cc, dev, sum_b, f0 = _shape(space, c)
+    comm = comm_p2p(space, c)
+    m = c.microbatches
+    best = (m - 1) * f0 + fp[-1] + sum_b + 2 * comm * cc[-1]
+    for first, work in dev:
+        best = max(best, fp[first] + comm * cc[first] + m * work)
+    return best + optimizer_time(space, c, space.summary(c)[1])
+
+
+
+
+#: builders whose plans are expensive enough to be worth a memory-aware bound before building them
+BOUNDED = ("zbvpp", "zbv", "vhalf", "vmin")
+
+
+def builder_limit(space, c, a_r: tuple[float, ...], b_r: tuple[float, ...] = ()) -> float | None:
+    """The memory limit (units of the rounded model the plan is built with) that the builder of ``c``
+    plans under: :func:`pipeloom.schedule.registry.effective_limit` of its declaration with the limit the
+    tuner gives it (None in the 'default' mode, the GPU's room in 'fit', ``--mem-limit`` in 'given'); None
+    when it plans without one. A given limit below the floor is returned as it is (the builder refuses it and
+    builds nothing, so any bound under it holds)."""
+    info = registry.get(c.schedule)
+    if not info.memory_aware:
+        return None
+    given = space.given_limit(c)
+    if c.mem_limit_mode != "default" and given is None:
+        return None
+    spec = PlanSpec(pp=c.pp, vpp=c.vpp, microbatches=c.microbatches, mem=MemModel(a=a_r, b=b_r or None),
+                    mem_limit=given, options={})
+    try:
+        return registry.effective_limit(info, spec)
+    except ScheduleError:
+        return given
+
+
+def _rounded_mem(a, bfree) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The memory model plans are built with: ``a`` to 3 decimals, ``b`` to 3 decimals within [0, a]."""
+    a_r = tuple(round(x, 3) for x in a)
+    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
+    return a_r, b_r
+
+
+def memory_bound(space, c) -> float:
+    """A step-time lower bound of ``c`` (:func:`pipeloom.tune.bounds.step_bound`) with its memory terms:
+    the larger of the bound under each device's room on the GPU (in the exact memory model: holds for every
+    schedule of ``c`` that fits) and, for the builders of :data:`BOUNDED`, the bound under the limit the
+    builder plans with (in the rounded model it plans with: holds for its plan)."""
+    F, B, W, comm = chunk_costs(space, c)
+    owned, cross = space.owned(c.pp, c.vpp, c.placement)
+    owned = [sorted(o) for o in owned]
+    budget = space.budget(c)
+    a, bfree = budget.a, budget.b
+    room = budget.room_units(space.p.gpu.memory, space.p.reserve)
+    buckets = [dp_time(space, c, ch.params) for ch in budget.chunk_memory]
+    opt = max(optimizer_time(space, c, p) for p in budget.params)
+    m = c.microbatches
+    best = step_bound(F, B, W, comm, cross, owned, m, a, bfree, room, buckets, opt)
+    if c.schedule in BOUNDED:
+        a_r, b_r = _rounded_mem(a, bfree)
+        lim = builder_limit(space, c, a_r, b_r)
+        if lim is not None:
+            best = max(best, step_bound(F, B, W, comm, cross, owned, m, a_r, b_r, [lim] * c.pp, buckets, opt))
+    return best
+

@@ -296,3 +296,43 @@ def step_model_flops(model: ModelConfig, global_batch: int, seq: int) -> float:
 __all__ = ["ACT_BYTES", "Calibration", "CalibrationError", "GRAD_BYTES", "PARAM_BYTES", "PassTimes", "all_gather",
            "all_reduce", "attention_core_flops", "head_flops", "head_times", "layer_flops", "layer_times", "p2p",
            "reduce_scatter", "step_model_flops"]
+
+# ------------------------------------------------------------------------------------------ one configuration
+# (``space`` is the search's cache of layer times and GPU figures, ``c`` a configuration: tune/space.py)
+def chunk_costs(space, c) -> tuple[list[float], list[float], list[float], float]:
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute)
+    nc = c.pp * c.vpp
+    F = [n * lt.F for n in c.seg_layer_num]
+    B = [n * lt.B for n in c.seg_layer_num]
+    W = [n * lt.W for n in c.seg_layer_num]
+    F[nc - 1] += ht.F
+    B[nc - 1] += ht.B
+    W[nc - 1] += ht.W
+    return F, B, W, comm_p2p(space, c)
+
+
+def comm_p2p(space, c) -> float:
+    if c.pp == 1:
+        return 0.0
+    p = space.p
+    link = space.gpu.intra if c.tp * c.dp * c.pp <= p.gpn else space.gpu.inter
+    nbytes = c.microbatch_size * p.seq * p.model.hidden * ACT_BYTES / c.tp
+    return p2p(nbytes, link)
+
+
+def dp_link(space, c):
+    return space.gpu.intra if c.tp * c.dp <= space.p.gpn else space.gpu.inter
+
+
+def dp_time(space, c, params: float) -> float:
+    """Seconds to reduce ``params`` parameters' gradients over dp (and re-gather them with ZeRO-1)."""
+    link = dp_link(space, c)
+    if c.zero:
+        return reduce_scatter(params * GRAD_BYTES, c.dp, link) + all_gather(params * PARAM_BYTES, c.dp, link)
+    return all_reduce(params * GRAD_BYTES, c.dp, link)
+
+
+def optimizer_time(space, c, params: float) -> float:
+    z = c.dp if c.zero else 1
+    return params * (28.0 / z + 2.0) / space.gpu.hbm_bandwidth
+

@@ -1,0 +1,365 @@
+"""The tuner's search space (no torch): the problem, one configuration, the caches they share, and the
+enumeration of every configuration that can exist.
+
+:class:`_Space` holds what configurations share: layer times, layer partitions, the memory accounting of
+the chunks and, per layout, the one :func:`pipeloom.memory.budget.device_budget` call that says what each
+device holds (statics, transient, unit bytes, the memory model in units).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.costs import MemLimit
+from ..core.ir import Placement, chunks_of, device_of
+from ..memory.budget import DeviceBudget, device_budget
+from ..memory.layers import MemoryConfigError, TrainConfig, check_tp, chunk_memory
+from ..models.config import ModelConfig
+from ..partition.balance import bottleneck_dp
+from ..partition.layer_costs import LayerCost, LayerCosts
+from ..partition.layout import uniform
+from ..partition.megatron import counts_to_layout
+from ..schedule import registry
+from .bounds import lower_bound, memory_lower_bound
+from .costs import Calibration, head_times, layer_times
+from .gpus import GPU, divisors
+
+RECOMPUTES = ("none", "selective", "full")
+PARTITIONS = ("uniform", "balanced")
+#: builder options during the sweep (a twentieth of the greedy budget, no CP-SAT polish, no proven lower bound
+#: in the plan's meta, no cool-down variants of zbvpp); the top configurations are planned again with the
+#: builders' defaults before the final ranking
+SWEEP_OPTIONS = {"budget": 3000, "polish": 0, "bound": False, "pull_budget": 0}
+#: builders left out unless named: CP-SAT per configuration is far too slow for a sweep
+SLOW = ("optimal",)
+
+
+class TuneError(ValueError):
+    """Bad tuner input, or a model that fits nowhere (one line, with what would work)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    model: ModelConfig
+    gpus: int
+    gpu: GPU
+    global_batch: int
+    seq: int
+    calibration: Calibration = field(default_factory=Calibration)
+    max_tp: int | None = None
+    max_pp: int | None = None
+    tp: int | None = None
+    """fix the tensor-parallel degree (None: search it)"""
+    pp: int | None = None
+    """fix the pipeline degree (None: search it)"""
+    microbatch_sizes: tuple[int, ...] | None = None
+    """the micro-batch sizes to try (None: every divisor up to max_microbatch_size)"""
+    max_vpp: int = 4
+    max_microbatch_size: int = 8
+    schedules: tuple[str, ...] | None = None
+    recompute: tuple[str, ...] = RECOMPUTES
+    zero: tuple[int, ...] = (0, 1)
+    partitions: tuple[str, ...] = PARTITIONS
+    mem_limits: tuple[str, ...] = ("default", "fit")
+    """how memory-aware builders get their limit: 'default' (their declared default), 'fit' (the GPU's room)"""
+    mem_limit: MemLimit | None = None
+    """``--mem-limit``: plan every memory-aware builder under this limit instead (mode 'given': units, Xp for
+    each configuration's pp, or bytes per device through the configuration's device budget); None: search
+    ``mem_limits``"""
+    reserve: int = 2 * 1024 ** 3
+    top: int = 5
+
+    def __post_init__(self) -> None:
+        for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise TuneError(f"{k} must be an integer >= 1, got {v!r}")
+        if self.gpus % self.gpu.gpus_per_node and self.gpus > self.gpu.gpus_per_node:
+            raise TuneError(f"{self.gpus} GPUs are not whole nodes of {self.gpu.gpus_per_node}; give a multiple of "
+                            f"--gpus-per-node (or fewer GPUs than one node)")
+        bad = [r for r in self.recompute if r not in RECOMPUTES]
+        if bad or not self.recompute:
+            raise TuneError(f"recompute must be among {', '.join(RECOMPUTES)}, got {', '.join(bad) or 'none'}")
+        if not self.zero or any(z not in (0, 1) for z in self.zero):
+            raise TuneError(f"zero must be among 0, 1, got {self.zero!r}")
+        if not self.partitions or any(p not in PARTITIONS for p in self.partitions):
+            raise TuneError(f"partitions must be among {', '.join(PARTITIONS)}, got {self.partitions!r}")
+        if not self.mem_limits or any(x not in ("default", "fit") for x in self.mem_limits):
+            raise TuneError(f"memory limits must be among default, fit, got {self.mem_limits!r}")
+        if self.mem_limit is not None:
+            object.__setattr__(self, "mem_limit", MemLimit.parse(self.mem_limit))
+
+    @property
+    def gpn(self) -> int:
+        return min(self.gpu.gpus_per_node, self.gpus)
+
+
+@dataclass(slots=True)
+class Config:
+    """One point of the space and, once evaluated, its predicted performance."""
+
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    microbatch_size: int
+    microbatches: int
+    schedule: str
+    recompute: str
+    zero: int
+    partition: str
+    mem_limit_mode: str
+    seg_layer_num: tuple[int, ...] = ()
+    placement: Placement = Placement.INTERLEAVED
+    lower_bound_s: float = 0.0
+    mem_lower_bound: float = 0.0
+    # filled by evaluate()
+    mem_limit: float | None = None
+    step_time_s: float | None = None
+    makespan_s: float | None = None
+    bubble: float | None = None
+    exposed_comm_s: float | None = None
+    optimizer_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_bytes: float | None = None
+    device_peaks: list = field(default_factory=list)
+    fits: bool | None = None
+    error: str | None = None
+    detail: dict = field(default_factory=dict)
+    schedule_obj: object = None
+    sim: object = None
+
+    def key(self) -> tuple:
+        return (self.tp, self.pp, self.dp, self.vpp, self.microbatch_size, self.microbatches, self.schedule,
+                self.recompute, self.zero, self.seg_layer_num, self.mem_limit_mode)
+
+    def to_dict(self) -> dict:
+        return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "dp": self.dp,
+                "microbatch_size": self.microbatch_size, "microbatches": self.microbatches,
+                "schedule": self.schedule, "mem_limit": self.mem_limit, "mem_limit_mode": self.mem_limit_mode,
+                "recompute": self.recompute, "zero": self.zero, "partition": self.partition,
+                "seg_layer_num": list(self.seg_layer_num),
+                "megatron_layout": counts_to_layout(self.seg_layer_num)
+                if self.placement is Placement.INTERLEAVED or self.vpp == 1 else None,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "step_time_s": self.step_time_s,
+                "makespan_s": self.makespan_s, "bubble": self.bubble, "exposed_comm_s": self.exposed_comm_s,
+                "optimizer_s": self.optimizer_s, "peak_bytes": self.peak_bytes, "fits": self.fits,
+                "lower_bound_s": self.lower_bound_s}
+
+
+
+def _divisors(n: int) -> list[int]:
+    return divisors(n)  # tune/gpus.py: up to sqrt(n), not n
+
+
+def builder_vpps(name: str, pp: int, layers: int, max_vpp: int) -> list[int]:
+    rule = registry.get(name).vpp
+    cands = {"1": [1], "2": [2], ">=2": list(range(2, max_vpp + 1)), "any": list(range(2, max_vpp + 1))}[rule]
+    return [v for v in cands if pp * v <= layers]
+
+
+class _Space:
+    """Caches shared by the enumeration and the evaluation of one problem."""
+
+    def __init__(self, prob: Problem) -> None:
+        self.p = prob
+        self.eff = prob.calibration.efficiency
+        self.gpu = prob.calibration.apply(prob.gpu)
+        self.layer_t: dict = {}
+        self.head_t: dict = {}
+        self.chunk_mem: dict = {}
+        self.parts: dict = {}
+        self.plans: dict = {}
+        self.budgets: dict = {}
+        self._owned: dict = {}
+        self.sim_count = 0
+        self.hits = 0
+        self.summaries: dict = {}
+        self.fresh: set = set()
+        self.shapes: dict = {}
+
+    # -------------------------------------------------------------- costs
+    def times(self, tp: int, b: int, r: str):
+        k = (tp, b, r)
+        if k not in self.layer_t:
+            p = self.p
+            self.layer_t[k] = (layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r),
+                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq))
+        return self.layer_t[k]
+
+    def split(self, pp: int, vpp: int, placement: Placement, how: str, tp: int, b: int, r: str) -> tuple[int, ...]:
+        L = self.p.model.layers
+        if how == "uniform":
+            k = (pp, vpp, placement)
+            if k not in self.parts:
+                self.parts[k] = tuple(uniform(L, pp, vpp, placement).seg_layer_num)
+            return self.parts[k]
+        lt, ht = self.times(tp, b, r)
+        ratio = float(f"{(ht.F + ht.B + ht.W) / (lt.F + lt.B + lt.W):.2g}")
+        k = (pp, vpp, placement, ratio)
+        if k not in self.parts:
+            layer = LayerCost(F=1.0, B=0.0, W=0.0, mem=1.0)
+            lc = LayerCosts(tuple([layer] * L), LayerCost(), LayerCost(F=ratio, mem=0.0))
+            self.parts[k] = tuple(bottleneck_dp(lc, pp, vpp, placement).seg_layer_num)
+        return self.parts[k]
+
+    def memory(self, tp: int, b: int, r: str, zero: int, dp: int, seg: tuple[int, ...]):
+        k = (tp, b, r, zero, dp, seg)
+        if k not in self.chunk_mem:
+            train = TrainConfig(seq=self.p.seq, micro_batch=b, tp=tp, sequence_parallel=tp > 1, recompute=r,
+                                dp=dp, zero=zero)
+            chunks = chunk_memory(self.p.model, train, list(seg))
+            self.chunk_mem[k] = (train, chunks)
+        return self.chunk_mem[k]
+
+    # -------------------------------------------------------------- memory
+    def budget(self, c) -> DeviceBudget:
+        """What each device of ``c`` holds: one :func:`~pipeloom.memory.budget.device_budget` call per
+        layout (cached), the only way the tuner reads the memory model."""
+        k = (c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.pp, c.vpp, c.placement)
+        hit = self.budgets.get(k)
+        if hit is None:
+            train, chunks = self.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+            hit = self.budgets[k] = device_budget(self.p.model, train, (c.pp, c.vpp, c.placement, c.seg_layer_num),
+                                                  chunks=chunks)
+        return hit
+
+    def summary(self, c):
+        """(the budget of ``c``, the largest parameter count of a device, the memory lower bound in bytes)."""
+        budget = self.budget(c)
+        hit = self.summaries.get(id(budget))
+        if hit is None:
+            hit = self.summaries[id(budget)] = (budget, max(budget.params), budget.lower_bound_bytes())
+        return hit
+
+    def fit_units(self, c) -> float:
+        """The room of ``c``'s tightest device on this GPU (after the reserve), in units."""
+        return self.budget(c).limit_units(self.p.gpu.memory, self.p.reserve)
+
+    def given_limit(self, c) -> float | None:
+        """The limit (units) the tuner hands ``c``'s builder: None in 'default' mode, the GPU's room (to 1/100
+        unit) in 'fit', ``--mem-limit`` in 'given' (a size in bytes through the budget, to 1/100 unit)."""
+        if c.mem_limit_mode == "default":
+            return None
+        if c.mem_limit_mode == "fit":
+            return math.floor(self.fit_units(c) * 100) / 100
+        lim = self.p.mem_limit
+        if lim.is_bytes:
+            return math.floor(self.budget(c).limit_units(int(lim.value), self.p.reserve) * 100) / 100
+        return lim.units(c.pp)
+
+    def owned(self, pp: int, vpp: int, placement: Placement):
+        """(chunks of each device, whether the edge into chunk k crosses devices)."""
+        k = (pp, vpp, placement)
+        hit = self._owned.get(k)
+        if hit is None:
+            nc = pp * vpp
+            devs = [device_of(c, pp, placement) for c in range(nc)]
+            hit = self._owned[k] = ([chunks_of(d, pp, vpp, placement) for d in range(pp)],
+                                    [k > 0 and devs[k] != devs[k - 1] for k in range(nc)])
+        return hit
+
+# ------------------------------------------------------------------------------------------ enumeration
+def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tuple[list[Config], int]:
+    """Every configuration that can exist, with its bounds; the rest counted in ``pruned``."""
+    model = prob.model
+    names = list(prob.schedules) if prob.schedules else [n for n in registry.names() if n not in SLOW]
+    for n in names:
+        registry.get(n)
+    if not prob.schedules:
+        for n in SLOW:
+            pruned[f"schedule {n}: left out (a CP-SAT solve per configuration; name it in --schedules)"] = 1
+    gpn = prob.gpn
+    avail_bytes = prob.gpu.memory - prob.reserve
+    out: list[Config] = []
+    searched = 0
+
+    def drop(reason: str, n: int = 1) -> None:
+        pruned[reason] = pruned.get(reason, 0) + n
+
+    tps = [t for t in _divisors(gpn) if (prob.max_tp is None or t <= prob.max_tp) and prob.tp in (None, t)]
+    if not tps:
+        raise TuneError(f"no tensor-parallel degree to try: tp must divide the {gpn} GPUs of a node"
+                        + (f" and be <= --max-tp {prob.max_tp}" if prob.max_tp else "")
+                        + (f"; --tp {prob.tp} does not" if prob.tp else ""))
+    bad_dp = []
+    for tp in tps:
+        try:
+            check_tp(model, TrainConfig(tp=tp, seq=prob.seq))
+        except MemoryConfigError:
+            drop(f"tp: does not divide heads/kv_heads/ffn/hidden of {model.name}")
+            continue
+        if prob.gpus % tp:
+            drop("tp: does not divide the GPU count")
+            continue
+        for pp in _divisors(prob.gpus // tp):
+            if prob.pp is not None and pp != prob.pp:
+                continue
+            if prob.max_pp is not None and pp > prob.max_pp:
+                drop("pp: above --max-pp")
+                continue
+            if pp > model.layers:
+                drop("pp: more stages than layers")
+                continue
+            dp = prob.gpus // (tp * pp)
+            if prob.global_batch % dp:
+                drop("dp: global batch not divisible by dp")
+                bad_dp.append(dp)
+                continue
+            per = prob.global_batch // dp
+            for b in _divisors(per):
+                if b > prob.max_microbatch_size or (prob.microbatch_sizes and b not in prob.microbatch_sizes):
+                    continue
+                m = per // b
+                for r in prob.recompute:
+                    for z in prob.zero:
+                        if z and dp == 1:
+                            continue  # ZeRO-1 over one replica is the plain optimizer
+                        for name in names:
+                            info = registry.get(name)
+                            vpps = builder_vpps(name, pp, model.layers, prob.max_vpp)
+                            if not vpps:
+                                drop(f"schedule {name}: needs more chunks than layers or a vpp above --max-vpp")
+                                continue
+                            for vpp in vpps:
+                                placement = info.placement_at(vpp)
+                                seen = set()
+                                for how in prob.partitions:
+                                    try:
+                                        seg = space.split(pp, vpp, placement, how, tp, b, r)
+                                    except ValueError:
+                                        drop("partition: cannot split the layers")
+                                        continue
+                                    if seg in seen:
+                                        drop("partition: balanced equals uniform")
+                                        continue
+                                    seen.add(seg)
+                                    limits = (("default",) if not info.memory_aware else ("given",)
+                                              if prob.mem_limit is not None else prob.mem_limits)
+                                    for lim in limits:
+                                        searched += 1
+                                        c = Config(tp=tp, pp=pp, dp=dp, vpp=vpp, microbatch_size=b, microbatches=m,
+                                                   schedule=name, recompute=r, zero=z, partition=how,
+                                                   mem_limit_mode=lim, seg_layer_num=seg, placement=placement)
+                                        c.mem_lower_bound = memory_lower_bound(space, c)
+                                        if c.mem_lower_bound > avail_bytes:
+                                            drop("memory: weights + optimizer + one microbatch over the GPU")
+                                            out.append(c)  # kept aside for the 'fits nowhere' message
+                                            c.fits = False
+                                            continue
+                                        c.lower_bound_s = lower_bound(space, c)
+                                        out.append(c)
+    if searched == 0 and bad_dp:
+        ok = sorted(set(bad_dp))
+        raise TuneError(f"--global-batch {prob.global_batch} is not divisible by any data-parallel degree of "
+                        f"{prob.gpus} GPUs (dp = GPUs / (tp*pp) in {', '.join(map(str, ok))}); global batches "
+                        f"that work are multiples of one of them, e.g. {_nearest(prob.global_batch, ok)}")
+    return out, searched
+
+
+def _nearest(gb: int, dps: list[int]) -> str:
+    cands = sorted({(gb // d + k) * d for d in dps for k in (0, 1) if (gb // d + k) * d > 0})
+    cands.sort(key=lambda x: abs(x - gb))
+    return " or ".join(map(str, sorted(cands[:2])))
+
