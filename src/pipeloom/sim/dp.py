@@ -35,14 +35,25 @@ from ..core.ir import Kind
 from .simulate import SimResult
 
 
-@dataclass(frozen=True, slots=True)
-class DPLink:
-    """The data-parallel network of one device."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """THE link type: the network one device uses for a collective or a send (the tuner's intra- and
+    inter-node links are these too)."""
 
     bandwidth: float
-    """bytes per second"""
+    """bytes per second one device moves (per direction; the bus bandwidth of a ring collective)"""
     latency: float = 0.0
-    """seconds per ring step"""
+    """seconds per message (one ring step)"""
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth > 0) or not (self.latency >= 0):
+            raise ValueError(f"a link needs bandwidth > 0 and latency >= 0, got {self.bandwidth}, {self.latency}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPLink(Link):
+    """The data-parallel network of one device, and how many seconds one schedule cost unit is."""
+
     unit_s: float = 1e-3
     """seconds per schedule cost unit"""
 
@@ -55,14 +66,33 @@ class DPLink:
             raise ValueError(f"the cost unit must be > 0 s, got {self.unit_s!r}")
 
 
-def collective_seconds(kind: str, nbytes: float, n: int, link: DPLink) -> float:
-    """Seconds of one ring collective (``allreduce``, ``reduce_scatter``, ``all_gather``) over ``n`` ranks."""
+def collective_seconds(kind: str, nbytes: float, n: int, link: Link) -> float:
+    """Seconds of one ring collective (``allreduce``, ``reduce_scatter``, ``all_gather``) of ``nbytes`` over ``n``
+    ranks: THE ring formulas of the module docstring (the tuner's too)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     steps = {"allreduce": 2, "reduce_scatter": 1, "all_gather": 1}.get(kind)
     if steps is None:
         raise ValueError(f"unknown collective {kind!r}; choose allreduce, reduce_scatter or all_gather")
     return steps * (n - 1) / n * nbytes / link.bandwidth + steps * (n - 1) * link.latency
+
+
+def p2p_seconds(nbytes: float, link: Link) -> float:
+    """Seconds of one send of ``nbytes``: ``latency + bytes / bandwidth``."""
+    return link.latency + nbytes / link.bandwidth
+
+
+def queue_buckets(ready: dict[int, float], seconds) -> list[tuple[float, float, int]]:
+    """Overlapped reduction (the module docstring's ``overlap``): each chunk's bucket becomes ready at
+    ``ready[chunk]`` and the buckets queue on the device's link in ready order, each taking ``seconds(chunk)``.
+    Returns (start, end, chunk) per bucket. The simulator's dp model and the tuner's step time use this one
+    queue."""
+    out, t = [], 0.0
+    for r, c in sorted((r, c) for c, r in ready.items()):
+        s = max(t, r)
+        t = s + seconds(c)
+        out.append((s, t, c))
+    return out
 
 
 @dataclass(slots=True)
@@ -117,10 +147,7 @@ def simulate_dp(sim: SimResult, chunk_bytes: Sequence[float], dp: int, link: DPL
         t = 0.0
         if dp > 1:
             if overlap:
-                queue = sorted((r, c) for c, r in ready.items())
-                for r, c in queue:
-                    s = max(t, r)
-                    t = s + collective_seconds(red, chunk_bytes[c], dp, link) / unit
+                for s, t, c in queue_buckets(ready, lambda c: collective_seconds(red, chunk_bytes[c], dp, link) / unit):
                     ivs.append((s, t, f"{'RS' if zero else 'AR'} {c}"))
             elif zero:
                 t = last_job
@@ -186,5 +213,5 @@ def parse_seconds(text: str | float) -> float:
     return v
 
 
-__all__ = ["DPLink", "DPResult", "collective_seconds", "last_weight_grad_ends", "parse_bandwidth", "parse_seconds",
-           "simulate_dp"]
+__all__ = ["DPLink", "DPResult", "Link", "collective_seconds", "last_weight_grad_ends", "p2p_seconds", "parse_bandwidth",
+           "parse_seconds", "queue_buckets", "simulate_dp"]

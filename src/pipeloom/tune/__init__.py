@@ -3,8 +3,11 @@
 * :mod:`.gpus`   -- GPU presets (peak BF16 FLOP/s, memory, HBM and link figures)
 * :mod:`.costs`  -- the cost model: per-layer F/B/W seconds from FLOPs, TP/PP/DP collectives, optimizer,
                     and the calibration file
-* :mod:`.search` -- enumeration, memory and time lower bounds, simulation in bound order, ranking
-* :mod:`.bounds` -- the memory-aware step-time bound of one configuration (warm-up, last forward, DP bucket)
+* :mod:`.space`  -- the problem, one configuration, the caches they share (one device budget per layout),
+                    the enumeration of the space
+* :mod:`.bounds` -- every lower bound of a configuration: memory, step time, and the memory-aware step time
+                    (warm-up, last forward, DP bucket)
+* :mod:`.search` -- evaluation (plan, simulate, DP buckets, memory), simulation in bound order, ranking
 * :mod:`.measured` -- a calibration file from a measured run (``pipeloom run --calibrate``)
 * :mod:`.launch` -- the chosen plan as files: schedule, Gantt, pipeloom/torchrun, torchtitan, Megatron-Core
 
@@ -15,8 +18,8 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {"Calibration": "costs", "CalibrationError": "costs", "Config": "search", "GPU": "gpus", "GPUS": "gpus",
-          "GPUError": "gpus", "Link": "gpus", "Problem": "search", "TuneError": "search", "TuneResult": "search",
+_WHERE = {"Calibration": "costs", "CalibrationError": "costs", "Config": "space", "GPU": "gpus", "GPUS": "gpus",
+          "GPUError": "gpus", "Link": "gpus", "Problem": "space", "TuneError": "space", "TuneResult": "search",
           "gpu_preset": "gpus", "tune": "search", "with_overrides": "gpus"}
 
 __all__ = sorted(_WHERE)

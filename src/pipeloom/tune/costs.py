@@ -26,7 +26,9 @@ Data parallel
     ``2 (d-1)/d`` of the bytes; ZeRO-1 (distributed optimizer): reduce-scatter of the fp32 grads plus
     all-gather of the bf16 parameters, ``(d-1)/d`` each. Each chunk's bucket starts when that chunk's
     last weight gradient is done in the simulated schedule (overlap with the drain); the buckets of one
-    device run one after the other. Link: intra-node when tp * dp <= GPUs per node, else inter-node.
+    device run one after the other. Link: intra-node when tp * dp <= GPUs per node, else inter-node. The ring
+    formulas, the link type and the bucket queue are :mod:`pipeloom.sim.dp`'s (one DP reduction model for the
+    simulator's ``--dp`` and the tuner).
 
 Optimizer
     Adam over the device's parameters is memory-bound: ``28 / z + 2`` bytes touched per parameter
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from ..core.files import InputFileError, load_json
 from ..models import flops as _flops
 from ..models.config import ModelConfig
+from ..sim.dp import collective_seconds, p2p_seconds
 from .gpus import GPU, GPUError, Link, check_figure, with_overrides
 
 #: bytes per value: activations and TP/PP traffic in bf16, DP gradients in fp32
@@ -74,25 +77,23 @@ def head_flops(model: ModelConfig, tokens: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ collectives
+# (the ring formulas and the link type are pipeloom.sim.dp's, the one data-parallel reduction model)
 def all_reduce(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks (seconds)."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks (seconds): :func:`pipeloom.sim.dp.collective_seconds`."""
+    return collective_seconds("allreduce", nbytes, n, link)
 
 
 def reduce_scatter(nbytes: float, n: int, link: Link) -> float:
-    """Ring reduce-scatter (or all-gather) of ``nbytes`` total over ``n`` ranks (seconds)."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+    """Ring reduce-scatter of ``nbytes`` total over ``n`` ranks (seconds)."""
+    return collective_seconds("reduce_scatter", nbytes, n, link)
 
 
-all_gather = reduce_scatter
+def all_gather(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-gather of ``nbytes`` total over ``n`` ranks (seconds)."""
+    return collective_seconds("all_gather", nbytes, n, link)
 
 
-def p2p(nbytes: float, link: Link) -> float:
-    return link.latency + nbytes / link.bandwidth
+p2p = p2p_seconds
 
 
 # ------------------------------------------------------------------------------------------ calibration
@@ -157,7 +158,7 @@ class Calibration:
                 try:
                     kw[k] = Link(bandwidth=_num(v.get("bandwidth", 1.0), source, f"{k}.bandwidth"),
                                  latency=_num(v.get("latency", 0.0), source, f"{k}.latency"))
-                except GPUError as e:
+                except ValueError as e:
                     raise CalibrationError(f"{source}: {k}: {e}") from None
                 if "bandwidth" not in v:
                     raise CalibrationError(f"{source}: {k} needs a bandwidth (bytes/s)")

@@ -11,24 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..sim.dp import Link  # THE link type (bandwidth bytes/s, latency s per message), shared with the dp model
+
 MiB = 1024 ** 2
 GiB = 1024 ** 3
 
 
 class GPUError(ValueError):
     """Unknown preset or a bad figure (one line naming what is allowed)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
-    bandwidth: float
-    """bytes/s one GPU moves over the link (per direction; bus bandwidth of a ring collective)"""
-    latency: float
-    """seconds per message (one ring step)"""
-
-    def __post_init__(self) -> None:
-        if not (self.bandwidth > 0) or not (self.latency >= 0):
-            raise GPUError(f"a link needs bandwidth > 0 and latency >= 0, got {self.bandwidth}, {self.latency}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,10 +28,10 @@ from typing import Callable
 
 from ..core.costs import Costs, MemModel
 from ..core.errors import ScheduleError
-from ..core.ir import Kind
 from ..memory.budget import activation_trace
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
+from ..sim.dp import last_weight_grad_ends, queue_buckets
 from ..sim.simulate import simulate
 from .bounds import BOUNDED, _rounded_mem, builder_limit, lower_bound, memory_bound, memory_lower_bound  # noqa: F401
 from .costs import chunk_costs, comm_p2p, dp_link, dp_time, optimizer_time, step_model_flops  # noqa: F401
@@ -156,16 +156,13 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     makespan = sim.makespan * scale
     peaks, _ = activation_trace(sched, budget.a, budget.b)
     chunks = budget.chunk_memory
-    # dp reduction: one bucket per chunk, started when the chunk's last weight gradient is done
+    # dp reduction (pipeloom.sim.dp's overlapped model): one bucket per chunk, ready when the chunk's last weight
+    # gradient is done, queued on the device's link
     finish = []
     for d in range(c.pp):
-        ready: dict[int, float] = {}
-        for (kind, mb, ch), e in zip(sched.devices[d], sim.end[d]):
-            if kind is Kind.W or kind is Kind.BW:
-                ready[ch] = max(ready.get(ch, 0.0), e * scale)
-        t = 0.0
-        for ch in sorted(ready, key=ready.get):
-            t = max(t, ready[ch]) + dp_time(space, c, chunks[ch].params)
+        ready = {ch: e * scale for ch, e in last_weight_grad_ends(sim, d).items()}
+        queue = queue_buckets(ready, lambda ch: dp_time(space, c, chunks[ch].params))
+        t = queue[-1][1] if queue else 0.0
         dev_end = (sim.end[d][-1] * scale) if sim.end[d] else 0.0
         finish.append(max(dev_end, t))
     pipe = max(finish) if finish else makespan
