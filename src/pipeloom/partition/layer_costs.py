@@ -52,6 +52,8 @@ import csv
 import io
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
+
 from ..core.costs import Costs, MemModel
 from ..models.config import ModelConfig
 from ..core.files import InputFileError, parse_json, read_input
@@ -170,6 +172,24 @@ class LayerCosts:
 
 
 # ---------------------------------------------------------------------- constructors
+def uniform_chunk_costs(seg_layer_num: Sequence[int], layer: tuple[float, float, float],
+                        head: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                        embedding: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> tuple[list[float], list[float],
+                                                                                        list[float]]:
+    """Per global chunk (F, B, W) of layers that all cost ``layer`` = (F, B, W): ``n * layer`` for a chunk of
+    ``n`` layers, ``embedding`` added to the first chunk and ``head`` to the last. The closed form of
+    :meth:`LayerCosts.chunk_costs` for identical layers (a product where that one sums layer by layer in layer
+    order, for layers that differ); ``pipeloom tune`` costs its chunks with it."""
+    out = []
+    for i in range(3):
+        vals = [n * layer[i] for n in seg_layer_num]
+        if embedding[i]:
+            vals[0] += embedding[i]
+        vals[-1] += head[i]
+        out.append(vals)
+    return out[0], out[1], out[2]
+
+
 def head_ratios(vocab: int, hidden: int, seq: int | None = None) -> tuple[float, float]:
     """(time, memory) of the head relative to one transformer layer (formulas in the module docstring)."""
     for name, v in (("vocab", vocab), ("hidden", hidden)):

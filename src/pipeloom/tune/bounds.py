@@ -1,39 +1,28 @@
-"""Step-time lower bounds of one tuner configuration under its memory room (no torch).
+"""Every lower bound of a tuner configuration, in one place (no torch).
 
 The search (:mod:`.search`) simulates configurations in increasing order of a lower bound and stops when
 the bound passes the ``top``-th best step time found, so the tighter the bound, the fewer schedules are
-built. :func:`step_bound` is that bound. It holds for every schedule of the configuration (split B/W or
-fused BW, any builder) **that fits the GPU** -- the others cannot enter the ranking anyway.
+built. Three bounds, each holding for every schedule of the configuration **that fits the GPU** (the others
+cannot enter the ranking anyway):
 
-Notation (seconds; chunk ``k`` of ``nc``, device ``d`` holding the chunks ``C_d``): per-chunk durations
-``F, B, W``; ``comm`` on every dependency edge between devices; ``m`` microbatches; ``a_k`` the
-activation memory F allocates (units), ``b_k`` what B frees (may be < 0: B allocates), W frees
-``a_k - b_k``; ``L_d`` the room for activations on d: (GPU - reserve - static_d - transient_d) / unit,
-the largest activation peak with which the configuration still fits. Microbatch 0's dependency chain
-gives ``hF_k`` (earliest start of an F on chunk k: the forward chain below it) and ``hB_k`` (earliest
-start of a B on k: the whole forward chain, then the backward chain down to k); ``tailF_k`` is the
-longest path from an F on k to the end (up the forwards, down the backwards, the last W). Every term
-below is proved for every valid schedule; the bound is their maximum plus the optimizer step:
+* :func:`memory_lower_bound` (bytes): statics + transient + one microbatch's activations on each of the
+  fullest device's chunks (:meth:`pipeloom.memory.budget.DeviceBudget.lower_bound_bytes`; the same fact as the
+  feasibility floor :func:`pipeloom.schedule.registry.min_feasible_limit`);
+* :func:`lower_bound` (seconds, cheap): per device the forward chain before its first chunk plus its busy time
+  ``m sum(F+B+W)``; the last microbatch's ``(m-1) F_0`` plus one forward and backward chain; plus the optimizer;
+* :func:`memory_bound` = :func:`step_bound` (seconds): the terms of :mod:`pipeloom.schedule.search.bounds`
+  -- critical path, device busy time, warm-up under the memory limit, last forward under the memory limit
+  (the proofs are there, on the integer job graph for one limit) -- here in seconds, in closed form in
+  O(nc), with one limit per device: ``L_d`` = the room for activations on d, (GPU - reserve - static_d -
+  transient_d) / unit (or, for the builders of :data:`BOUNDED`, the limit they plan under,
+  :func:`pipeloom.schedule.registry.effective_limit`), the knapsacks replaced by their LP relaxations
+  (:func:`max_forward_work` an upper bound, :func:`min_free_work` a lower bound, so the terms stay bounds);
+  plus what the tuner adds: each term ends with a W of some chunk, whose DP bucket then runs (the least
+  bucket of the device, or of all for the last-forward term), then the optimizer step.
 
-1. last microbatch: chunk 0 runs ``m - 1`` other forwards first, then that microbatch's forward and
-   backward chains and its W on chunk 0; then chunk 0's DP bucket;
-2. device busy time: ``hF(d) + m sum_{C_d}(F + B + W)``;
-3. warm-up (memory): on d, the jobs before the first B are forwards that hold their ``a`` (nothing is
-   freed before a B), so their ``a`` sum to at most ``L_d`` and their work ``Fpre`` is at most the
-   most forward work that fits in ``L_d`` (``m`` copies per chunk, the LP relaxation of that knapsack,
-   an upper bound) and at most ``hB(d) - hF(d)``; everything else on d runs after the first B, one job
-   at a time: ``T >= hB(d) + m sum(B + W) + m sum F - Fpre``;
-4. last forward (memory): after d's last forward P, ``m sum_{C_d} a - freed <= L_d``, so the B and W
-   before P free at least ``X = m sum a - L_d``; the least B/W work that frees X (per microbatch and
-   chunk: B frees b, B then W frees a; LP relaxation, a lower bound) runs before P and after the first
-   B, with the other forwards: ``start(P) >= hB(d) + Wfree + max(0, m sum F - F_P - Fpre)``; P is on
-   d's highest chunk (a microbatch's forwards climb the chunks) and ``T >= start(P) + tailF``;
-5. terms 2-3 end with one of d's W (or BW) jobs; the DP bucket of that chunk starts after it, so
-   the least DP bucket time of d's chunks is added (term 4 ends with a W of any chunk: the least
-   bucket of all).
-
-These are the terms of :mod:`pipeloom.schedule.search.bounds` (which proves them on the integer job
-graph for one limit) with one limit per device, in seconds, closed form in O(nc) per configuration.
+Notation: chunk ``k`` of ``nc``, per-chunk seconds ``F, B, W``, ``comm`` on every cross-device edge, ``m``
+microbatches, ``a_k``/``b_k`` what F allocates / B frees (units; b may be < 0), ``hF_k``/``hB_k`` the earliest
+start of an F / a B on chunk k from microbatch 0's chain, ``tailF_k`` the longest path from an F on k to the end.
 """
 from __future__ import annotations
 

@@ -301,14 +301,12 @@ __all__ = ["ACT_BYTES", "Calibration", "CalibrationError", "GRAD_BYTES", "PARAM_
 # ------------------------------------------------------------------------------------------ one configuration
 # (``space`` is the search's cache of layer times and GPU figures, ``c`` a configuration: tune/space.py)
 def chunk_costs(space, c) -> tuple[list[float], list[float], list[float], float]:
+    """Per-chunk F, B, W seconds of ``c`` (:func:`pipeloom.partition.layer_costs.uniform_chunk_costs`: every layer
+    the same, the head on the last chunk) and the P2P seconds of one chunk boundary."""
+    from ..partition.layer_costs import uniform_chunk_costs
+
     lt, ht = space.times(c.tp, c.microbatch_size, c.recompute)
-    nc = c.pp * c.vpp
-    F = [n * lt.F for n in c.seg_layer_num]
-    B = [n * lt.B for n in c.seg_layer_num]
-    W = [n * lt.W for n in c.seg_layer_num]
-    F[nc - 1] += ht.F
-    B[nc - 1] += ht.B
-    W[nc - 1] += ht.W
+    F, B, W = uniform_chunk_costs(c.seg_layer_num, (lt.F, lt.B, lt.W), (ht.F, ht.B, ht.W))
     return F, B, W, comm_p2p(space, c)
 
 

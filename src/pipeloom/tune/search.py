@@ -3,19 +3,15 @@ partition for the fastest configuration that fits (no torch).
 
 Order of work (the space of a 70B model on 1,024 GPUs holds tens of thousands of configurations):
 
-1. enumerate every configuration; drop those that cannot exist (tp not dividing the heads, a global
-   batch not divisible by dp x micro-batch, more chunks than layers, a builder's vpp rule) and those
-   whose *memory lower bound* is over the GPU: parameters, gradients and optimizer states of the
-   device plus one microbatch's activations of each of its chunks (every schedule holds that much
-   when microbatch 0 turns around at the last chunk) plus the transient working set;
-2. a *time lower bound* for each: the busiest device's compute ``m * sum(F+B+W)`` plus the forward
-   chain before its first job, plus the optimizer step (every schedule pays these);
-3. simulate in increasing order of that bound and stop once the bound passes the ``top``-th best
-   step time found: nothing left can enter the ranking, so pruning never drops the best.
+1. enumerate every configuration (:func:`.space.enumerate_space`); drop those that cannot exist and those
+   whose memory lower bound is over the GPU;
+2. a cheap step-time lower bound for each, and a memory-aware one when its turn comes (:mod:`.bounds`,
+   where every bound is written down once);
+3. simulate in increasing order of the bound and stop once it passes the ``top``-th best step time found:
+   nothing left can enter the ranking, so pruning never drops the best.
 
 Simulations are cached by (schedule, pp, vpp, m, normalised per-chunk costs, memory model, limit).
 """
-from __future__ import annotations
 from __future__ import annotations
 
 import copy
