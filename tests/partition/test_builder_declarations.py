@@ -97,3 +97,41 @@ def test_build_checks_values_from_the_declarations(name, key, bad, msg):
 def test_register_refuses_bare_option_names():
     with pytest.raises(TypeError, match="Option declarations"):
         registry.register("x", description="x", options=("budget",))
+
+
+# ---------------------------------------------------------------- one limit rule, one floor, one message
+MEMORY_AWARE = [n for n in registry.names() if registry.get(n).memory_aware]
+
+
+@pytest.mark.parametrize("name", MEMORY_AWARE)
+def test_a_limit_below_the_floor_is_the_one_message(name):
+    # default memory model: every chunk allocates 1/vpp, so a device's chunks hold 1 unit: the floor is 1
+    vpp = registry.default_vpp(name)
+    # (a PlanSpec as the library takes it: make_spec refuses a limit below one chunk's activation before any
+    # builder is chosen, a weaker check that does not know the placement)
+    spec = registry.PlanSpec(pp=2, microbatches=2, vpp=vpp, mem_limit=0.75, options=FAST.get(name) or {})
+    with pytest.raises(ScheduleError) as e:
+        registry.build(name, spec)
+    assert str(e.value) == (f"memory limit 0.75 units (0.375p) is infeasible for {name} pp=2 vpp={vpp}: the smallest "
+                            f"feasible limit is 1 units (0.5p) (one microbatch's activations on all {vpp} "
+                            f"chunk{'s' if vpp > 1 else ''} of a device at once); use --mem-limit 1 or more")
+
+
+@pytest.mark.parametrize("name", ["zbh1", "zbh2", "vhalf", "vmin", "zbvpp"])
+def test_a_default_limit_below_the_floor_is_raised_to_it(name):
+    # F allocates 5 units per chunk: one microbatch on a device holds 5 * vpp units, above 2p = 4 units
+    vpp = registry.default_vpp(name)
+    floor = 5.0 * vpp
+    s = plan(name, make_spec(pp=2, microbatches=4, vpp=vpp, mem="a=5,b=2"))
+    assert s.meta["mem_limit"] == floor
+    assert registry.effective_limit(name, make_spec(pp=2, microbatches=4, vpp=vpp, mem="a=5,b=2")) == floor
+
+
+@pytest.mark.parametrize("name,given,expect", [("zbh1", 5.0, 5.0), ("zbvpp", 7.0, 7.0), ("zbv", 3.0, 3.0),
+                                               ("vhalf", 1.5, 1.5), ("vhalf", 9.0, 3.0), ("vmin", 9.0, 2.0)])
+def test_effective_limit_of_a_given_limit(name, given, expect):
+    # pp 4: V-Half's budget (4+2)//2 = 3 and V-Min's (4+4)//3 = 2 also cap a given limit; the others take it
+    vpp = registry.default_vpp(name)
+    spec = make_spec(pp=4, microbatches=8, vpp=vpp, mem_limit=given)
+    assert registry.effective_limit(name, spec) == expect
+    assert plan(name, spec).meta["mem_limit"] == expect
