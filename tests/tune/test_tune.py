@@ -249,3 +249,29 @@ def test_memory_bound_meets_the_hand_worked_zbv_example():
     assert simulate(plan, Costs(F=1, B=1, W=1, comm=1)).makespan == pytest.approx(bound)
     # without the memory terms only the chains and the busy time are left: a weaker bound
     assert step_bound(ones, ones, ones, 1.0, cross, owned, m, [0.5] * nc, [0.25] * nc, None, [0.0] * nc, 0.0) < 65
+
+
+@pytest.mark.parametrize("limit", ["1p", "3", "16MiB"])
+def test_a_given_mem_limit_plans_every_memory_aware_schedule_under_it(limit):
+    from pipeloom.core.costs import MemLimit
+
+    prob = _problem(schedules=("1f1b", "zbh1", "zbv"), mem_limit=limit, global_batch=8)
+    res = tune(prob, exhaustive=True, workers=1)
+    lim = MemLimit.parse(limit)
+    aware = [c for c in res.configs if registry.get(c.schedule).memory_aware and c.schedule_obj is not None]
+    assert aware and all(c.mem_limit_mode == "given" for c in aware)
+    for c in aware:
+        if lim.is_bytes:  # the device budget's room for activations under that size, to 1/100 unit
+            room = min((lim.value - prob.reserve - sum(st) - tr) / c.detail["unit_bytes"]
+                       for st, tr in zip(_space_of(prob).budget(c).static, _space_of(prob).budget(c).transient))
+            assert c.mem_limit == pytest.approx(math.floor(room * 100) / 100)
+        else:
+            assert c.mem_limit == (c.pp * 1.0 if limit == "1p" else 3.0)
+        # the plan stays within it in the memory model it was planned with (B's release clamped to [0, a])
+        a_r, b_r = search._rounded_mem(_space_of(prob).budget(c).a, _space_of(prob).budget(c).b)
+        assert max(memory_profile(c.schedule_obj, MemModel(a=a_r, b=b_r))[0]) <= c.mem_limit + 1e-6
+    assert all(c.mem_limit_mode == "default" for c in res.configs if c.schedule == "1f1b")
+
+
+def _space_of(prob):
+    return _Space(prob)

@@ -116,7 +116,7 @@ def mem_limit_type(*, bytes_ok: bool):
     grammar; ``bytes_ok``: the command has a model that turns a size in bytes into units (memory, tune)."""
     def parse(text: str) -> MemLimit:
         try:
-            return MemLimit.parse(text, what="", bytes_ok=bytes_ok)
+            return MemLimit.parse(text, what="memory limit", bytes_ok=bytes_ok)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return parse

@@ -287,6 +287,8 @@ class MemLimit:
             m = _LIMIT_RE.match(s)
             label = _label(what, limit)
             if not m:
+                if s.lower().lstrip("+-") == "nan":
+                    raise SizeError(f"{label} is not a number; allowed: {MEM_LIMIT_HELP}")
                 if s.startswith("-"):
                     raise SizeError(f"{label}: a memory limit must be > 0; allowed: {MEM_LIMIT_HELP}")
                 raise SizeError(f"{label} not understood; allowed: {MEM_LIMIT_HELP}")
