@@ -113,8 +113,9 @@ def test_a_limit_below_the_floor_is_the_one_message(name):
     with pytest.raises(ScheduleError) as e:
         registry.build(name, spec)
     assert str(e.value) == (f"memory limit 0.75 units (0.375p) is infeasible for {name} pp=2 vpp={vpp}: the smallest "
-                            f"feasible limit is 1 units (0.5p) (one microbatch's activations on all {vpp} "
-                            f"chunk{'s' if vpp > 1 else ''} of a device at once); use --mem-limit 1 or more")
+                            f"feasible limit is 1 units (0.5p), every schedule needs at least 1 units on some device "
+                            f"(one microbatch's activations on all {vpp} chunk{'s' if vpp > 1 else ''} of a device at "
+                            f"once); use --mem-limit 1 or more")
 
 
 @pytest.mark.parametrize("name", ["zbh1", "zbh2", "vhalf", "vmin", "zbvpp"])

@@ -269,8 +269,9 @@ def infeasible_limit(name: str, pp: int, vpp: int, limit: float, floor: float) -
     """THE one-line error of a limit below the floor (every memory-aware builder raises this one)."""
     return ScheduleError(
         f"memory limit {_units(limit, pp)} is infeasible for {name} pp={pp} vpp={vpp}: the smallest feasible "
-        f"limit is {_units(floor, pp)} (one microbatch's activations on all {vpp} chunk{'s' if vpp > 1 else ''} of "
-        f"a device at once); use --mem-limit {floor:g} or more")
+        f"limit is {_units(floor, pp)}, every schedule needs at least {floor:g} units on some device (one "
+        f"microbatch's activations on all {vpp} chunk{'s' if vpp > 1 else ''} of a device at once); use "
+        f"--mem-limit {floor:g} or more")
 
 
 def effective_limit(builder: "str | BuilderInfo", spec: PlanSpec, *, floor: float | None = None) -> float | None:

@@ -74,7 +74,6 @@ def _q(x: float) -> float:
 def _request(space: _Space, c: Config, refine: bool):
     """What :func:`evaluate` needs before simulating ``c``: the plan key and spec with the costs and memory
     model around them; None when ``c`` cannot be planned (its error is set)."""
-    p = space.p
     F, B, W, comm = chunk_costs(space, c)
     unit = max(F) or 1.0
     budget = space.budget(c)
