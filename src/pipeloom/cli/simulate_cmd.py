@@ -28,9 +28,8 @@ def add_parser(sub) -> None:
                             "hand-written) instead of planning one; its pp, vpp and microbatches are used")
     add_shape_options(p, required=False, pp_help="pipeline degree (number of devices; required with --schedule)",
                       m_help="microbatches per step (required with --schedule)")
-    add_mem_limit_option(p, default=None, help="peak activation memory per device: none, 1p (1F1B's peak = pp "
-                         "units), 1.5p, 2p, Xp, or a number of units (default: none; with --plan the limit the file "
-                         "was planned for, when it says)")
+    add_mem_limit_option(p, default=None, purpose="peak activation memory per device (default: none; with --plan the "
+                                                  "limit the file was planned for, when it says)")
     add_costs_option(p)
     p.add_argument("--costs-per", choices=["chunk", "stage"], default="chunk",
                    help="'chunk' (default): --costs F/B/W are per chunk pass, so a schedule with vpp 2 does twice "
