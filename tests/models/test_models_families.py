@@ -250,3 +250,16 @@ def test_chunks_compose_to_the_model(tmp_path, name):
         assert ref.abs().max().item() <= 0.5
     names = {nm for c in chunks for nm, _ in c.named_parameters(remove_duplicate=False)}
     assert names == set(canonical_names(model))
+
+
+def test_deepseek_v3_chunks_hold_the_models_parameters_once():
+    """Each pipeline chunk counts its own layers as what they are: the first 3 dense layers are not priced as MoE
+    layers (they were: 32.8B too many parameters on the first stage), and the chunks add up to the model."""
+    from pipeloom.memory.layers import TrainConfig, chunk_memory
+
+    m = _v3()
+    split = [4] * 13 + [3] * 3  # 61 layers on 16 stages
+    chunks = chunk_memory(m, TrainConfig(seq=4096), split)
+    assert sum(c.params for c in chunks) == flops.total_params(m)
+    dense_first = flops.layers_params(m, 0, 4)
+    assert chunks[0].params - flops.embedding_params(m) == dense_first < 4 * flops.layer_params(m)

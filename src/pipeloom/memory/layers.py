@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..models.config import ModelConfig
-from ..models.flops import embedding_params, head_params, layer_params
+from ..models.flops import embedding_params, head_params, layer_params, layers_params
 from ..models.slicing import even_layer_split
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -230,7 +230,7 @@ def _moe_items(model: ModelConfig, train: TrainConfig, tokens: float, rep: int) 
 
     The router's and the routed experts' weight gradients are computed in B, as pipeloom's runtime does:
     transformers (5.x) holds the experts as 3-D parameters run by grouped GEMMs and the router as a raw
-    parameter, which the split backward (:mod:`pipeloom.runtime.splitgrad`, ``nn.Linear`` and ``Conv1D``
+    parameter, which the split backward (:mod:`pipeloom.autograd.splitgrad`, ``nn.Linear`` and ``Conv1D``
     only) cannot defer; so nothing of theirs is held from B to W. The shared experts and their gate are
     ``nn.Linear``: deferred to W (they keep the router's input, their own input, until W).
     """
@@ -407,10 +407,12 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
     per_layer = sum(it.bytes for it in layer_activations(model, train))
     per_layer_none = sum(it.bytes for it in layer_activations(model, train, recompute="none"))
     held_layer = layer_w_held(model, train)
-    out = []
+    out, start = [], 0
     for c, nl in enumerate(layers_per_chunk):
         first, last = c == 0, c == n - 1
-        params = nl * layer_params(model, train.tp)
+        # each layer counted as its own kind (DeepSeek's first dense layers are not MoE layers)
+        params = layers_params(model, start, nl, train.tp)
+        start += nl
         A, H = nl * per_layer, nl * held_layer
         if nl:
             A += chunk_rope_bytes(model, train)
