@@ -34,7 +34,10 @@ class RunConfig:
     vpp: int | None = None
     """chunks per stage (None: the schedule's default)"""
     dp: int = 1
-    """data-parallel replicas (world size = pp * dp)"""
+    """data-parallel replicas (world size = pp * dp * tp)"""
+    tp: int = 1
+    """tensor-parallel ranks per stage (:mod:`pipeloom.models.tp`; the innermost mesh dimension: a stage's TP
+    ranks are consecutive global ranks). tp > 1 runs the built-in Llama only, with dp 1, fp32, no measured costs"""
     microbatches: int = 4
     """microbatches per step"""
     steps: int = 1
@@ -120,7 +123,7 @@ class RunConfig:
     it, the device and the layers of every chunk in the result (``pipeloom run --calibrate``)"""
 
     def __post_init__(self) -> None:
-        for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
+        for name in ("pp", "dp", "tp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -133,6 +136,13 @@ class RunConfig:
             raise ValueError(f"rank order must be dp-pp or pp-dp, got {self.rank_order!r}")
         if self.zero not in (0, 1):
             raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
+        if self.tp != 1:
+            other = [what for what, on in (("dp > 1", self.dp > 1), ("--zero 1", self.zero), ("bf16", self.dtype != "fp32"),
+                                           ("--model", self.model is not None), ("measured costs", self.measure_costs),
+                                           ("--overlap-grad-reduce", self.overlap_grad_reduce)) if on]
+            if other:
+                raise ValueError(f"--tp {self.tp} runs pp x tp with the built-in Llama in fp32 only; "
+                                 f"not yet with {', '.join(other)}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
         window = parse_profile_steps(self.profile_steps)
