@@ -44,3 +44,20 @@ def test_bad_tp_is_one_line_before_any_process(kw, msg):
     with pytest.raises(ValueError) as e:
         run(RunConfig(schedule="1f1b", pp=2, **kw))
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--tp", "3"], "tp=3 does not divide heads=4"),
+    (["--tp", "2", "--dp", "2"], "not yet with dp > 1"),
+    (["--tp", "2", "--calibrate", "calib.json"], "--calibrate with --tp 2"),
+    (["--tp", "0"], "--tp: must be >= 1"),
+])
+def test_cli_run_bad_tp_is_one_line(capsys, argv, msg):
+    from pipeloom.cli import main
+    try:
+        rc = main(["run", "--pp", "2"] + argv)
+    except SystemExit as e:  # argparse's own checks exit
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("pipeloom: error:") and msg in err and "Traceback" not in err
+    assert err.count("\n") == 1
