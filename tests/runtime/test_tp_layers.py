@@ -1,7 +1,9 @@
 """Tensor-parallel Llama layers on local shards (pipeloom.models.tp) on real processes (gloo, 127.0.0.1):
 at tp 2 and tp 4 the loss from vocab-parallel logits and every gradient, gathered from the shards, equal
 the unsharded single-process model to 1e-5, with split (B then W) and fused backward, for a model with
-2 key/value heads (split at tp 2, replicated at tp 4) and one with 4 (2 per rank at tp 2).
+2 key/value heads (split at tp 2, replicated at tp 4) and one with 4 (2 per rank at tp 2), with and
+without sequence parallelism (norms on seq/t tokens, all-gather before the column-parallel GEMMs,
+reduce-scatter after the row-parallel ones, norm-weight gradients summed once per step).
 
 Process start dominates, so every case runs in ONE world of 4 ranks (tp 2 = two groups of 2)."""
 from __future__ import annotations
@@ -34,17 +36,17 @@ def _groups(tp: int):
     return mine
 
 
-def _run_tp(cfg, tp: int, group, split: bool, pipeline: bool, seed: int) -> dict:
+def _run_tp(cfg, tp: int, group, split: bool, pipeline: bool, seed: int, sp: bool) -> dict:
     x, y = synthetic_batch(cfg, 3, 8, seed=seed)
     ref = build_reference(cfg, seed)
     ref_loss = loss_fn(ref(x), y)
     ref_loss.backward()
     layers = [[0], [1]] if pipeline else [[0, 1]]
-    chunks = build_tp_chunk_modules(cfg, layers, seed, group=group)
+    chunks = build_tp_chunk_modules(cfg, layers, seed, group=group, sequence_parallel=sp)
     shard_shapes = {n: tuple(p.shape) for n, p in chunks[-1].named_parameters()}
     stash: list = []
     sgs = [SplitGrad(m) for m in chunks] if split else []
-    ins, outs, h = [], [], x
+    ins, outs, h, between = [], [], x, []
     for k, m in enumerate(chunks):  # stage by stage in one process: detach between chunks as a pipeline would
         if k:
             h = h.detach().requires_grad_(True)
@@ -55,6 +57,7 @@ def _run_tp(cfg, tp: int, group, split: bool, pipeline: bool, seed: int) -> dict
         else:
             h = m(h)
         outs.append(h)
+        between.append(tuple(h.shape))
     logits_shape = tuple(h.shape)
     loss = vocab_parallel_cross_entropy(h, y, group).mean()
     grad = None
@@ -90,7 +93,7 @@ def _run_tp(cfg, tp: int, group, split: bool, pipeline: bool, seed: int) -> dict
     out = torch.tensor([abs(loss.item() - ref_loss.item()), gdiff, pdiff])
     dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank's worst, not only rank 0's
     return dict(loss_diff=out[0].item(), grad_diff=out[1].item(), param_diff=out[2].item(),
-                missing=sorted(set(ref_grads) - seen), logits_shape=logits_shape, reduced=reduced,
+                missing=sorted(set(ref_grads) - seen), logits_shape=logits_shape, between=between, reduced=reduced,
                 shard_shapes=shard_shapes, ref_grad_max=max(g.abs().max().item() for g in ref_grads.values()))
 
 
@@ -98,18 +101,22 @@ def tp_cases_worker(cases):
     torch.manual_seed(0)
     groups = {tp: _groups(tp) for tp in sorted({c[1] for c in cases})}
     cfgs = {"gqa": GQA, "kv4": KV4}
-    return [_run_tp(cfgs[name], tp, groups[tp], split, pipeline, seed) for name, tp, split, pipeline, seed in cases]
+    return [_run_tp(cfgs[name], tp, groups[tp], split, pipeline, seed, sp)
+            for name, tp, split, pipeline, seed, sp in cases]
 
 
-CASES = [("gqa", 2, False, False, 1), ("gqa", 2, True, True, 2), ("gqa", 4, False, True, 3),
-         ("gqa", 4, True, False, 4), ("kv4", 2, True, True, 5), ("kv4", 4, False, False, 6)]
+# (model, tp, split backward, two chunks, seed, sequence parallel)
+CASES = [("gqa", 2, False, False, 1, False), ("gqa", 2, True, True, 2, False), ("gqa", 4, False, True, 3, False),
+         ("gqa", 4, True, False, 4, False), ("kv4", 2, True, True, 5, False), ("kv4", 4, False, False, 6, False),
+         ("gqa", 2, True, True, 7, True), ("gqa", 4, False, True, 8, True), ("gqa", 4, True, True, 9, True),
+         ("kv4", 2, False, False, 10, True)]
 
 
 @pytest.mark.dist
 def test_tp2_tp4_layers_loss_and_every_gradient_equal_one_process():
     res = spawn(tp_cases_worker, 4, (CASES,), timeout_s=120)
-    for (name, tp, split, pipeline, _), r in zip(CASES, res):
-        key = (name, tp, split, pipeline)
+    for (name, tp, split, pipeline, _, sp), r in zip(CASES, res):
+        key = (name, tp, split, pipeline, sp)
         assert r["missing"] == [], key
         assert r["loss_diff"] <= TOL and r["grad_diff"] <= TOL and r["param_diff"] == 0.0, (key, r)
         assert r["ref_grad_max"] > 100 * TOL  # the gradients compared are not all ~0
@@ -123,8 +130,11 @@ def test_tp2_tp4_layers_loss_and_every_gradient_equal_one_process():
         assert s["head.weight"] == (cfg.vocab // tp, cfg.hidden)
         kv_local = max(cfg.kv_heads // tp, 1)
         assert s["layers.1.attn.wk.weight"] == (kv_local * hd, cfg.hidden), key
-        # replicated key/value heads (gqa at tp 4) are the only partial gradients: 2 layers x (wk, wv)
-        assert r["reduced"] == (4 if cfg.kv_heads < tp else 0), key
+        # partial gradients: replicated key/value heads (gqa at tp 4: 2 layers x (wk, wv)) and, with sequence
+        # parallelism, the norm weights (2 per layer and the final one)
+        assert r["reduced"] == (4 if cfg.kv_heads < tp else 0) + (5 if sp else 0), key
+        if pipeline:  # what goes between the stages: this rank's seq/t tokens with sequence parallelism
+            assert r["between"][0] == (3, 8 // tp if sp else 8, cfg.hidden), key
 
 
 @pytest.mark.parametrize("cfg,tp,dim", [

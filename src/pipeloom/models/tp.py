@@ -42,7 +42,16 @@ Each parameter carries ``tp_shard = (dim, ranks_per_shard)`` (None when replicat
 tensor is the concatenation along ``dim`` of the shards of ranks ``0, k, 2k, ...`` with
 ``k = ranks_per_shard`` (:func:`gather_full`).
 
-Not here yet: sequence parallelism, TP communication overlap, the Hugging Face families.
+Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models"; ``sequence_parallel=True``): between the GEMM pairs the hidden states hold this rank's
+``seq/t`` tokens (also between pipeline stages: P2P sends the shard). The norms run on the shard and
+all-gather along the sequence (:class:`SPGatherNorm`; backward reduce-scatter), the row-parallel
+outputs and the embedding's lookups are reduce-scattered (backward all-gather) instead of
+all-reduced; the replicated norm weights then have partial gradients (each rank's tokens), summed
+by the same once-per-step :func:`reduce_replicated_grads`. The collectives stay outside the
+``nn.Linear`` so the split backward's W sees the GEMM's own input and output gradient.
+
+Not here yet: TP communication overlap, the Hugging Face families.
 """
 from __future__ import annotations
 
@@ -73,6 +82,9 @@ __all__ = [
     "build_tp_chunk_modules",
     "reduce_replicated_grads",
     "gather_full",
+    "gather_seq",
+    "reduce_scatter_seq",
+    "SPGatherNorm",
 ]
 
 
@@ -152,6 +164,64 @@ def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
+def _seq_first(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(0, 1).contiguous()  # (batch, seq, ...) -> (seq, batch, ...): shards are contiguous
+
+
+class _GatherSeq(torch.autograd.Function):
+    """Sequence parallel's ``g-bar``: all-gather along the sequence forward, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        _, t = _group_info(group)
+        xs = _seq_first(x)
+        out = xs.new_empty((xs.shape[0] * t, *xs.shape[1:]))
+        dist.all_gather_into_tensor(out, xs, group=group)
+        return out.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _reduce_scatter_seq(g, ctx.group), None
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
+    _, t = _group_info(group)
+    xs = _seq_first(x)
+    if xs.shape[0] % t:
+        raise ValueError(f"sequence parallel: sequence length {xs.shape[0]} is not a multiple of tp={t}")
+    out = xs.new_empty((xs.shape[0] // t, *xs.shape[1:]))
+    dist.reduce_scatter_tensor(out, xs, group=group)
+    return out.transpose(0, 1)
+
+
+class _ReduceScatterSeq(torch.autograd.Function):
+    """Sequence parallel's ``g``: reduce-scatter along the sequence forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        _, t = _group_info(ctx.group)
+        gs = _seq_first(g)
+        out = gs.new_empty((gs.shape[0] * t, *gs.shape[1:]))
+        dist.all_gather_into_tensor(out, gs, group=ctx.group)
+        return out.transpose(0, 1), None
+
+
+def gather_seq(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(batch, seq/t, ...) -> (batch, seq, ...): the TP ranks' sequence shards in rank order."""
+    return _GatherSeq.apply(x, group)
+
+
+def reduce_scatter_seq(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(batch, seq, ...) partial sums -> this rank's (batch, seq/t, ...) shard of their sum."""
+    return _ReduceScatterSeq.apply(x, group)
+
+
 # --------------------------------------------------------------------------------- layers
 class ColumnParallelLinear(nn.Linear):
     """``y_local = f(x) W_local^T``: ``W_local`` = this rank's rows of the full weight (out/t, in).
@@ -173,24 +243,29 @@ class ColumnParallelLinear(nn.Linear):
 
 
 class RowParallelLinear(nn.Linear):
-    """``y = g(x_local W_local^T)``: ``W_local`` = this rank's columns of the full weight (out, in/t)."""
+    """``y = g(x_local W_local^T)``: ``W_local`` = this rank's columns of the full weight (out, in/t).
 
-    def __init__(self, in_local: int, out_features: int, group=None) -> None:
+    ``reduce_output=False`` returns the partial sum (the caller reduce-scatters it: sequence parallel;
+    outside the GEMM, so that the split backward's W pairs ``x`` with the GEMM's own output gradient).
+    """
+
+    def __init__(self, in_local: int, out_features: int, group=None, *, reduce_output: bool = True) -> None:
         super().__init__(in_local, out_features, bias=False)
-        self.group = group
+        self.group, self.reduce_output = group, reduce_output
         self.weight.tp_shard = (1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(F.linear(x, self.weight), self.group)
+        y = F.linear(x, self.weight)
+        return reduce_from_tp(y, self.group) if self.reduce_output else y
 
 
 class VocabParallelEmbedding(nn.Module):
     """Rows ``[start, start + V/t)`` of the embedding; tokens outside look up zeros; ``g`` sums."""
 
-    def __init__(self, vocab: int, dim: int, group=None) -> None:
+    def __init__(self, vocab: int, dim: int, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         rank, t = _group_info(group)
-        self.group, self.vocab_local = group, vocab // t
+        self.group, self.vocab_local, self.sequence_parallel = group, vocab // t, sequence_parallel
         self.start = rank * self.vocab_local
         self.weight = nn.Parameter(torch.empty(self.vocab_local, dim))
         self.weight.tp_shard = (0, 1)
@@ -198,17 +273,35 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
         outside = (local < 0) | (local >= self.vocab_local)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return reduce_from_tp(out.masked_fill(outside[..., None], 0.0), self.group)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0.0)
+        if self.sequence_parallel:  # this rank's tokens of the summed lookups
+            return reduce_scatter_seq(out, self.group)
+        return reduce_from_tp(out, self.group)
+
+
+class SPGatherNorm(RMSNorm):
+    """Sequence parallel: RMSNorm on this rank's tokens, then all-gather along the sequence (the
+    ``f`` of the column-parallel GEMMs that follow: its backward reduce-scatters the input gradient).
+
+    The weight is replicated; its gradient is this rank's tokens' part (``tp_partial_ranks`` = t):
+    :func:`reduce_replicated_grads` sums it over the TP group once per step."""
+
+    def __init__(self, dim: int, eps: float, group=None) -> None:
+        super().__init__(dim, eps)
+        self.group = group
+        self.weight.tp_partial_ranks = _group_info(group)[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gather_seq(super().forward(x), self.group)
 
 
 class TPAttention(nn.Module):
     """Causal GQA attention on this rank's query heads (and the key/value heads they use)."""
 
-    def __init__(self, cfg: ModelConfig, group=None) -> None:
+    def __init__(self, cfg: ModelConfig, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         rank, t = _group_info(group)
-        self.group, self.hd = group, cfg.head_dim
+        self.group, self.hd, self.sp = group, cfg.head_dim, sequence_parallel
         self.n_heads = cfg.heads // t
         _, self.n_kv, rep = tp_kv_layout(cfg, t, rank)
         self.wq = ColumnParallelLinear(cfg.hidden, self.n_heads * cfg.head_dim, group, copy_input=False)
@@ -216,11 +309,14 @@ class TPAttention(nn.Module):
                                        rows_per_shard=rep)
         self.wv = ColumnParallelLinear(cfg.hidden, self.n_kv * cfg.head_dim, group, copy_input=False,
                                        rows_per_shard=rep)
-        self.wo = RowParallelLinear(self.n_heads * cfg.head_dim, cfg.hidden, group)
+        if rep > 1:  # each rank's query heads add their part to a replicated head's gradient
+            self.wk.weight.tp_partial_ranks = self.wv.weight.tp_partial_ranks = rep
+        self.wo = RowParallelLinear(self.n_heads * cfg.head_dim, cfg.hidden, group, reduce_output=not sequence_parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        x = copy_to_tp(x, self.group)
+        b, s, _ = x.shape  # sequence parallel: x is already gathered (SPGatherNorm)
+        if not self.sp:
+            x = copy_to_tp(x, self.group)
         q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.hd), cos, sin).transpose(1, 2)
         k = apply_rope(self.wk(x).view(b, s, self.n_kv, self.hd), cos, sin).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
@@ -229,23 +325,26 @@ class TPAttention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(o.transpose(1, 2).reshape(b, s, self.n_heads * self.hd))
+        y = self.wo(o.transpose(1, 2).reshape(b, s, self.n_heads * self.hd))
+        return reduce_scatter_seq(y, self.group) if self.sp else y
 
 
 class TPFeedForward(nn.Module):
     """SwiGLU with ``w1``, ``w3`` column-parallel and ``w2`` row-parallel: ``g(w2(silu(w1 f(x)) * w3 f(x)))``."""
 
-    def __init__(self, cfg: ModelConfig, group=None) -> None:
+    def __init__(self, cfg: ModelConfig, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         _, t = _group_info(group)
-        self.group = group
+        self.group, self.sp = group, sequence_parallel
         self.w1 = ColumnParallelLinear(cfg.hidden, cfg.ffn // t, group, copy_input=False)
         self.w3 = ColumnParallelLinear(cfg.hidden, cfg.ffn // t, group, copy_input=False)
-        self.w2 = RowParallelLinear(cfg.ffn // t, cfg.hidden, group)
+        self.w2 = RowParallelLinear(cfg.ffn // t, cfg.hidden, group, reduce_output=not sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(x, self.group)
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if not self.sp:  # sequence parallel: x is already gathered (SPGatherNorm)
+            x = copy_to_tp(x, self.group)
+        y = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return reduce_scatter_seq(y, self.group) if self.sp else y
 
 
 # --------------------------------------------------------------------------------- loss
@@ -305,11 +404,13 @@ def _rows(w: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def shard_chunk_(chunk: LlamaChunk, group=None) -> LlamaChunk:
+def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = False) -> LlamaChunk:
     """Replace, in place, the layers of a full :class:`LlamaChunk` by this TP rank's shards of them.
 
     Parameter names stay those of the full chunk (``layers.3.attn.wq.weight``...), each holding its
-    shard (see the module docstring for which). Returns ``chunk``.
+    shard (see the module docstring for which). ``sequence_parallel``: the chunk's input (unless it
+    holds the embedding) and output (unless it holds the head) are this rank's ``seq/t`` tokens.
+    Returns ``chunk``.
     """
     cfg = chunk.cfg
     rank, t = _group_info(group)
@@ -323,36 +424,47 @@ def shard_chunk_(chunk: LlamaChunk, group=None) -> LlamaChunk:
     def load(mod: nn.Module, w: torch.Tensor) -> None:
         mod.weight.data = w.to(device=device, dtype=dtype).contiguous()
 
+    def sp_norm(norm: RMSNorm) -> SPGatherNorm:
+        out = SPGatherNorm(norm.weight.shape[0], norm.eps, group)
+        load(out, norm.weight.detach().clone())
+        return out
+
+    sp = bool(sequence_parallel)
     for blk in chunk.layers.values():
         a, f = blk.attn, blk.ffn
-        ta = TPAttention(cfg, group)
+        ta = TPAttention(cfg, group, sequence_parallel=sp)
         load(ta.wq, _rows(a.wq.weight, rank * hl * hd, hl * hd))
         load(ta.wk, _rows(a.wk.weight, kv0 * hd, kvl * hd))
         load(ta.wv, _rows(a.wv.weight, kv0 * hd, kvl * hd))
         load(ta.wo, a.wo.weight[:, rank * hl * hd:(rank + 1) * hl * hd].clone())
-        tf = TPFeedForward(cfg, group)
+        tf = TPFeedForward(cfg, group, sequence_parallel=sp)
         load(tf.w1, _rows(f.w1.weight, rank * fl, fl))
         load(tf.w3, _rows(f.w3.weight, rank * fl, fl))
         load(tf.w2, f.w2.weight[:, rank * fl:(rank + 1) * fl].clone())
         blk.attn, blk.ffn = ta, tf
+        if sp:
+            blk.attn_norm, blk.ffn_norm = sp_norm(blk.attn_norm), sp_norm(blk.ffn_norm)
     if chunk.embed is not None:
-        emb = VocabParallelEmbedding(cfg.vocab, cfg.hidden, group)
+        emb = VocabParallelEmbedding(cfg.vocab, cfg.hidden, group, sequence_parallel=sp)
         load(emb, _rows(chunk.embed.weight, rank * vl, vl))
         chunk.embed = emb
     if chunk.head is not None:
-        head = ColumnParallelLinear(cfg.hidden, vl, group)
+        head = ColumnParallelLinear(cfg.hidden, vl, group, copy_input=not sp)  # sp: the norm gathers
         load(head, _rows(chunk.head.weight, rank * vl, vl))
         chunk.head = head
+        if sp:
+            chunk.norm = sp_norm(chunk.norm)
     for name, p in chunk.named_parameters():
         if not hasattr(p, "tp_shard"):
             p.tp_shard = None  # replicated (norms)
     chunk.tp_group = group
+    chunk.seq_shards = t if sp else 1
     return chunk
 
 
 def build_tp_chunk_modules(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence[int]], seed: int = 0, *,
                            group=None, chunks: Iterable[int] | None = None, device=None,
-                           dtype: torch.dtype | None = None) -> list[LlamaChunk]:
+                           dtype: torch.dtype | None = None, sequence_parallel: bool = False) -> list[LlamaChunk]:
     """:func:`pipeloom.models.llama.build_chunk_modules`, each chunk sharded for this rank of ``group``.
 
     The shards are slices of exactly the weights the unsharded build makes (the full chunk is built,
@@ -361,34 +473,36 @@ def build_tp_chunk_modules(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence
     """
     check_tp(cfg, dist.get_world_size(group))
     mods = build_chunk_modules(cfg, layers_per_chunk, seed, chunks=chunks, device=device, dtype=dtype)
-    return [shard_chunk_(m, group) for m in mods]
+    return [shard_chunk_(m, group, sequence_parallel=sequence_parallel) for m in mods]
 
 
 # --------------------------------------------------------------------------------- gradients
 @torch.no_grad()
 def reduce_replicated_grads(params: Iterable[nn.Parameter], group=None) -> int:
-    """Sum the partial gradients of replicated key/value heads over the ranks holding the same head.
+    """Sum the partial gradients of replicated parameters over the TP ranks that share them.
 
-    Call once per step, after the last backward (and W) and before the optimizer or any DP reduction.
-    One all-reduce over the TP group of a ``(shards, numel)`` buffer in which each rank fills its
-    head's row. Returns the number of parameters reduced (0: nothing to do, no collective).
+    ``p.tp_partial_ranks = k``: ranks ``r`` with the same ``r // k`` hold the same tensor and each has
+    part of its gradient: a replicated key/value head (k = t/kv_heads: the ranks whose query heads use
+    it) or, with sequence parallelism, a norm weight (k = t: each rank's tokens). Call once per step,
+    after the last backward (and W) and before the optimizer or any DP reduction. One all-reduce over
+    the TP group of a buffer with ``t/k`` slots per parameter, each rank filling its slot. Returns the
+    number of parameters reduced (0: nothing to do, no collective).
     """
     rank, t = _group_info(group)
-    todo = [p for p in params if getattr(p, "tp_shard", None) and p.tp_shard[1] > 1 and p.grad is not None]
+    todo = [p for p in params if getattr(p, "tp_partial_ranks", 1) > 1 and p.grad is not None]
     if not todo:
         return 0
-    rep = todo[0].tp_shard[1]
-    n = sum(p.grad.numel() for p in todo)
-    buf = torch.zeros(t // rep, n, dtype=todo[0].grad.dtype, device=todo[0].grad.device)
-    slot, off = rank // rep, 0
+    where, off = [], 0
     for p in todo:
-        buf[slot, off:off + p.grad.numel()] = p.grad.reshape(-1)
-        off += p.grad.numel()
+        k = p.tp_partial_ranks
+        where.append(off + (rank // k) * p.grad.numel())
+        off += (t // k) * p.grad.numel()
+    buf = torch.zeros(off, dtype=todo[0].grad.dtype, device=todo[0].grad.device)
+    for p, at in zip(todo, where):
+        buf[at:at + p.grad.numel()] = p.grad.reshape(-1)
     dist.all_reduce(buf, group=group)
-    off = 0
-    for p in todo:
-        p.grad.copy_(buf[slot, off:off + p.grad.numel()].view_as(p.grad))
-        off += p.grad.numel()
+    for p, at in zip(todo, where):
+        p.grad.copy_(buf[at:at + p.grad.numel()].view_as(p.grad))
     return len(todo)
 
 
