@@ -1,7 +1,7 @@
 """pp x tp on real processes (gloo, 127.0.0.1): ``pipeloom run --tp 2`` at pp 2 runs the tensor-parallel
 Llama (pipeloom.models.tp) under 1f1b and zbv (split backward: W on the local shards), and the loss, every
 gradient (gathered from the TP shards) and every parameter after one AdamW step equal a single-process
-reference; a tp that does not divide the model is one line before any process starts.
+reference, with and without sequence parallelism (P2P of seq/tp token shards between the stages); a tp that does not divide the model is one line before any process starts.
 
 Process start dominates, so every case runs in ONE process group of 4 ranks."""
 from __future__ import annotations
@@ -19,7 +19,8 @@ SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=1, seq_len=8, verify=Tr
 
 @pytest.mark.dist
 def test_pp2_tp2_1f1b_and_zbv_match_one_process():
-    cases = [dict(schedule="1f1b", **SMALL), dict(schedule="zbv", **SMALL)]
+    cases = [dict(schedule="1f1b", **SMALL), dict(schedule="zbv", **SMALL),
+             dict(schedule="1f1b", sequence_parallel=True, **SMALL), dict(schedule="zbv", sequence_parallel=True, **SMALL)]
     res = spawn(cases_worker, 4, (cases,), timeout_s=120)
     for c, r in zip(cases, res):
         assert r["tp"] == 2 and r["world_size"] == 4, c
@@ -27,11 +28,13 @@ def test_pp2_tp2_1f1b_and_zbv_match_one_process():
         assert r["max_loss_diff"] <= TOL and r["max_grad_diff"] <= TOL and r["max_param_diff"] <= REF_PARAM_TOL, (c, r)
         assert abs(r["loss"] - r["reference_loss"]) <= TOL and r["loss"] > 1.0  # the mean loss, not tp times it
     # zbv splits the backward: W really defers the TP linears' weight gradients
-    assert res[1]["deferred_wgrad_share"] and min(res[1]["deferred_wgrad_share"].values()) > 0.5
-    # the two schedules train the same model: same parameters after the step
-    a, b = res[0]["params"], res[1]["params"]
-    assert a.keys() == b.keys()
-    assert max((torch.tensor(a[n]) - torch.tensor(b[n])).abs().max().item() for n in a) <= TOL
+    for r in (res[1], res[3]):
+        assert r["deferred_wgrad_share"] and min(r["deferred_wgrad_share"].values()) > 0.5
+    # every schedule, with and without sequence parallelism, trains the same model: same parameters after the step
+    a = res[0]["params"]
+    for b in (r["params"] for r in res[1:]):
+        assert a.keys() == b.keys()
+        assert max((torch.tensor(a[n]) - torch.tensor(b[n])).abs().max().item() for n in a) <= TOL
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -39,6 +42,8 @@ def test_pp2_tp2_1f1b_and_zbv_match_one_process():
     (dict(tp=2, dp=2), "not yet with dp > 1"),
     (dict(tp=2, dtype="bf16"), "not yet with bf16"),
     (dict(tp=0), "tp must be an integer >= 1"),
+    (dict(tp=1, sequence_parallel=True), "needs --tp > 1"),
+    (dict(tp=4, sequence_parallel=True, seq_len=10), "--seq-len 10 must be a multiple of --tp 4"),
 ])
 def test_bad_tp_is_one_line_before_any_process(kw, msg):
     with pytest.raises(ValueError) as e:

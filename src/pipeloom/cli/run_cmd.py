@@ -95,6 +95,9 @@ def add_parser(sub) -> None:
                    help="tensor-parallel ranks per stage (Megatron-style column/row-parallel layers of the built-in "
                         "Llama; tp must divide heads, ffn and vocab, and kv_heads or be a multiple of it); world "
                         "size = pp*dp*tp; tp > 1 runs with dp 1 in fp32 for now (default: %(default)s)")
+    p.add_argument("--sequence-parallel", action="store_true", default=False,
+                   help="with --tp > 1: norms and the activations between stages on seq_len/tp tokens per rank "
+                        "(all-gather before, reduce-scatter after the tensor-parallel GEMMs)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
     g = p.add_argument_group("data parallel", "How the dp replicas' gradients are reduced (docs/runtime.md).")
     g.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=False,
@@ -275,7 +278,7 @@ def run_config(args):
 
     sched = schedule_io.load(args.plan) if args.plan else None
     model = _model(args, pp=sched.pp if sched is not None else args.pp or _DEFAULTS["pp"])
-    common = dict(dp=args.dp, tp=args.tp, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
+    common = dict(dp=args.dp, tp=args.tp, sequence_parallel=args.sequence_parallel, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
                   dim=args.dim or 64, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
                   dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype,
@@ -418,7 +421,8 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
     t.add_column("field")
     t.add_column("value", justify="right")
     if res.get("tp", 1) > 1:
-        t.add_row("pp x vpp x dp x tp", f"{res['pp']} x {res['vpp']} x {res['dp']} x {res['tp']}")
+        t.add_row("pp x vpp x dp x tp", f"{res['pp']} x {res['vpp']} x {res['dp']} x {res['tp']}"
+                  + (" (sequence parallel)" if res.get("sequence_parallel") else ""))
     else:
         t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
     t.add_row("microbatches", str(res["microbatches"]))

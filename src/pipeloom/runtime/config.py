@@ -38,6 +38,8 @@ class RunConfig:
     tp: int = 1
     """tensor-parallel ranks per stage (:mod:`pipeloom.models.tp`; the innermost mesh dimension: a stage's TP
     ranks are consecutive global ranks). tp > 1 runs the built-in Llama only, with dp 1, fp32, no measured costs"""
+    sequence_parallel: bool = False
+    """with tp > 1: the hidden states between the GEMM pairs and between stages hold seq_len/tp tokens per rank"""
     microbatches: int = 4
     """microbatches per step"""
     steps: int = 1
@@ -136,6 +138,11 @@ class RunConfig:
             raise ValueError(f"rank order must be dp-pp or pp-dp, got {self.rank_order!r}")
         if self.zero not in (0, 1):
             raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp > 1")
+        if self.sequence_parallel and self.seq_len % self.tp:
+            raise ValueError(f"--sequence-parallel: --seq-len {self.seq_len} must be a multiple of --tp {self.tp} "
+                             f"(each TP rank holds seq_len/tp tokens)")
         if self.tp != 1:
             other = [what for what, on in (("dp > 1", self.dp > 1), ("--zero 1", self.zero), ("bf16", self.dtype != "fp32"),
                                            ("--model", self.model is not None), ("measured costs", self.measure_costs),

@@ -127,7 +127,8 @@ def worker(cfg: RunConfig) -> dict:
                              "supported: ZeRO-1 keeps the reduced gradients in shards; use --zero 0")
     elif tp_group is not None:
         from ..models.tp import build_tp_chunk_modules
-        mods = build_tp_chunk_modules(mcfg, split, cfg.seed, group=tp_group, chunks=mine, device=device)
+        mods = build_tp_chunk_modules(mcfg, split, cfg.seed, group=tp_group, chunks=mine, device=device,
+                                      sequence_parallel=cfg.sequence_parallel)
     else:
         mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
@@ -177,7 +178,7 @@ def worker(cfg: RunConfig) -> dict:
             losses.append(loss)
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
-            if tp_group is not None:  # partial gradients of replicated key/value heads: summed once per step
+            if tp_group is not None:  # partial gradients (replicated key/value heads, SP norms): summed once per step
                 from ..models.tp import reduce_replicated_grads
                 reduce_replicated_grads(ex.parameters(), tp_group)
             if cfg.verify and step == 0:
@@ -210,7 +211,7 @@ def worker(cfg: RunConfig) -> dict:
     dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static))
     ts = t.tolist()
     timed = ts[1:] if len(ts) > 1 else ts
-    out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "tp": tp, "microbatches": sched.microbatches,
+    out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "tp": tp, "sequence_parallel": cfg.sequence_parallel, "microbatches": sched.microbatches,
            "steps": cfg.steps, "loss": losses[-1], "losses": losses, "step_time_s": statistics.median(timed),
            "dtype": cfg.dtype, "world_size": dist.get_world_size(), "zero": cfg.zero,
            "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1, "rank_bytes": ranks}
