@@ -14,7 +14,7 @@ from pipeloom.runtime.launch import spawn
 
 TOL = 1e-5
 REF_PARAM_TOL = 5e-5  # Adam's first step near eps: see tests/runtime/test_dp.py
-SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=1, seq_len=8, verify=True, return_params=True)
+SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=2, seq_len=8, verify=True, return_params=True)
 
 
 @pytest.mark.dist

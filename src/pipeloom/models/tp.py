@@ -164,6 +164,11 @@ def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
+# torch 2.13 renamed the single-tensor collectives (the old names warn); older torch has only the old ones
+_all_gather_1 = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_1 = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _seq_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).contiguous()  # (batch, seq, ...) -> (seq, batch, ...): shards are contiguous
 
@@ -177,7 +182,7 @@ class _GatherSeq(torch.autograd.Function):
         _, t = _group_info(group)
         xs = _seq_first(x)
         out = xs.new_empty((xs.shape[0] * t, *xs.shape[1:]))
-        dist.all_gather_into_tensor(out, xs, group=group)
+        _all_gather_1(out, xs, group=group)
         return out.transpose(0, 1)
 
     @staticmethod
@@ -191,8 +196,8 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     if xs.shape[0] % t:
         raise ValueError(f"sequence parallel: sequence length {xs.shape[0]} is not a multiple of tp={t}")
     out = xs.new_empty((xs.shape[0] // t, *xs.shape[1:]))
-    dist.reduce_scatter_tensor(out, xs, group=group)
-    return out.transpose(0, 1)
+    _reduce_scatter_1(out, xs, group=group)
+    return out.transpose(0, 1).contiguous()  # a chunk's output: P2P sends contiguous tensors
 
 
 class _ReduceScatterSeq(torch.autograd.Function):
@@ -208,8 +213,8 @@ class _ReduceScatterSeq(torch.autograd.Function):
         _, t = _group_info(ctx.group)
         gs = _seq_first(g)
         out = gs.new_empty((gs.shape[0] * t, *gs.shape[1:]))
-        dist.all_gather_into_tensor(out, gs, group=ctx.group)
-        return out.transpose(0, 1), None
+        _all_gather_1(out, gs, group=ctx.group)
+        return out.transpose(0, 1).contiguous(), None
 
 
 def gather_seq(x: torch.Tensor, group=None) -> torch.Tensor:
