@@ -51,6 +51,19 @@ def test_bad_tp_is_one_line_before_any_process(kw, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.dist
+def test_cli_run_tp2_sequence_parallel_json_verify(capsys):
+    import json
+
+    from pipeloom.cli import main
+    rc = main(["run", "--schedule", "1f1b", "--pp", "2", "--tp", "2", "--sequence-parallel", "--microbatches", "2",
+               "--steps", "2", "--seq-len", "8", "--verify", "--json"])  # the default microbatch size (2)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["verified"] is True
+    assert out["tp"] == 2 and out["sequence_parallel"] is True and out["steps"] == 2
+    assert out["max_loss_diff"] <= TOL and out["max_grad_diff"] <= TOL
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--tp", "3"], "tp=3 does not divide heads=4"),
     (["--tp", "2", "--dp", "2"], "not yet with dp > 1"),

@@ -227,6 +227,7 @@ def run(args) -> int:
                        "max_param_diff": res["max_param_diff"], "verified": ok} if args.verify else {})
                    | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
                    | ({"calibration_file": args.calibrate} if args.calibrate else {})
+                   | ({"tp": res["tp"], "sequence_parallel": res["sequence_parallel"]} if res.get("tp", 1) > 1 else {})
                    | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
                       if k in res})
     else:
