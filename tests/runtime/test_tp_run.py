@@ -79,3 +79,11 @@ def test_cli_run_bad_tp_is_one_line(capsys, argv, msg):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("pipeloom: error:") and msg in err and "Traceback" not in err
     assert err.count("\n") == 1
+
+
+def test_torchrun_world_mismatch_counts_the_tp_ranks(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"torchrun started 2 ranks; pp\*dp\*tp = 2\*1\*2 = 4"):
+        run(RunConfig(schedule="1f1b", pp=2, tp=2, microbatches=2))

@@ -378,8 +378,8 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
                          "jobs: drop measured costs or give --schedule NAME")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world:  # before the rendezvous: every rank says it at once
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; "
-                             f"pp*dp*tp = {sched.pp}*{cfg.dp}*{cfg.tp} = {world}")
+            shape = (f"pp*dp*tp = {sched.pp}*{cfg.dp}*{cfg.tp}" if cfg.tp > 1 else f"pp*dp = {sched.pp}*{cfg.dp}")
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; {shape} = {world}")
         init_process_group(max(cfg.timeout_s, 300.0))
         try:
             if cfg.measure_costs:
