@@ -85,6 +85,7 @@ __all__ = [
     "gather_seq",
     "reduce_scatter_seq",
     "SPGatherNorm",
+    "replica_diff",
 ]
 
 
@@ -535,3 +536,23 @@ def gather_full(module: nn.Module, group=None, *, grads: bool = False) -> dict[s
         dist.all_gather(parts, val.contiguous(), group=group)
         out[name] = torch.cat(parts[::k], dim=dim)
     return out
+
+
+@torch.no_grad()
+def replica_diff(module: nn.Module, group=None) -> float:
+    """Largest difference between the copies of a replicated parameter on the TP ranks that should hold the
+    same values (norm weights on every rank; a replicated key/value head on the ranks sharing it); 0.0 when
+    every copy agrees bitwise. Collective: every rank of ``group`` calls it."""
+    _, t = _group_info(group)
+    worst = 0.0
+    for _, p in module.named_parameters():
+        spec = getattr(p, "tp_shard", None)
+        k = t if spec is None else spec[1]
+        if k == 1:
+            continue  # a true shard: nothing to agree with
+        parts = [torch.empty_like(p.data) for _ in range(t)]
+        dist.all_gather(parts, p.data.contiguous(), group=group)
+        for r in range(t):
+            worst = max(worst, (parts[r] - parts[r - r % k]).abs().max().item())
+    return worst
+

@@ -167,7 +167,7 @@ def worker(cfg: RunConfig) -> dict:
     opt = make_optimizer(cfg, ex)
     losses, times, waits = [], [], []
     verify = params = None
-    tied_diff = 0.0
+    tied_diff = tp_diff = 0.0
     try:
         for step in range(cfg.steps):
             x, y = _batch(mcfg, cfg, sched, step, dp_rank)
@@ -193,6 +193,9 @@ def worker(cfg: RunConfig) -> dict:
             ex.sync_params()
             if tied:
                 tied_diff = max(tied_diff, tied.max_weight_diff())
+            if tp_group is not None:  # replicated parameters must stay equal on the TP ranks after every step
+                from ..models.tp import replica_diff
+                tp_diff = max(tp_diff, *(replica_diff(m, tp_group) for m in mods))
             if step == 0:
                 # the fp32 values once (with bf16 + ZeRO-1 an all-gather of the master shards)
                 named = (_named_fp32(ex, opt, tp_group=tp_group) if cfg.verify or cfg.return_params else None)
@@ -224,6 +227,10 @@ def worker(cfg: RunConfig) -> dict:
         dist.all_reduce(d, op=dist.ReduceOp.MAX)
         out["tied_across_stages"] = len(tied.cross)
         out["tied_weight_diff"] = d.item()
+    if tp_group is not None:
+        d = torch.tensor([tp_diff], dtype=torch.float64)
+        dist.all_reduce(d, op=dist.ReduceOp.MAX)
+        out["tp_replica_param_diff"] = d.item()
     out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
     if cfg.measure_links:
         out.update(_measure_links(mods, dp_group, dp, device))
