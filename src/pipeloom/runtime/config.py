@@ -37,7 +37,8 @@ class RunConfig:
     """data-parallel replicas (world size = pp * dp * tp)"""
     tp: int = 1
     """tensor-parallel ranks per stage (:mod:`pipeloom.models.tp`; the innermost mesh dimension: a stage's TP
-    ranks are consecutive global ranks). tp > 1 runs the built-in Llama only, with dp 1, fp32, no measured costs"""
+    ranks are consecutive global ranks). tp > 1 runs the built-in Llama only, in fp32, without ZeRO-1, the
+    overlapped DP reduction or measured costs"""
     sequence_parallel: bool = False
     """with tp > 1: the hidden states between the GEMM pairs and between stages hold seq_len/tp tokens per rank"""
     microbatches: int = 4
@@ -144,11 +145,11 @@ class RunConfig:
             raise ValueError(f"--sequence-parallel: --seq-len {self.seq_len} must be a multiple of --tp {self.tp} "
                              f"(each TP rank holds seq_len/tp tokens)")
         if self.tp != 1:
-            other = [what for what, on in (("dp > 1", self.dp > 1), ("--zero 1", self.zero), ("bf16", self.dtype != "fp32"),
+            other = [what for what, on in (("--zero 1", self.zero), ("bf16", self.dtype != "fp32"),
                                            ("--model", self.model is not None), ("measured costs", self.measure_costs),
                                            ("--overlap-grad-reduce", self.overlap_grad_reduce)) if on]
             if other:
-                raise ValueError(f"--tp {self.tp} runs pp x tp with the built-in Llama in fp32 only; "
+                raise ValueError(f"--tp {self.tp} runs pp x dp x tp with the built-in Llama in fp32 only; "
                                  f"not yet with {', '.join(other)}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")

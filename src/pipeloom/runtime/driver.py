@@ -62,9 +62,10 @@ def _groups(pp: int, dp: int, timeout_s: float | None = None, order: str = "dp-p
 
 
 def _tp_groups(pp: int, dp: int, tp: int):
-    """(pp global ranks of my pipeline, tp group, pp_rank, tp_rank) on a DeviceMesh of shape (dp, pp, tp),
-    tp innermost: a stage's TP ranks are consecutive global ranks (one node), and P2P goes between the equal
-    TP indices of adjacent stages (the mesh's pp group of this rank). dp > 1 is refused by RunConfig for now."""
+    """(pp global ranks of my pipeline, dp group or None, tp group, pp_rank, dp_rank, tp_rank) on a DeviceMesh of
+    shape (dp, pp, tp), tp innermost: a stage's TP ranks are consecutive global ranks (one node), P2P goes
+    between the equal TP indices of adjacent stages (the mesh's pp group of this rank) and the DP group of a
+    rank holds the same shard of the same stage in every replica (one group per (pp, tp))."""
     world = dist.get_world_size()
     if world != pp * dp * tp:
         raise ValueError(f"world size {world} != pp*dp*tp = {pp}*{dp}*{tp}")
@@ -74,7 +75,9 @@ def _tp_groups(pp: int, dp: int, tp: int):
         _MESHES[key] = init_device_mesh(default_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
     mesh = _MESHES[key]
     pp_ranks = dist.get_process_group_ranks(mesh.get_group("pp"))
-    return pp_ranks, mesh.get_group("tp"), mesh.get_local_rank("pp"), mesh.get_local_rank("tp")
+    dp_group = mesh.get_group("dp") if dp > 1 else None
+    return (pp_ranks, dp_group, mesh.get_group("tp"), mesh.get_local_rank("pp"), mesh.get_local_rank("dp"),
+            mesh.get_local_rank("tp"))
 
 
 def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None, order: str):
@@ -106,8 +109,7 @@ def worker(cfg: RunConfig) -> dict:
     pp, dp, tp = sched.pp, cfg.dp, cfg.tp
     tp_group = None
     if tp > 1:
-        pp_ranks, tp_group, pp_rank, tp_rank = _tp_groups(pp, dp, tp)
-        dp_group, dp_rank = None, 0
+        pp_ranks, dp_group, tp_group, pp_rank, dp_rank, tp_rank = _tp_groups(pp, dp, tp)
     else:
         pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s, cfg.rank_order)
     rank = dist.get_rank()
