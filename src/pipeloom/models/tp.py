@@ -484,7 +484,7 @@ def build_tp_chunk_modules(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence
 
 # --------------------------------------------------------------------------------- gradients
 @torch.no_grad()
-def reduce_replicated_grads(params: Iterable[nn.Parameter], group=None) -> int:
+def reduce_replicated_grads(params: Iterable[nn.Parameter], group=None, grad_of=None) -> int:
     """Sum the partial gradients of replicated parameters over the TP ranks that share them.
 
     ``p.tp_partial_ranks = k``: ranks ``r`` with the same ``r // k`` hold the same tensor and each has
@@ -492,36 +492,41 @@ def reduce_replicated_grads(params: Iterable[nn.Parameter], group=None) -> int:
     it) or, with sequence parallelism, a norm weight (k = t: each rank's tokens). Call once per step,
     after the last backward (and W) and before the optimizer or any DP reduction. One all-reduce over
     the TP group of a buffer with ``t/k`` slots per parameter, each rank filling its slot. Returns the
-    number of parameters reduced (0: nothing to do, no collective).
+    number of parameters reduced (0: nothing to do, no collective). ``grad_of(p)``: where ``p``'s gradient
+    is (default ``p.grad``; the fp32 master gradient of a bf16 parameter in the runtime).
     """
     rank, t = _group_info(group)
-    todo = [p for p in params if getattr(p, "tp_partial_ranks", 1) > 1 and p.grad is not None]
+    grad_of = grad_of or (lambda p: p.grad)
+    todo = [(p, grad_of(p)) for p in params if getattr(p, "tp_partial_ranks", 1) > 1]
+    todo = [(p, g) for p, g in todo if g is not None]
     if not todo:
         return 0
     where, off = [], 0
-    for p in todo:
+    for p, g in todo:
         k = p.tp_partial_ranks
-        where.append(off + (rank // k) * p.grad.numel())
-        off += (t // k) * p.grad.numel()
-    buf = torch.zeros(off, dtype=todo[0].grad.dtype, device=todo[0].grad.device)
-    for p, at in zip(todo, where):
-        buf[at:at + p.grad.numel()] = p.grad.reshape(-1)
+        where.append(off + (rank // k) * g.numel())
+        off += (t // k) * g.numel()
+    buf = torch.zeros(off, dtype=todo[0][1].dtype, device=todo[0][1].device)
+    for (_, g), at in zip(todo, where):
+        buf[at:at + g.numel()] = g.reshape(-1)
     dist.all_reduce(buf, group=group)
-    for p, at in zip(todo, where):
-        p.grad.copy_(buf[at:at + p.grad.numel()].view_as(p.grad))
+    for (_, g), at in zip(todo, where):
+        g.copy_(buf[at:at + g.numel()].view_as(g))
     return len(todo)
 
 
 @torch.no_grad()
-def gather_full(module: nn.Module, group=None, *, grads: bool = False) -> dict[str, torch.Tensor]:
+def gather_full(module: nn.Module, group=None, *, grads: bool = False, value_of=None) -> dict[str, torch.Tensor]:
     """The unsharded parameters (or their gradients, ``grads=True``) by name, on every rank.
 
-    A parameter without a gradient gives None (grads=True). Collective: every rank of ``group`` calls it.
+    ``value_of(p)``: the tensor to gather for parameter ``p`` instead (e.g. its fp32 master copy or that
+    copy's gradient). A parameter without a gradient gives None. Collective: every rank of ``group`` calls it.
     """
     _, t = _group_info(group)
     out: dict[str, torch.Tensor | None] = {}
     for name, p in module.named_parameters():
-        val = p.grad if grads else p.data
+        val = value_of(p) if value_of is not None else p.grad if grads else p.data
+        val = None if val is None else val.detach()
         have = torch.tensor([0.0 if val is None else 1.0])
         dist.all_reduce(have, op=dist.ReduceOp.MIN, group=group)
         if have.item() == 0.0:

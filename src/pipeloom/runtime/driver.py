@@ -182,7 +182,8 @@ def worker(cfg: RunConfig) -> dict:
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
             if tp_group is not None:  # partial gradients (replicated key/value heads, SP norms): summed once per step
                 from ..models.tp import reduce_replicated_grads
-                reduce_replicated_grads(ex.parameters(), tp_group)
+                reduce_replicated_grads([p for m in mods for p in m.parameters()], tp_group,
+                                        grad_of=lambda p: ex.master.get(p, p).grad)
             if cfg.verify and step == 0:
                 xs, ys = [], []  # the global batch of the first step: every replica's microbatches
                 for r in range(cfg.dp):

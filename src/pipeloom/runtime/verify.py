@@ -33,7 +33,8 @@ def _named_fp32(ex: PipelineExecutor, opt, tp_group=None) -> list:
     from .grads import Zero1Optimizer
     if tp_group is not None:
         from ..models.tp import gather_full
-        return [nv for k in sorted(ex.modules) for nv in gather_full(ex.modules[k], tp_group).items()]
+        return [nv for k in sorted(ex.modules)
+                for nv in gather_full(ex.modules[k], tp_group, value_of=lambda p: ex.master.get(p, p)).items()]
     if not (isinstance(opt, Zero1Optimizer) and opt.sharded_master):
         return ex.named_parameters()
     full = opt.full_master()  # (the executor's master map is empty then: its names map to the bf16 parameters)
@@ -77,7 +78,8 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, loss: float, build_refer
     elif tp_group is not None:
         from ..models.tp import gather_full
         for k in sorted(ex.modules):
-            for name, g in gather_full(ex.modules[k], tp_group, grads=True).items():
+            for name, g in gather_full(ex.modules[k], tp_group, grads=True,
+                                       value_of=lambda p: ex.master.get(p, p).grad).items():
                 if g is None or name not in ref_grads:
                     missing += 1
                     continue
