@@ -91,6 +91,13 @@ def add_parser(sub) -> None:
                                "schedules, else 1)")
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel ranks per stage (Megatron-style column/row-parallel layers of the built-in "
+                        "Llama; tp must divide heads, ffn and vocab, and kv_heads or be a multiple of it); world "
+                        "size = pp*dp*tp; tp > 1 runs without --zero 1 for now (default: %(default)s)")
+    p.add_argument("--sequence-parallel", action="store_true", default=False,
+                   help="with --tp > 1: norms and the activations between stages on seq_len/tp tokens per rank "
+                        "(all-gather before, reduce-scatter after the tensor-parallel GEMMs)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
     g = p.add_argument_group("data parallel", "How the dp replicas' gradients are reduced (docs/runtime.md).")
     g.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=False,
@@ -174,6 +181,9 @@ def run(args) -> int:
     _check_args(args)
     cfg = run_config(args)
     calib_tmp = None
+    if args.calibrate and cfg.tp > 1:
+        raise CLIError(f"--calibrate with --tp {cfg.tp}: the calibration file has no tensor-parallel terms yet; "
+                       "calibrate with --tp 1")
     if args.calibrate:
         import dataclasses
         import tempfile
@@ -188,14 +198,14 @@ def run(args) -> int:
                                   profile_steps=window)
     args.title = cfg.model.name if cfg.model is not None else args.example
     if not args.allow_oversubscribe and not under_torchrun():
-        check_local_ranks((cfg.plan.pp if args.plan else cfg.pp) * cfg.dp)
+        check_local_ranks((cfg.plan.pp if args.plan else cfg.pp) * cfg.dp * cfg.tp)
     try:
         if args.json or not sys.stderr.isatty():
             res = run_example(cfg, example=args.example)
         else:
             from rich.console import Console
             what = cfg.schedule if not args.plan else "plan " + args.plan
-            with Console(stderr=True).status(f"running {what} on {(cfg.pp if not args.plan else cfg.plan.pp) * cfg.dp}"
+            with Console(stderr=True).status(f"running {what} on {(cfg.pp if not args.plan else cfg.plan.pp) * cfg.dp * cfg.tp}"
                                              f" ranks{' (measuring costs first)' if cfg.measure_costs else ''}..."):
                 res = run_example(cfg, example=args.example)
     except RankFailure as e:
@@ -217,6 +227,7 @@ def run(args) -> int:
                        "max_param_diff": res["max_param_diff"], "verified": ok} if args.verify else {})
                    | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
                    | ({"calibration_file": args.calibrate} if args.calibrate else {})
+                   | ({"tp": res["tp"], "sequence_parallel": res["sequence_parallel"]} if res.get("tp", 1) > 1 else {})
                    | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
                       if k in res})
     else:
@@ -268,7 +279,7 @@ def run_config(args):
 
     sched = schedule_io.load(args.plan) if args.plan else None
     model = _model(args, pp=sched.pp if sched is not None else args.pp or _DEFAULTS["pp"])
-    common = dict(dp=args.dp, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
+    common = dict(dp=args.dp, tp=args.tp, sequence_parallel=args.sequence_parallel, steps=args.steps, microbatch_size=args.microbatch_size, seq_len=args.seq_len,
                   dim=args.dim or 64, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
                   dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype,
@@ -409,7 +420,11 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
               show_header=True)
     t.add_column("field")
     t.add_column("value", justify="right")
-    t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
+    if res.get("tp", 1) > 1:
+        t.add_row("pp x vpp x dp x tp", f"{res['pp']} x {res['vpp']} x {res['dp']} x {res['tp']}"
+                  + (" (sequence parallel)" if res.get("sequence_parallel") else ""))
+    else:
+        t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
     t.add_row("microbatches", str(res["microbatches"]))
     t.add_row("dtype", res["dtype"])
     if res["dp"] > 1:

@@ -197,6 +197,7 @@ class LlamaChunk(nn.Module):
         cos, sin = rope_tables(cfg.head_dim, cfg.seq, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.seq_shards = 1  # > 1 only for sequence-parallel chunks (pipeloom.models.tp.shard_chunk_)
 
     @property
     def is_first(self) -> bool:
@@ -207,9 +208,11 @@ class LlamaChunk(nn.Module):
         return self.head is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # sequence parallel (pipeloom.models.tp): hidden states between blocks and chunks hold 1/seq_shards of
+        # the tokens; the rotary tables cover the whole sequence the attention sees
+        s = x.shape[1] if self.embed is not None else x.shape[1] * self.seq_shards
         if self.embed is not None:
             x = self.embed(x)
-        s = x.shape[1]
         if s > self.rope_cos.shape[0]:
             raise ValueError(f"sequence length {s} exceeds max_seq_len={self.rope_cos.shape[0]}")
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]

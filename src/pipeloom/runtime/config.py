@@ -34,7 +34,13 @@ class RunConfig:
     vpp: int | None = None
     """chunks per stage (None: the schedule's default)"""
     dp: int = 1
-    """data-parallel replicas (world size = pp * dp)"""
+    """data-parallel replicas (world size = pp * dp * tp)"""
+    tp: int = 1
+    """tensor-parallel ranks per stage (:mod:`pipeloom.models.tp`; the innermost mesh dimension: a stage's TP
+    ranks are consecutive global ranks). tp > 1 runs the built-in Llama only, without ZeRO-1 or measured
+    costs"""
+    sequence_parallel: bool = False
+    """with tp > 1: the hidden states between the GEMM pairs and between stages hold seq_len/tp tokens per rank"""
     microbatches: int = 4
     """microbatches per step"""
     steps: int = 1
@@ -120,7 +126,7 @@ class RunConfig:
     it, the device and the layers of every chunk in the result (``pipeloom run --calibrate``)"""
 
     def __post_init__(self) -> None:
-        for name in ("pp", "dp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
+        for name in ("pp", "dp", "tp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -133,6 +139,18 @@ class RunConfig:
             raise ValueError(f"rank order must be dp-pp or pp-dp, got {self.rank_order!r}")
         if self.zero not in (0, 1):
             raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp > 1")
+        if self.sequence_parallel and self.seq_len % self.tp:
+            raise ValueError(f"--sequence-parallel: --seq-len {self.seq_len} must be a multiple of --tp {self.tp} "
+                             f"(each TP rank holds seq_len/tp tokens)")
+        if self.tp != 1:
+            other = [what for what, on in (("--zero 1", self.zero),
+                                           ("--model", self.model is not None), ("measured costs", self.measure_costs))
+                     if on]
+            if other:
+                raise ValueError(f"--tp {self.tp} runs pp x dp x tp with the built-in Llama only; "
+                                 f"not yet with {', '.join(other)}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
         window = parse_profile_steps(self.profile_steps)

@@ -1,6 +1,6 @@
 """The run's orchestration: spawn or join the ranks, build each rank's chunks, run the steps, gather the result.
 
-:func:`run` is what ``pipeloom run`` calls: it spawns ``pp*dp`` ranks on 127.0.0.1 (gloo) or, under
+:func:`run` is what ``pipeloom run`` calls: it spawns ``pp*dp*tp`` ranks on 127.0.0.1 (gloo) or, under
 torchrun, runs this rank. Every rank builds only its chunks (the weights are deterministic, see
 :mod:`pipeloom.models.llama`), runs ``steps`` optimizer steps and, with ``verify``, compares the first
 step (:mod:`.verify`). What a run is (:class:`RunConfig`, :func:`prepare`) lives in :mod:`.config`.
@@ -61,6 +61,25 @@ def _groups(pp: int, dp: int, timeout_s: float | None = None, order: str = "dp-p
     return pp_ranks, dp_group, mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
 
 
+def _tp_groups(pp: int, dp: int, tp: int):
+    """(pp global ranks of my pipeline, dp group or None, tp group, pp_rank, dp_rank, tp_rank) on a DeviceMesh of
+    shape (dp, pp, tp), tp innermost: a stage's TP ranks are consecutive global ranks (one node), P2P goes
+    between the equal TP indices of adjacent stages (the mesh's pp group of this rank) and the DP group of a
+    rank holds the same shard of the same stage in every replica (one group per (pp, tp))."""
+    world = dist.get_world_size()
+    if world != pp * dp * tp:
+        raise ValueError(f"world size {world} != pp*dp*tp = {pp}*{dp}*{tp}")
+    key = ("tp", dp, pp, tp)
+    if key not in _MESHES:
+        from torch.distributed.device_mesh import init_device_mesh
+        _MESHES[key] = init_device_mesh(default_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    mesh = _MESHES[key]
+    pp_ranks = dist.get_process_group_ranks(mesh.get_group("pp"))
+    dp_group = mesh.get_group("dp") if dp > 1 else None
+    return (pp_ranks, dp_group, mesh.get_group("tp"), mesh.get_local_rank("pp"), mesh.get_local_rank("dp"),
+            mesh.get_local_rank("tp"))
+
+
 def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None, order: str):
     """The mesh's dp group of this rank, or (with ``timeout_s``) the same ranks in a group whose
     collectives give up after ``timeout_s`` (gloo ignores a collective's wait timeout and uses its
@@ -87,8 +106,12 @@ def worker(cfg: RunConfig) -> dict:
     sched = cfg.schedule
     _check_shape(cfg, sched)
     costs = cfg.planned_costs.to_dict() if cfg.planned_costs is not None else None
-    pp, dp = sched.pp, cfg.dp
-    pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s, cfg.rank_order)
+    pp, dp, tp = sched.pp, cfg.dp, cfg.tp
+    tp_group = None
+    if tp > 1:
+        pp_ranks, dp_group, tp_group, pp_rank, dp_rank, tp_rank = _tp_groups(pp, dp, tp)
+    else:
+        pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s, cfg.rank_order)
     rank = dist.get_rank()
     device = default_device()
     mcfg = model_config(cfg, sched.num_chunks)
@@ -104,6 +127,10 @@ def worker(cfg: RunConfig) -> dict:
         if tied.cross and cfg.zero:
             raise ValueError("--zero 1 with weights tied across stages (here the embedding and the head) is not "
                              "supported: ZeRO-1 keeps the reduced gradients in shards; use --zero 0")
+    elif tp_group is not None:
+        from ..models.tp import build_tp_chunk_modules
+        mods = build_tp_chunk_modules(mcfg, split, cfg.seed, group=tp_group, chunks=mine, device=device,
+                                      sequence_parallel=cfg.sequence_parallel)
     else:
         mods = build_chunk_modules(mcfg, split, cfg.seed, chunks=mine, device=device)
     window = parse_profile_steps(cfg.profile_steps) or ((0, cfg.steps) if cfg.log_dir else None)
@@ -118,10 +145,15 @@ def worker(cfg: RunConfig) -> dict:
         if cfg.log_dir else None
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
     reducer = make_dp_reducer(cfg, dp_group)
+    if tp_group is not None:  # the loss from this rank's vocabulary slice of the logits (never gathered)
+        import functools
+
+        from ..models.tp import vocab_parallel_loss
+        loss_fn = functools.partial(vocab_parallel_loss, group=tp_group)
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,
                           log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False,
-                          strict_p2p=cfg.strict_p2p, reducer=reducer)
+                          strict_p2p=cfg.strict_p2p, reducer=reducer, loss_replicas=tp)
     if cfg.fault_nan_mb is not None:
         def poisoned(out, target, _lf=ex.loss_fn):
             loss = _lf(out, target)
@@ -137,7 +169,7 @@ def worker(cfg: RunConfig) -> dict:
     opt = make_optimizer(cfg, ex)
     losses, times, waits = [], [], []
     verify = params = None
-    tied_diff = 0.0
+    tied_diff = tp_diff = 0.0
     try:
         for step in range(cfg.steps):
             x, y = _batch(mcfg, cfg, sched, step, dp_rank)
@@ -148,21 +180,28 @@ def worker(cfg: RunConfig) -> dict:
             losses.append(loss)
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
+            if tp_group is not None:  # partial gradients (replicated key/value heads, SP norms): summed once per step
+                from ..models.tp import reduce_replicated_grads
+                reduce_replicated_grads([p for m in mods for p in m.parameters()], tp_group,
+                                        grad_of=lambda p: ex.master.get(p, p).grad)
             if cfg.verify and step == 0:
                 xs, ys = [], []  # the global batch of the first step: every replica's microbatches
                 for r in range(cfg.dp):
                     x0, y0 = _batch(mcfg, cfg, sched, 0, r)
                     xs += x0
                     ys += y0
-                verify, ref = _verify(ex, cfg, mcfg, loss, build_reference, xs, ys)
+                verify, ref = _verify(ex, cfg, mcfg, loss, build_reference, xs, ys, tp_group=tp_group)
             opt.step()
             opt.zero_grad(set_to_none=True)
             ex.sync_params()
             if tied:
                 tied_diff = max(tied_diff, tied.max_weight_diff())
+            if tp_group is not None:  # replicated parameters must stay equal on the TP ranks after every step
+                from ..models.tp import replica_diff
+                tp_diff = max(tp_diff, *(replica_diff(m, tp_group) for m in mods))
             if step == 0:
                 # the fp32 values once (with bf16 + ZeRO-1 an all-gather of the master shards)
-                named = _named_fp32(ex, opt) if cfg.verify or cfg.return_params else None
+                named = (_named_fp32(ex, opt, tp_group=tp_group) if cfg.verify or cfg.return_params else None)
                 if cfg.verify:
                     verify.update(_verify_params(named, ref))
                 static = _static_bytes(ex, opt)
@@ -178,7 +217,7 @@ def worker(cfg: RunConfig) -> dict:
     dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static))
     ts = t.tolist()
     timed = ts[1:] if len(ts) > 1 else ts
-    out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "microbatches": sched.microbatches,
+    out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "tp": tp, "sequence_parallel": cfg.sequence_parallel, "microbatches": sched.microbatches,
            "steps": cfg.steps, "loss": losses[-1], "losses": losses, "step_time_s": statistics.median(timed),
            "dtype": cfg.dtype, "world_size": dist.get_world_size(), "zero": cfg.zero,
            "overlap_grad_reduce": cfg.overlap_grad_reduce and dp > 1, "rank_bytes": ranks}
@@ -191,6 +230,10 @@ def worker(cfg: RunConfig) -> dict:
         dist.all_reduce(d, op=dist.ReduceOp.MAX)
         out["tied_across_stages"] = len(tied.cross)
         out["tied_weight_diff"] = d.item()
+    if tp_group is not None:
+        d = torch.tensor([tp_diff], dtype=torch.float64)
+        dist.all_reduce(d, op=dist.ReduceOp.MAX)
+        out["tp_replica_param_diff"] = d.item()
     out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
     if cfg.measure_links:
         out.update(_measure_links(mods, dp_group, dp, device))
@@ -334,7 +377,10 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
     if cfg.data is not None:  # a short file or ids beyond the vocabulary: one line, before any process starts
         from .data import TokenFile
         TokenFile(cfg.data, cfg.data_dtype).check(mcfg.vocab, cfg.seq_len)
-    world = sched.pp * cfg.dp
+    world = sched.pp * cfg.dp * cfg.tp
+    if cfg.tp > 1:  # a tp that does not divide heads/kv_heads/ffn/vocab: one line before any process starts
+        from ..models.tp import check_tp
+        check_tp(mcfg, cfg.tp)
     if cfg.inject_delay and not 0 <= cfg.inject_delay[0] < world:
         raise ValueError(f"--inject-delay rank {cfg.inject_delay[0]} out of range: world size is {world}")
     if cfg.measure_costs and cfg.builder is None:
@@ -342,8 +388,8 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
                          "jobs: drop measured costs or give --schedule NAME")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world:  # before the rendezvous: every rank says it at once
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; "
-                             f"pp*dp = {sched.pp}*{cfg.dp} = {world}")
+            shape = (f"pp*dp*tp = {sched.pp}*{cfg.dp}*{cfg.tp}" if cfg.tp > 1 else f"pp*dp = {sched.pp}*{cfg.dp}")
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; {shape} = {world}")
         init_process_group(max(cfg.timeout_s, 300.0))
         try:
             if cfg.measure_costs:

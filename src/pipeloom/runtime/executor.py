@@ -140,6 +140,8 @@ class PipelineExecutor:
         on_job: observe or wrap every job: called as ``on_job(job, run)`` instead of the job's
             handler, where ``run(job)`` runs the handler (time it, log it, or, in fault tests, do
             not call it). Also settable later as the ``on_job`` attribute.
+        loss_replicas: how many ranks of the last stage compute the same losses (its tensor-parallel
+            ranks; 1 without TP): the world all-reduce of the losses is divided by ``dp * loss_replicas``.
     """
 
     def __init__(self, schedule: Schedule, modules: dict[int, nn.Module], loss_fn: Callable, *, pp_rank: int,
@@ -147,7 +149,8 @@ class PipelineExecutor:
                  param_dtype: torch.dtype | None = None, timeout_s: float = 300.0, inject_delay_s: float = 0.0,
                  log: JobLog | None = None, check: bool = True, strict_p2p: bool | None = None,
                  recv_lookahead: int = 4, reducer: str | GradReducer = "allreduce",
-                 on_job: Callable[[Job, Callable[[Job], None]], None] | None = None) -> None:
+                 on_job: Callable[[Job, Callable[[Job], None]], None] | None = None,
+                 loss_replicas: int = 1) -> None:
         if check:
             v = validate(schedule)
             if v:
@@ -168,6 +171,9 @@ class PipelineExecutor:
         self.loss_fn = loss_fn
         self.dp_group = dp_group
         self.dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+        #: ranks of the last stage that compute the same microbatch losses (tensor-parallel ranks): the world
+        #: all-reduce of the losses counts each one that many times
+        self.loss_replicas = int(loss_replicas)
         first = next((p for m in self.modules.values() for p in m.parameters()), None)
         self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
         self.timeout_s = float(timeout_s)
@@ -307,7 +313,7 @@ class PipelineExecutor:
                 self.p2p._wait(self._loss_work, f"step {step}: all-reduce of the microbatch losses")
             else:
                 dist.all_reduce(self._losses)
-            losses = (self._losses / self.dp).tolist()
+            losses = (self._losses / (self.dp * self.loss_replicas)).tolist()
             bad = [m for m, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
             if bad:
                 raise NonFiniteLossError(f"step {step}: loss is {losses[bad[0]]} at microbatch {bad[0]}"

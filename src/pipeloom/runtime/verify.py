@@ -26,10 +26,15 @@ def _gather_params(named: list, dp_rank: int) -> dict | None:
 
 
 
-def _named_fp32(ex: PipelineExecutor, opt) -> list:
+def _named_fp32(ex: PipelineExecutor, opt, tp_group=None) -> list:
     """(name, fp32 value) of every parameter of this rank: the parameters, the executor's master
-    copies, or (bf16 + ZeRO-1) the master shards all-gathered for the check (a dp collective)."""
+    copies, or (bf16 + ZeRO-1) the master shards all-gathered for the check (a dp collective); with
+    tensor parallelism (``tp_group``) the full tensors gathered from the stage's TP shards (a tp collective)."""
     from .grads import Zero1Optimizer
+    if tp_group is not None:
+        from ..models.tp import gather_full
+        return [nv for k in sorted(ex.modules)
+                for nv in gather_full(ex.modules[k], tp_group, value_of=lambda p: ex.master.get(p, p)).items()]
     if not (isinstance(opt, Zero1Optimizer) and opt.sharded_master):
         return ex.named_parameters()
     full = opt.full_master()  # (the executor's master map is empty then: its names map to the bf16 parameters)
@@ -37,11 +42,13 @@ def _named_fp32(ex: PipelineExecutor, opt) -> list:
 
 
 
-def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, loss: float, build_reference, xs: list, ys: list):
+def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, loss: float, build_reference, xs: list, ys: list,
+            tp_group=None):
     """Each rank runs the (tiny) reference itself on the first step's global batch (``xs``, ``ys``: every
     replica's microbatches) and compares its own chunks; MAX over ranks. Returns the comparison and the
     reference model after one AdamW step (for :func:`_verify_params`). With ZeRO-1 the reduced gradients are
-    the shards: each rank compares its shards."""
+    the shards: each rank compares its shards. With tensor parallelism (``tp_group``) every gradient is
+    gathered from the stage's TP shards and compared whole."""
     from ..models.llama import loss_fn
     from .grads import ZeroReduceScatter
     if cfg.model is not None:  # the unsplit model; a chunk's name of a tied weight -> the reference's
@@ -68,6 +75,15 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, loss: float, build_refer
         for seg, sh in zip(buf.segments, ex.reducer.shard_grads()):
             lo, hi = ex.reducer.shard(seg)
             gd = max(gd, (sh.detach().float().cpu() - flat[lo:hi]).abs().max().item() if hi > lo else 0.0)
+    elif tp_group is not None:
+        from ..models.tp import gather_full
+        for k in sorted(ex.modules):
+            for name, g in gather_full(ex.modules[k], tp_group, grads=True,
+                                       value_of=lambda p: ex.master.get(p, p).grad).items():
+                if g is None or name not in ref_grads:
+                    missing += 1
+                    continue
+                gd = max(gd, (g.detach().float().cpu() - ref_grads[name]).abs().max().item())
     else:
         for name, p in ex.named_parameters():
             name = canon(name)

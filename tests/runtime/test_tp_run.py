@@ -1,0 +1,99 @@
+"""pp x tp on real processes (gloo, 127.0.0.1): ``pipeloom run --tp 2`` at pp 2 runs the tensor-parallel
+Llama (pipeloom.models.tp) under 1f1b and zbv (split backward: W on the local shards), and the loss, every
+gradient (gathered from the TP shards) and every parameter after one AdamW step equal a single-process
+reference, with and without sequence parallelism (P2P of seq/tp token shards between the stages); a tp that does not divide the model is one line before any process starts.
+
+Process start dominates, so every case runs in ONE process group of 4 ranks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeloom.runtime.driver import RunConfig, cases_worker, run
+from pipeloom.runtime.launch import spawn
+
+TOL = 1e-5
+REF_PARAM_TOL = 5e-5  # Adam's first step near eps: see tests/runtime/test_dp.py
+BF16_TOL = 5e-2  # bf16 against the fp32 reference: the runtime's other bf16 tests' tolerance
+SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=2, seq_len=8, verify=True, return_params=True, steps=2)
+
+
+@pytest.mark.dist
+def test_pp2_tp2_1f1b_and_zbv_match_one_process():
+    cases = [dict(schedule="1f1b", **SMALL), dict(schedule="zbv", **SMALL),
+             dict(schedule="1f1b", sequence_parallel=True, **SMALL), dict(schedule="zbv", sequence_parallel=True, **SMALL),
+             dict(schedule="zbv", sequence_parallel=True, dtype="bf16", **SMALL)]
+    res = spawn(cases_worker, 4, (cases,), timeout_s=120)
+    # bf16 parameters with fp32 master gradients: within the runtime's bf16 tolerance of the fp32 reference
+    bf = res.pop()
+    assert bf["dtype"] == "bf16" and bf["params_missing_grad"] == 0 and bf["tp_replica_param_diff"] == 0.0
+    assert bf["max_loss_diff"] <= BF16_TOL and bf["max_grad_diff"] <= BF16_TOL and bf["max_param_diff"] <= BF16_TOL, bf
+    assert bf["max_grad_diff"] > 0.0  # really bf16
+    cases.pop()
+    for c, r in zip(cases, res):
+        assert r["tp"] == 2 and r["world_size"] == 4, c
+        assert r["params_missing_grad"] == 0, c
+        assert r["max_loss_diff"] <= TOL and r["max_grad_diff"] <= TOL and r["max_param_diff"] <= REF_PARAM_TOL, (c, r)
+        assert abs(r["losses"][0] - r["reference_loss"]) <= TOL and r["loss"] > 1.0  # the mean loss, not tp times it
+        # replicated weights (norms; with SP their gradients are partial) identical on both TP ranks after each step
+        assert r["tp_replica_param_diff"] == 0.0, c
+    # zbv splits the backward: W really defers the TP linears' weight gradients
+    for r in (res[1], res[3]):
+        assert r["deferred_wgrad_share"] and min(r["deferred_wgrad_share"].values()) > 0.5
+    # every schedule, with and without sequence parallelism, trains the same model: same parameters after the step
+    a = res[0]["params"]
+    for b in (r["params"] for r in res[1:]):
+        assert a.keys() == b.keys()
+        assert max((torch.tensor(a[n]) - torch.tensor(b[n])).abs().max().item() for n in a) <= TOL
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(tp=3), "tp=3 does not divide heads=4"),
+    (dict(tp=2, dp=2, zero=1), "not yet with --zero 1"),
+    (dict(tp=2, dp=2, measure_costs=True), "not yet with measured costs"),
+    (dict(tp=0), "tp must be an integer >= 1"),
+    (dict(tp=1, sequence_parallel=True), "needs --tp > 1"),
+    (dict(tp=4, sequence_parallel=True, seq_len=10), "--seq-len 10 must be a multiple of --tp 4"),
+])
+def test_bad_tp_is_one_line_before_any_process(kw, msg):
+    with pytest.raises(ValueError) as e:
+        run(RunConfig(schedule="1f1b", pp=2, **kw))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.dist
+def test_cli_run_tp2_sequence_parallel_json_verify(capsys):
+    import json
+
+    from pipeloom.cli import main
+    rc = main(["run", "--schedule", "1f1b", "--pp", "2", "--tp", "2", "--sequence-parallel", "--microbatches", "2",
+               "--steps", "2", "--seq-len", "8", "--verify", "--json"])  # the default microbatch size (2)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["verified"] is True
+    assert out["tp"] == 2 and out["sequence_parallel"] is True and out["steps"] == 2
+    assert out["max_loss_diff"] <= TOL and out["max_grad_diff"] <= TOL
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--tp", "3"], "tp=3 does not divide heads=4"),
+    (["--tp", "2", "--dp", "2", "--zero", "1"], "not yet with --zero 1"),
+    (["--tp", "2", "--calibrate", "calib.json"], "--calibrate with --tp 2"),
+    (["--tp", "0"], "--tp: must be >= 1"),
+])
+def test_cli_run_bad_tp_is_one_line(capsys, argv, msg):
+    from pipeloom.cli import main
+    try:
+        rc = main(["run", "--pp", "2"] + argv)
+    except SystemExit as e:  # argparse's own checks exit
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("pipeloom: error:") and msg in err and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_torchrun_world_mismatch_counts_the_tp_ranks(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"torchrun started 2 ranks; pp\*dp\*tp = 2\*1\*2 = 4"):
+        run(RunConfig(schedule="1f1b", pp=2, tp=2, microbatches=2))
