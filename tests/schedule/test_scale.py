@@ -37,3 +37,14 @@ def test_large_pp_search_builders_plan_in_seconds(name, vpp):
     # critical path, so the makespan is at least the chain of F and B, plus the last device's W
     nc = pp * vpp
     assert res.makespan >= 2 * nc / vpp + 1 / vpp - 1e-9
+
+
+def test_dualpipev_refuses_a_quadratic_program_in_one_line():
+    """dualpipev at m < 2pp builds the 2pp-microbatch program (pp x 2pp slots): pp 65 536, m 1 ran for hours;
+    now it is refused at once with what to give instead, and pp 1024 (the largest declared) still builds."""
+    from pipeloom.core.errors import ScheduleError
+
+    t0 = time.process_time()
+    with pytest.raises(ScheduleError, match=r"give m >= 2pp = 131072 or pp <= 1024"):
+        plan("dualpipev", make_spec(pp=65_536, microbatches=1, vpp=2))
+    assert time.process_time() - t0 < 1

@@ -107,6 +107,21 @@ def dualpipev_program(pp: int, m: int, d: int) -> tuple[list[Job], set[int]]:
     return seq, pairs
 
 
+#: DualPipeV with fewer than 2pp microbatches builds the 2pp-microbatch program on every device and drops the
+#: microbatches it does not have: pp * 2pp job slots, quadratic in pp (pp 1024: about 6 s, pp 2048: 25 s)
+MAX_PROGRAM_SLOTS = 1 << 21
+
+
+def _shapes(pp: int, vpp: int, m: int, options: dict) -> str | None:
+    """dualpipev's declared shapes: at most :data:`MAX_PROGRAM_SLOTS` slots of the program it builds."""
+    slots = pp * max(m, 2 * pp)
+    if m < 2 * pp and slots > MAX_PROGRAM_SLOTS:
+        return (f"dualpipev: pp={pp} with m={m} < 2pp builds the {2 * pp}-microbatch program on every device "
+                f"({slots} slots, quadratic in pp; at most {MAX_PROGRAM_SLOTS}): give m >= 2pp = {2 * pp} or "
+                f"pp <= {int((MAX_PROGRAM_SLOTS / 2) ** 0.5)}")
+    return None
+
+
 @register("dualpipev", description="DualPipeV (DeepSeek): V placement, F and B of different microbatches "
                                    "overlapped in pairs (cost option overlap), any m (best m >= 2pp)", vpp="2",
           placement=Placement.V,
@@ -115,7 +130,8 @@ def dualpipev_program(pp: int, m: int, d: int) -> tuple[list[Job], set[int]]:
                    Option(name="reorder", type="float", default=0.0, min=0, max=MAX_SOLVER_SECONDS,
                           help="seconds of local search after the order is built (single jobs moved within their "
                                "device while the makespan, or the sum of finish times, shrinks; the memory limit, "
-                               "else DualPipeV's own peak, and the pairs are kept); 0: DualPipeV's order as published")))
+                               "else DualPipeV's own peak, and the pairs are kept); 0: DualPipeV's order as published")),
+          shapes=_shapes)
 def dualpipev(spec: PlanSpec) -> Schedule:
     """DualPipeV schedule; ``spec.costs.overlap`` sets how much of each pair is hidden.
 
