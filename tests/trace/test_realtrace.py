@@ -170,6 +170,16 @@ def test_unexplained_launch_gaps_flag_the_what_if_as_unreliable(tmp_path):
     assert all(s["error"] is not None and s["error"] > 0.05 for s in rep["per_step"])
 
 
+def test_verdicts_of_an_unreliable_replay_are_printed_as_guesses(tmp_path, capsys):
+    """Where the replay does not reproduce the measured step, a verdict is not stated as a finding: each one
+    says that the replay is unreliable (the demo's 4 CPU ranks got four confident 'slow rank' verdicts)."""
+    res = generate_real(RealSynthConfig(dp=2, pp=4, cp=1, steps=6, launch=0.25, seed=1, cause="slow_worker"))
+    path, meta = _write(tmp_path, res)
+    assert main(["check", path, "--meta", meta, "--no-pictures"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("verdict")]
+    assert lines and all(ln.startswith("verdict (unreliable replay, a guess):") for ln in lines), lines
+
+
 # -------------------------------------------------------------- absurd sizes and impossible traces
 def _table(tmp_path, mutate, name="m.parquet", meta=None):
     import pyarrow as pa

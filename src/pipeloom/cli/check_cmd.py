@@ -369,8 +369,13 @@ def _print_whatif(d: dict, con, top: int, verdict: str = "verdict") -> None:
     if d["verdicts"]:
         from rich.markup import escape
 
+        # a replay that does not reproduce the measured step makes every what-if figure a guess: say so on
+        # each verdict instead of stating it as a finding
+        shaky = d.get("whatif_reliable") is False
         for v in d["verdicts"]:
-            con.print(f"[bold red]{verdict}:[/bold red] {escape(v)}")  # "[score 0.82]" is no markup
+            label = f"[yellow]{verdict} (unreliable replay, a guess):[/yellow]" if shaky else \
+                f"[bold red]{verdict}:[/bold red]"
+            con.print(f"{label} {escape(v)}")  # "[score 0.82]" is no markup
     else:
         con.print(f"[bold green]{verdict}: OK[/bold green] (no worker, stage or op type slows the step by "
                   f">= {100 * d['threshold']:.0f}%)")
