@@ -277,4 +277,6 @@ def test_the_meta_published_beside_a_trace_is_found(tmp_path, capsys):
         assert main(["check", str(SE), "--no-pictures", "--json", "--steps", "16:18"]) == 0
         d = json.loads(capsys.readouterr().out)
         assert d["sizes"]["world_size"] == 128 and d["sizes"]["cp_size"] == 2
-        assert d["meta_file"].endswith("meta-SE.yaml") and not d["inferred_sizes"]
+        assert d["meta_file"].endswith("meta-SE.yaml") and d["inferred_sizes"] == ["time_unit"]
+        # the meta names no unit; a median forward of 0.2 reads as seconds (the published ideal step: 5.9 s)
+        assert d["time_unit"] == "s"

@@ -167,7 +167,9 @@ def test_meta_sizes_and_inference(tmp_path):
     path, meta, _ = _write(tmp_path, cfg)
     tr = read_optrace(path)
     assert tr.sizes == {"dp_size": 2, "pp_size": 2, "vpp_size": 2, "tp_size": 1, "cp_size": 1, "world_size": 4}
-    assert set(tr.inferred) == {"dp_size", "pp_size", "vpp_size", "tp_size", "cp_size", "world_size"}
+    # without a meta the time unit is inferred too: a median forward below 1 reads as seconds
+    assert set(tr.inferred) == {"dp_size", "pp_size", "vpp_size", "tp_size", "cp_size", "world_size", "time_unit"}
+    assert tr.time_unit == "s" and read_optrace(path, meta).time_unit == "ms"  # the generator's meta says ms
     js = tmp_path / "m.json"
     js.write_text(json.dumps({"dp_size": 2, "pp_size": 2, "tp_size": 4, "vpp_size": 2, "world_size": 16}))
     assert read_optrace(path, str(js)).sizes["tp_size"] == 4

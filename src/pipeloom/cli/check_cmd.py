@@ -49,7 +49,8 @@ def add_parser(sub) -> None:
     p.add_argument("--strict", action="store_true", help="exit with status 1 unless the verdict is OK")
     g = p.add_argument_group("what-if straggler analysis (every input; --meta: op traces .parquet / .csv only)")
     g.add_argument("--meta", metavar="META", help="YAML or JSON with dp_size, pp_size, tp_size, vpp_size, world_size "
-                                                  "(and time_unit: s|ms|us|ns; default ms); inferred when absent")
+                                                  "(and time_unit: s|ms|us|ns); what it lacks is inferred (the unit from the median forward: "
+                                                  "below 1 seconds, below 10^4 ms, ...); default: META beside the trace")
     g.add_argument("--steps", metavar="STEPS", help="steps to analyse: 5, 1,3,5, A:B (A..B-1) or A: (default: all; worker logs: the "
                                                     "what-if section's steps)")
     g.add_argument("--slowdown-threshold", type=number_type(0, 1, hi_open=True), default=0.05, metavar="FRACTION",

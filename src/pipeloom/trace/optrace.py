@@ -224,6 +224,21 @@ def _read_table(path: str):
         raise OpTraceError(f"{path} is not a readable {kind} op trace: {msg}") from None
 
 
+def infer_time_unit(tr: "OpTrace") -> str | None:
+    """The time unit of a trace whose meta names none, from its typical forward: one microbatch's forward of a
+    pipeline chunk lasts between about a millisecond and ten seconds on any accelerator, so a median
+    forward-compute duration below 1 reads as seconds, below 10^4 as ms, below 10^7 as us, else ns (the
+    published straggler-analysis traces are in seconds and their metas say nothing). None: no forward op with a
+    positive duration to go by."""
+    if "forward-compute" not in tr.optypes:
+        return None
+    fwd = tr.dur[(tr.op == tr.optypes.index("forward-compute")) & (tr.dur > 0) & np.isfinite(tr.dur)]
+    if not len(fwd):
+        return None
+    d = float(np.median(fwd))
+    return "s" if d < 1 else "ms" if d < 1e4 else "us" if d < 1e7 else "ns"
+
+
 def find_meta(path: str) -> str | None:
     """The meta file published beside an op trace, when there is exactly one by the usual names:
     ``meta-X.yaml`` (``.yml``, ``.json``) beside ``trace-X.parquet`` (the straggler-analysis artifact's naming), or
@@ -369,6 +384,11 @@ def read_optrace(path: str, meta: str | dict | None = None) -> OpTrace:
                  gmc=ints(cols["gmc"]), mb=ints(cols["mb_id"]), sizes=sizes, inferred=inferred,
                  malformed=int(bad.sum()) + len(skipped), examples=examples, warnings=warnings,
                  time_unit=given.get("time_unit", "ms"), rows=n + len(skipped))
+    if "time_unit" not in given and len(tr):
+        unit = infer_time_unit(tr)
+        if unit is not None and unit != tr.time_unit:
+            tr.time_unit = unit
+            tr.inferred.append("time_unit")
     if tr.malformed:
         tr.warnings.append(f"{path}: {tr.malformed} malformed row(s) skipped ({'; '.join(examples[:2])})")
     if not len(tr):
