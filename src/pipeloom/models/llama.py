@@ -124,6 +124,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
 
 
+def causal_attention(m: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention of ``m``'s projections ``wq``, ``wk``, ``wv`` (``m.n_heads`` query heads and ``m.n_kv``
+    key/value heads of width ``m.hd``, GQA by repetition) with rotary embeddings, before the output projection:
+    ``(b, s, n_heads * hd)``. The tensor-parallel attention (:mod:`pipeloom.models.tp`) runs the same on its
+    local heads."""
+    b, s, _ = x.shape
+    q = apply_rope(m.wq(x).view(b, s, m.n_heads, m.hd), cos, sin).transpose(1, 2)
+    k = apply_rope(m.wk(x).view(b, s, m.n_kv, m.hd), cos, sin).transpose(1, 2)
+    v = m.wv(x).view(b, s, m.n_kv, m.hd).transpose(1, 2)
+    if m.n_kv != m.n_heads:
+        rep = m.n_heads // m.n_kv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return o.transpose(1, 2).reshape(b, s, m.n_heads * m.hd)
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with rotary embeddings and grouped-query key/value heads."""
 
@@ -136,16 +153,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.hd), cos, sin).transpose(1, 2)
-        k = apply_rope(self.wk(x).view(b, s, self.n_kv, self.hd), cos, sin).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
-        if self.n_kv != self.n_heads:
-            rep = self.n_heads // self.n_kv
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(o.transpose(1, 2).reshape(b, s, self.n_heads * self.hd))
+        return self.wo(causal_attention(self, x, cos, sin))
 
 
 class FeedForward(nn.Module):

@@ -64,7 +64,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .llama import (Block, LlamaChunk, RMSNorm, apply_rope, build_chunk_modules, build_reference,  # noqa: F401
-                    check_llama)
+                    causal_attention, check_llama)
 
 __all__ = [
     "check_tp",
@@ -320,18 +320,10 @@ class TPAttention(nn.Module):
         self.wo = RowParallelLinear(self.n_heads * cfg.head_dim, cfg.hidden, group, reduce_output=not sequence_parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape  # sequence parallel: x is already gathered (SPGatherNorm)
+        # sequence parallel: x is already gathered (SPGatherNorm); the local heads as the unsharded attention
         if not self.sp:
             x = copy_to_tp(x, self.group)
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.hd), cos, sin).transpose(1, 2)
-        k = apply_rope(self.wk(x).view(b, s, self.n_kv, self.hd), cos, sin).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.n_kv, self.hd).transpose(1, 2)
-        if self.n_kv != self.n_heads:
-            rep = self.n_heads // self.n_kv
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = self.wo(o.transpose(1, 2).reshape(b, s, self.n_heads * self.hd))
+        y = self.wo(causal_attention(self, x, cos, sin))
         return reduce_scatter_seq(y, self.group) if self.sp else y
 
 
