@@ -59,8 +59,20 @@ def _finish(procs, timeout: float):
 
 
 def test_two_nodes_pp_across_dp_within_verify_and_merged_logs(tmp_path):
-    procs = _agents(["--steps", "2", "--verify", "--json", "--overlap-grad-reduce"], log_dir=tmp_path)
-    outs = _finish(procs, 400)
+    import shutil
+
+    for attempt in range(2):
+        procs = _agents(["--steps", "2", "--verify", "--json", "--overlap-grad-reduce"], log_dir=tmp_path)
+        outs = _finish(procs, 400)
+        # torchrun's own c10d rendezvous store (hosted by agent 0) can drop an agent's connection on a loaded
+        # machine; both agents then stop their workers and report RendezvousConnectionError (seen once in a
+        # full parallel suite). That is the launcher's store, not the run: one more try on a fresh port. Any
+        # other failure fails the test at once.
+        if attempt or [p.returncode for p in procs] == [0, 0] \
+                or not any("RendezvousConnectionError" in o[1] for o in outs):
+            break
+        for k in range(2):
+            shutil.rmtree(tmp_path / f"machine{k}", ignore_errors=True)
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     res = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
     assert len(res) == 1  # global rank 0 prints
