@@ -32,9 +32,9 @@ typedef struct {
 
 static inline int hless(HItem x, HItem y) { return x.t < y.t || (x.t == y.t && x.d < y.d); }
 
-static void sift_down(Heap *h, Py_ssize_t pos) { /* heapq._siftdown(heap, 0, pos) */
+static void sift_down(Heap *h, Py_ssize_t start, Py_ssize_t pos) { /* heapq._siftdown(heap, start, pos) */
     HItem it = h->v[pos];
-    while (pos > 0) {
+    while (pos > start) {
         Py_ssize_t parent = (pos - 1) >> 1;
         if (hless(it, h->v[parent])) {
             h->v[pos] = h->v[parent];
@@ -58,17 +58,7 @@ static void sift_up(Heap *h, Py_ssize_t pos) { /* heapq._siftup(heap, pos) */
         child = 2 * pos + 1;
     }
     h->v[pos] = it;
-    /* bubble it up from pos to start */
-    while (pos > start) {
-        Py_ssize_t parent = (pos - 1) >> 1;
-        if (hless(it, h->v[parent])) {
-            h->v[pos] = h->v[parent];
-            pos = parent;
-        } else {
-            break;
-        }
-    }
-    h->v[pos] = it;
+    sift_down(h, start, pos); /* bubble it up from pos to start */
 }
 
 static int heap_push(Heap *h, HItem it) {
@@ -80,7 +70,7 @@ static int heap_push(Heap *h, HItem it) {
         h->cap = nc;
     }
     h->v[h->n++] = it;
-    sift_down(h, h->n - 1);
+    sift_down(h, 0, h->n - 1);
     return 0;
 }
 
