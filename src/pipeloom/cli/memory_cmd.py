@@ -50,9 +50,13 @@ def add_parser(sub) -> None:
                    help="fused: Megatron kernels; eager: unfused PyTorch ops as in pipeloom.models.llama; hf: "
                         "transformers' own modules (eager norms and MLP, SDPA with native GQA) "
                         "(default: %(default)s)")
-    p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree (used with --zero 1)")
-    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
-                   help="1 = shard fp32 master weights/grads and Adam states over dp (ZeRO-1) (default: 0)")
+    p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree (what --zero 1-3 shard over)")
+    from ..memory.sharding import ZERO_LEVELS
+
+    p.add_argument("--zero", type=int, choices=sorted(ZERO_LEVELS), default=0,
+                   help="what is sharded over --dp: " + "; ".join(f"{z} {w}" for z, w in ZERO_LEVELS.items())
+                        + ". Levels 2 and 3 add one chunk's unsharded gradients (and gathered parameters) to the "
+                          "transient (default: 0)")
     p.add_argument("--layers-per-chunk", default=None, metavar="N,N,...",
                    help="layers of every global chunk (pp*vpp values; default: even, extras to the first chunks)")
     add_mem_limit_option(p, default=None, bytes_ok=True,

@@ -13,13 +13,14 @@ GiB = 1024 ** 3
 
 def add_parser(sub) -> None:
     from ..tune.gpus import GPUS
+    from ..tune.space import DEFAULT_ZERO
 
     p = sub.add_parser(
-        "tune", help="search tp/pp/vpp/dp, micro-batch, schedule, memory limit, recompute, ZeRO-1 for a model on N GPUs",
+        "tune", help="search tp/pp/vpp/dp, micro-batch, schedule, memory limit, recompute, ZeRO level for a model on N GPUs",
         description=textwrap.fill(
             "Search the parallel configuration of a training run: tensor parallel (inside a node), pipeline, "
             "virtual stages, data parallel, micro-batch size and count, every registered schedule family "
-            "(zero-bubble and V-shapes included), memory limit, recompute, ZeRO-1 and the layer partition. Time "
+            "(zero-bubble and V-shapes included), memory limit, recompute, ZeRO level and the layer partition. Time "
             "comes from the model's FLOPs at peak x efficiency plus TP, pipeline and DP communication and the "
             "optimizer step, simulated under the actual schedule; memory from the analytic estimator under the "
             "same schedule. Configurations are pruned by a memory lower bound and a step-time lower bound "
@@ -67,7 +68,11 @@ def add_parser(sub) -> None:
                    help="schedule builders to consider (default: every registered one but optimal)")
     s.add_argument("--recompute", default="none,selective,full", metavar="MODES",
                    help="recompute modes to consider (default: %(default)s)")
-    s.add_argument("--zero", default="0,1", metavar="0,1", help="ZeRO-1 settings to consider (default: %(default)s)")
+    s.add_argument("--zero", default=",".join(map(str, DEFAULT_ZERO)), metavar="LEVELS",
+                   help="ZeRO levels to consider, comma-separated: 0 = nothing sharded; 1 = the optimizer states "
+                        "(fp32 master weights, Adam m and v) sharded over dp; 2 = the gradients too; 3 = the "
+                        "parameters too (FSDP). A level > 0 is tried only where dp > 1 (default: %(default)s; 2 and "
+                        "3 on request: their collectives are not timed yet, only their memory)")
     add_mem_limit_option(s, default=None, bytes_ok=True,
                          purpose="plan every memory-aware schedule under this limit (Xp for each configuration's pp; "
                                  "a size in bytes through each configuration's memory estimate) instead of searching "
@@ -168,7 +173,7 @@ def problem_from_args(args):
                    calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp, max_vpp=args.max_vpp,
                    max_microbatch_size=args.max_microbatch_size, schedules=schedules,
                    recompute=_csv(args.recompute, "--recompute", RECOMPUTES),
-                   zero=_csv(args.zero, "--zero", (0, 1), int), reserve=reserve, top=args.top, mem_limit=args.mem_limit)
+                   zero=_csv(args.zero, "--zero", (0, 1, 2, 3), int), reserve=reserve, top=args.top, mem_limit=args.mem_limit)
 
 
 def _resolve_model(spec: str):

@@ -21,6 +21,7 @@ from ..models.hf_config import resolve_model
 from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
 from .budget import DeviceBudget, activation_trace, device_budget, device_params, mem_model_for  # noqa: F401
 from .budget import limit_units as limit_of, mem_limit_units  # noqa: F401
+from .sharding import ZERO_LEVELS, shard_transient_bytes, sharded  # noqa: F401
 from .layers import (DTYPE_BYTES, ChunkMemory, Item, MemoryConfigError, TrainConfig, check_tp,  # noqa: F401
                      chunk_input_bytes, chunk_memory, chunk_rope_bytes, embedding_activations, head_activations,
                      head_w_grads, layer_activations, layer_w_grads, layer_w_held, split_layers, static_bytes,

@@ -3,8 +3,10 @@
 :func:`device_budget` answers, for a model, its training and a layout (pp, vpp, placement, layers of
 every chunk), what each device holds
 
-* **statically**: parameters, gradients and optimizer states of its chunks (:func:`~.layers.static_bytes`);
-* **transiently**: the working set of one job on top of the held activations (:func:`~.layers.transient_bytes`);
+* **statically**: parameters, gradients and optimizer states of its chunks, sharded over dp per the ZeRO level
+  (:func:`~.sharding.static_bytes`);
+* **transiently**: the working set of one job on top of the held activations (:func:`~.layers.transient_bytes`),
+  plus with ZeRO-2/3 one chunk's unsharded gradients and gathered parameters (:func:`~.sharding.shard_transient_bytes`);
 * **per activation unit**: ``U = sum_c A_c / pp`` bytes (one full-stage microbatch activation) and the
   schedule's memory model in units, ``a_c = A_c / U`` (what F allocates) and ``b_c = (A_c - H_c) / U``
   (what B frees).
@@ -27,6 +29,7 @@ from ..models.config import ModelConfig
 from ..models.hf_config import resolve_model
 from .layers import (ChunkMemory, MemoryConfigError, TrainConfig, chunk_memory, split_layers, static_bytes,
                      transient_bytes)
+from .sharding import shard_transient_bytes
 
 
 def device_params(model: ModelConfig, train: TrainConfig, mine: Sequence[ChunkMemory]) -> int:
@@ -144,8 +147,10 @@ def device_budget(model: ModelConfig, training: TrainConfig, layout: tuple[int, 
         p = device_params(model, training, mine)
         params.append(p)
         static.append(static_bytes(p, training))
-        tr.append(transient_bytes(model, training, mine, split=True))
-        tf.append(transient_bytes(model, training, mine, split=False))
+        # sharded data parallel (ZeRO-2/3): the largest chunk's unsharded gradients / gathered parameters
+        shard = shard_transient_bytes(training, max((c.params for c in mine), default=0))
+        tr.append(transient_bytes(model, training, mine, split=True) + shard)
+        tf.append(transient_bytes(model, training, mine, split=False) + shard)
     U, a, b = mem_model_for(chunks, pp)
     return DeviceBudget(pp, vpp, placement, chunks, tuple(tuple(m) for m in mine_of), tuple(params), tuple(static),
                         tuple(tr), tuple(tf), U, tuple(a), tuple(b))

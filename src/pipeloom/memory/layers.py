@@ -2,17 +2,20 @@
 
 Everything is counted in bytes on one device (one tensor-parallel rank of one pipeline stage).
 
-Static memory per parameter (Megatron-LM's mixed-precision accounting, docs/distrib_optimizer.md;
-``d`` = data-parallel degree when the optimizer is sharded (ZeRO-1 / distributed optimizer),
-else 1)::
+Static memory per parameter (Megatron-LM's mixed-precision accounting, docs/distrib_optimizer.md),
+``d`` = data-parallel degree, sharded per ZeRO level ``z`` (Rajbhandari et al. 2020, "ZeRO", sec. 5:
+stage 1 shards the optimizer states, stage 2 also the gradients, stage 3 also the parameters; FSDP's
+full sharding is stage 3, Llama 3's FSDP without resharding after the forward is stage 2)::
 
-    dtype   params  grads                      optimizer (fp32 master params + Adam m + v)   total
-    fp32    4       4                          8 / d   (no master copy)                        16
-    bf16    2       4  (fp32 main grads)       12 / d                                          18
-    fp16    2       2 + 4/d (fp32 master grads)12 / d                                          20
+    dtype   params        grads                          optimizer (fp32 master + Adam m, v)   z=0
+    fp32    4  (/d z=3)   4  (/d z>=2)                   8 / d (z>=1; no master copy)           16
+    bf16    2  (/d z=3)   4  (/d z>=2; fp32 main grads)  12 / d (z>=1)                          18
+    fp16    2  (/d z=3)   2 + 4/d (z=1), 6/d (z>=2)      12 / d (z>=1)                          20
 
-(ZeRO, Rajbhandari et al. 2020, counts 16 bytes/param for fp16 Adam because it keeps no separate
-fp32 master gradient; Megatron keeps one: 20.)
+(ZeRO counts 16 bytes/param for fp16 Adam because it keeps no separate fp32 master gradient;
+Megatron keeps one: 20.) Sharded gradients and parameters cost a transient per device (the
+unsharded gradients of one chunk before their reduce-scatter; with z=3 also its gathered parameters
+during its F, B and W): :func:`shard_transient_bytes`.
 
 Activations per transformer layer and microbatch (Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", eq. 1-2, 16-bit, ``s`` sequence, ``b`` micro-batch,
@@ -68,6 +71,7 @@ from typing import Sequence
 from ..models.config import ModelConfig
 from ..models.flops import embedding_params, head_params, layer_params, layers_params
 from ..models.slicing import even_layer_split
+from .sharding import ZERO_LEVELS, shard_transient_bytes, sharded, static_bytes, zero_help  # noqa: F401
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -103,9 +107,10 @@ class TrainConfig:
     (transformers' modules: eager norms and MLP as 'eager', K/V not expanded with flash (SDPA's
     native GQA), rotary cos/sin computed once per chunk and saved in the activation dtype)"""
     dp: int = 1
-    """data-parallel degree (only matters with zero=1)"""
+    """data-parallel degree (only matters with zero >= 1)"""
     zero: int = 0
-    """1 = shard fp32 master params/grads and Adam states over dp (ZeRO-1 / distributed optimizer)"""
+    """what is sharded over dp (:data:`ZERO_LEVELS`): 0 nothing, 1 optimizer states (ZeRO-1 / distributed
+    optimizer), 2 also gradients (ZeRO-2), 3 also parameters (ZeRO-3 / FSDP full sharding)"""
 
     def __post_init__(self) -> None:
         for f in ("micro_batch", "tp", "dp"):
@@ -122,8 +127,8 @@ class TrainConfig:
             raise MemoryConfigError(f"attention must be 'flash' or 'math', got {self.attention!r}")
         if self.impl not in ("fused", "eager", "hf"):
             raise MemoryConfigError(f"impl must be 'fused', 'eager' or 'hf', got {self.impl!r}")
-        if self.zero not in (0, 1):
-            raise MemoryConfigError(f"zero must be 0 (replicated optimizer) or 1 (sharded over dp), got {self.zero!r}")
+        if self.zero not in ZERO_LEVELS or isinstance(self.zero, bool):
+            raise MemoryConfigError(f"zero must be one of {zero_help()}; got {self.zero!r}")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)  # nothing to split
 
@@ -160,16 +165,6 @@ def _divisors(model: ModelConfig) -> list[int]:
 
 # ------------------------------------------------------------------------------------- parameters
 # layer_params, embedding_params, head_params, total_params: pipeloom.models.flops (imported above)
-
-
-def static_bytes(params: int, train: TrainConfig) -> tuple[int, int, int]:
-    """(params, grads, optimizer) bytes for ``params`` parameters (table in the module docstring)."""
-    d = train.dp if train.zero else 1
-    if train.dtype == "fp32":
-        return 4 * params, 4 * params, math.ceil(8 * params / d)
-    if train.dtype == "bf16":
-        return 2 * params, 4 * params, math.ceil(12 * params / d)
-    return 2 * params, 2 * params + math.ceil(4 * params / d), math.ceil(12 * params / d)
 
 
 # ------------------------------------------------------------------------------------- activations

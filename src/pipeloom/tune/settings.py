@@ -30,7 +30,8 @@ def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None
                                  mem_limit=None if c.mem_limit is None else f"{c.mem_limit:g}", plan=plan_file),
         partition=PartitionSection(layers_per_chunk=tuple(c.seg_layer_num)),
         model=ModelSection(name=model_path if path_like else None),
-        training=TrainingSection(dp=c.dp, zero=c.zero, microbatch_size=c.microbatch_size, seq_len=p.seq,
+        # pipeloom run shards at most the optimizer (ZeRO-1); a ZeRO-2/3 plan's level is in the header
+        training=TrainingSection(dp=c.dp, zero=min(c.zero, 1), microbatch_size=c.microbatch_size, seq_len=p.seq,
                                  dtype="bf16"),
         tune=TuneSection(model=model_path if path_like else p.model.name, gpus=p.gpus, gpu=p.gpu.name, global_batch=p.global_batch, seq=p.seq,
                          tp=c.tp, recompute=c.recompute, step_time_s=c.step_time_s, mfu=c.mfu,
@@ -46,7 +47,9 @@ def write_config(res, out_dir: str, plan_file: str = "plan.json", model_path: st
               f"tp {c.tp} x pp {c.pp} x dp {c.dp}\n"
               f"pipeloom run --config {CONFIG_NAME} runs schedule.plan ({plan_file}) exactly; flags win over the file\n"
               f"pipeloom plan --config {CONFIG_NAME} plans {c.schedule} again for this shape, split and limit"
-              + ("" if c.tp == 1 else f"\npipeloom run has no tensor parallelism: tp {c.tp} is a record ([tune])"))
+              + ("" if c.tp == 1 else f"\npipeloom run has no tensor parallelism: tp {c.tp} is a record ([tune])")
+              + ("" if c.zero <= 1 else f"\nplanned with ZeRO-{c.zero}; pipeloom run shards only the optimizer "
+                                         f"(training.zero = 1): it needs more memory than planned"))
     path = os.path.join(out_dir, CONFIG_NAME)
     cfg.save(path, header)
     return path

@@ -14,6 +14,7 @@ from ..core.costs import MemLimit
 from ..core.ir import Placement, chunks_of, device_of
 from ..memory.budget import DeviceBudget, device_budget
 from ..memory.layers import MemoryConfigError, TrainConfig, check_tp, chunk_memory
+from ..memory.sharding import ZERO_LEVELS, zero_help
 from ..models.config import ModelConfig
 from ..partition.balance import bottleneck_dp
 from ..partition.layer_costs import LayerCost, LayerCosts
@@ -25,6 +26,10 @@ from .costs import Calibration, head_times, layer_times
 from .gpus import GPU, divisors
 
 RECOMPUTES = ("none", "selective", "full")
+#: ZeRO levels searched unless asked: 2 and 3 are asked for (--zero 0,1,2,3) until the time model charges
+#: their collectives (per-microbatch reduce-scatter, per-chunk all-gather); until then they would cost the
+#: time of ZeRO-1 and win every tie on memory
+DEFAULT_ZERO = (0, 1)
 PARTITIONS = ("uniform", "balanced")
 #: builder options during the sweep (a twentieth of the greedy budget, no CP-SAT polish, no proven lower bound
 #: in the plan's meta, no cool-down variants of zbvpp); the top configurations are planned again with the
@@ -58,7 +63,9 @@ class Problem:
     max_microbatch_size: int = 8
     schedules: tuple[str, ...] | None = None
     recompute: tuple[str, ...] = RECOMPUTES
-    zero: tuple[int, ...] = (0, 1)
+    zero: tuple[int, ...] = DEFAULT_ZERO
+    """ZeRO levels to try (:data:`pipeloom.memory.sharding.ZERO_LEVELS`: 1 shards the optimizer states over dp,
+    2 also the gradients, 3 also the parameters)"""
     partitions: tuple[str, ...] = PARTITIONS
     mem_limits: tuple[str, ...] = ("default", "fit")
     """how memory-aware builders get their limit: 'default' (their declared default), 'fit' (the GPU's room)"""
@@ -80,8 +87,9 @@ class Problem:
         bad = [r for r in self.recompute if r not in RECOMPUTES]
         if bad or not self.recompute:
             raise TuneError(f"recompute must be among {', '.join(RECOMPUTES)}, got {', '.join(bad) or 'none'}")
-        if not self.zero or any(z not in (0, 1) for z in self.zero):
-            raise TuneError(f"zero must be among 0, 1, got {self.zero!r}")
+        if not self.zero or any(z not in ZERO_LEVELS or isinstance(z, bool) for z in self.zero):
+            raise TuneError(f"zero must be among {', '.join(map(str, ZERO_LEVELS))} ({zero_help()}), "
+                            f"got {self.zero!r}")
         if not self.partitions or any(p not in PARTITIONS for p in self.partitions):
             raise TuneError(f"partitions must be among {', '.join(PARTITIONS)}, got {self.partitions!r}")
         if not self.mem_limits or any(x not in ("default", "fit") for x in self.mem_limits):
@@ -315,7 +323,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                 for r in prob.recompute:
                     for z in prob.zero:
                         if z and dp == 1:
-                            continue  # ZeRO-1 over one replica is the plain optimizer
+                            continue  # any ZeRO level over one replica shards nothing: the plain optimizer
                         for name in names:
                             info = registry.get(name)
                             vpps = builder_vpps(name, pp, model.layers, prob.max_vpp)
