@@ -57,8 +57,31 @@ def add_parser(sub) -> None:
                    help="what is sharded over --dp: " + "; ".join(f"{z} {w}" for z, w in ZERO_LEVELS.items())
                         + ". Levels 2 and 3 add one chunk's unsharded gradients (and gathered parameters) to the "
                           "transient (default: 0)")
-    p.add_argument("--layers-per-chunk", default=None, metavar="N,N,...",
-                   help="layers of every global chunk (pp*vpp values; default: even, extras to the first chunks)")
+    g = p.add_argument_group(
+        "stage shapes", "How the layers fill the pp*vpp chunks (default: evenly, extras on the first chunks). "
+        "A chunk may hold only the embedding (the first) or only the loss head (the last). At most one of "
+        "--layers-per-chunk, --megatron-layout, --first/--last-stage-layers, --account-for-embedding/-loss.")
+    g.add_argument("--layers-per-chunk", default=None, metavar="N,N,...",
+                   help="layers of every global chunk (pp*vpp values; 0 allowed for the first and the last chunk)")
+    g.add_argument("--megatron-layout", default=None, metavar="LAYOUT",
+                   help="Megatron-Core's --pipeline-model-parallel-layout, e.g. 'E|t*8|...|L' (interleaved order; "
+                        "gives vpp)")
+    g.add_argument("--first-stage-layers", type=int, default=None, metavar="N",
+                   help="layers of the first pipeline stage, the rest shared evenly (Megatron's "
+                        "--decoder-first-pipeline-num-layers); with vpp the fewest on its first chunk")
+    g.add_argument("--last-stage-layers", type=int, default=None, metavar="N",
+                   help="layers of the last pipeline stage (Megatron's --decoder-last-pipeline-num-layers); with "
+                        "vpp the fewest on its last chunk")
+    g.add_argument("--account-for-embedding", action="store_true",
+                   help="the embedding takes the place of one layer in the even split (Megatron's "
+                        "--account-for-embedding-in-pipeline-split): one layer less on the first chunk")
+    g.add_argument("--account-for-loss", action="store_true",
+                   help="the loss head takes the place of one layer (--account-for-loss-in-pipeline-split): one "
+                        "layer less on the last chunk. Both, on 126 layers, pp 16, vpp 8: Llama 3 405B's split "
+                        "(first chunk only the embedding, last only the loss)")
+    g.add_argument("--keep-stage-io", action="store_true",
+                   help="each chunk keeps its sent output until its backward (no early freeing); default: freed "
+                        "once sent, as Megatron's deallocate_pipeline_outputs and Llama 3 do")
     add_mem_limit_option(p, default=None, bytes_ok=True,
                          purpose="memory limit for memory-aware schedules (a size in bytes is converted into units "
                                  "with this estimate)")
@@ -86,6 +109,39 @@ def _lpc(text: str | None):
     return vals
 
 
+def stage_shape(args, layers: int) -> tuple[int | None, list[int] | None]:
+    """(vpp, layers per global chunk) from the stage-shape options (None, None: the defaults)."""
+    from ..partition.layout import end_stage_counts, ends_as_layers
+    from ..partition.megatron import layout_chunk_counts
+    from ..schedule import registry
+
+    given = [f for f, on in (("--layers-per-chunk", args.layers_per_chunk is not None),
+                             ("--megatron-layout", args.megatron_layout is not None),
+                             ("--first/--last-stage-layers", args.first_stage_layers is not None
+                              or args.last_stage_layers is not None),
+                             ("--account-for-embedding/-loss", args.account_for_embedding or args.account_for_loss))
+             if on]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} both shape the stages; give one of them")
+    if args.megatron_layout is not None:
+        vpp, counts = layout_chunk_counts(args.megatron_layout, args.pp)
+        if args.vpp is not None and args.vpp != vpp:
+            raise ValueError(f"--megatron-layout has {vpp} stages per pipeline rank but --vpp is {args.vpp}; "
+                             f"drop --vpp or give a layout of pp*vpp stages")
+        return vpp, counts
+    vpp = args.vpp if args.vpp is not None else registry.default_vpp(args.schedule)
+    if given and given[0].startswith("--first"):
+        if vpp > 1 and registry.get(args.schedule).placement_at(vpp).value != "interleaved":
+            raise ValueError(f"--first/--last-stage-layers deal a stage's layers over interleaved chunks; schedule "
+                             f"{args.schedule!r} places its chunks otherwise: give --layers-per-chunk")
+        return vpp, end_stage_counts(layers, args.pp, vpp, first=args.first_stage_layers,
+                                     last=args.last_stage_layers)
+    if given and given[0].startswith("--account"):
+        return vpp, ends_as_layers(layers, args.pp, vpp, embedding=int(args.account_for_embedding),
+                                   loss=int(args.account_for_loss))
+    return args.vpp, _lpc(args.layers_per_chunk)
+
+
 def _check_sizes(args) -> None:
     """--gpu-memory must leave room after --reserve (else every device 'does not fit' for no model reason)."""
     from ..memory.analytic import parse_bytes
@@ -109,9 +165,12 @@ def run(args) -> int:
 
     train = TrainConfig(seq=args.seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-                        attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero)
-    rep = estimate(model_from_args(args), train, schedule=args.schedule, pp=args.pp, vpp=args.vpp,
-                   microbatches=args.microbatches, layers_per_chunk=_lpc(args.layers_per_chunk),
+                        attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero,
+                        free_stage_io=not args.keep_stage_io)
+    model = model_from_args(args)
+    vpp, lpc = stage_shape(args, model.layers)
+    rep = estimate(model, train, schedule=args.schedule, pp=args.pp, vpp=vpp,
+                   microbatches=args.microbatches, layers_per_chunk=lpc,
                    gpu_bytes=args.gpu_memory, reserve_bytes=args.reserve, mem_limit=args.mem_limit)
     if args.json:
         print_json(rep.to_dict())

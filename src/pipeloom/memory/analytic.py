@@ -119,7 +119,7 @@ class MemoryReport:
             "pp": self.pp, "vpp": self.vpp, "microbatches": self.microbatches, "tp": t.tp, "dp": t.dp,
             "zero": t.zero, "dtype": t.dtype, "seq": t.seq or self.model.seq, "micro_batch": t.micro_batch,
             "recompute": t.recompute, "sequence_parallel": t.sequence_parallel, "attention": t.attention,
-            "impl": t.impl, "layers_per_chunk": self.layers_per_chunk, "unit_bytes": self.unit_bytes,
+            "impl": t.impl, "free_stage_io": t.free_stage_io, "layers_per_chunk": self.layers_per_chunk, "unit_bytes": self.unit_bytes,
             "mem_model": {"a": self.mem_a, "b": self.mem_b}, "mem_limit_units": self.mem_limit_units,
             "gpu_memory_bytes": self.gpu_bytes, "reserve_bytes": self.reserve_bytes,
             "limit_units_available": self.limit_units_available,

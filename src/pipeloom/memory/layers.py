@@ -112,6 +112,11 @@ class TrainConfig:
     """what is sharded over dp (:data:`ZERO_LEVELS`): 0 nothing, 1 optimizer states (ZeRO-1 / distributed
     optimizer), 2 also gradients (ZeRO-2), 3 also parameters (ZeRO-3 / FSDP full sharding)"""
 
+    free_stage_io: bool = True
+    """True (Megatron's ``deallocate_pipeline_outputs``, Llama 3's early freeing): a chunk's output is freed once
+    sent (only its autograd node stays) and its received input is held only as the first layer's saved input;
+    False: every chunk but the last also holds its output, per microbatch, until its backward"""
+
     def __post_init__(self) -> None:
         for f in ("micro_batch", "tp", "dp"):
             v = getattr(self, f)
@@ -332,6 +337,13 @@ def chunk_input_bytes(model: ModelConfig, train: TrainConfig) -> float:
     return 0.0
 
 
+def stage_output_bytes(model: ModelConfig, train: TrainConfig) -> float:
+    """A chunk's output for one microbatch (the hidden states it sends on; split over tp with sequence
+    parallelism), bytes."""
+    tokens = (train.seq or model.seq) * train.micro_batch
+    return train.elem * model.hidden * tokens / (train.tp if train.sequence_parallel else 1)
+
+
 def chunk_rope_bytes(model: ModelConfig, train: TrainConfig) -> float:
     """``impl='hf'``: transformers computes the rotary cos and sin of ``(1, s, head_dim)`` once per forward
     (in the activation dtype) and every layer's q/k multiplications save those same two tensors, so a
@@ -416,6 +428,8 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
             A += sum(it.bytes for it in embedding_activations(model, train))
         else:
             A += chunk_input_bytes(model, train)
+        if not last and not train.free_stage_io:  # the sent output, kept until B
+            A += stage_output_bytes(model, train)
         if last:
             params += head_params(model, train.tp, with_tied_copy=not first)
             hi = head_activations(model, train)

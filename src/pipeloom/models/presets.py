@@ -26,6 +26,9 @@ PRESETS: dict[str, ModelConfig] = {
     # Llama 3 (Meta 2024) released config.json: GQA with 8 KV heads, 128256-token vocabulary
     "llama3-8b": _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192),
     "llama3-70b": _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256, 8192),
+    # Llama 3 405B (Dubey et al. 2024, Table 3: 126 layers, width 16384, FFN 53248, 128 heads, 8 KV heads),
+    # seq = its 8K pre-training sequence (sec. 3.4.1), not the 128K of long-context training
+    "llama3-405b": _llama("llama3-405b", 16384, 126, 128, 8, 53248, 128256, 8192),
     # GPT-3 (Brown et al. 2020, Table 2.1). The table's head counts for 1.3B (24 heads of 128) and its
     # width for 13B (5140) are inconsistent with d_model = heads * d_head; we use 16 heads and 5120.
     "gpt3-125m": _gpt3("gpt3-125m", 768, 12, 12),

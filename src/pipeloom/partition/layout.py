@@ -207,6 +207,77 @@ def from_layers_per_device(counts: Sequence[int], pp: int, vpp: int = 1,
     return from_counts(seg, pp, vpp, placement, embedding=embedding, head=head)
 
 
+# ---------------------------------------------------------------------- uneven end stages
+# Per-chunk counts that may hold 0 layers (a chunk with only the embedding or only the loss head): the
+# analytic memory model and the tuner take them; a :class:`Partition` (what the runtime builds) does not.
+def ends_as_layers(num_layers: int, pp: int, vpp: int = 1, *, embedding: int = 1, loss: int = 1) -> list[int]:
+    """Layers per global chunk when the embedding and the loss head each take the place of ``embedding`` /
+    ``loss`` layers in the split (Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``): ``num_layers + embedding + loss`` slots split evenly, the extra
+    slots on chunks 1, 2, ... (not on chunk 0, which holds the embedding), then chunk 0 gives up ``embedding``
+    and the last chunk ``loss`` of them.
+
+    Llama 3 405B (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.2): 126 layers on pp 16, one layer
+    less on the first and the last stage; with vpp 8 the first chunk holds only the embedding and the last only
+    the output projection and the loss (``[0, 1, ..., 1, 0]``)."""
+    _check_shape(pp, vpp)
+    nc = pp * vpp
+    for name, v in (("embedding", embedding), ("loss", loss)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise PartitionError(f"{name} must count as an integer >= 0 layers, got {v!r}")
+    slots = num_layers + embedding + loss
+    seg = [slots // nc + (1 if 0 < k <= slots % nc else 0) for k in range(nc)]  # no extra beside the embedding
+    seg[0] -= embedding
+    seg[-1] -= loss
+    bad = [k for k, n in enumerate(seg) if n < 0 or (n == 0 and 0 < k < nc - 1)]
+    if bad or nc == 1 and seg[0] < 0:
+        raise PartitionError(f"{num_layers} layers with the embedding and the loss counted as {embedding} and {loss} "
+                             f"layer(s) leave chunk {bad[0] if bad else 0} of pp*vpp = {nc} without a layer; use "
+                             f"fewer chunks")
+    return seg
+
+
+def end_stage_counts(num_layers: int, pp: int, vpp: int = 1, *, first: int | None = None,
+                     last: int | None = None) -> list[int]:
+    """Layers per global chunk (interleaved placement) when the first and/or the last pipeline stage hold
+    ``first`` / ``last`` layers and the other stages share the rest evenly, extras on the earlier ones
+    (Megatron-LM's ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``).
+    A stage's layers are dealt over its ``vpp`` chunks evenly; on the first stage the fewest go to its first
+    chunk, on the last stage to its last chunk (so ``first < vpp`` leaves chunk 0 with only the embedding)."""
+    _check_shape(pp, vpp)
+    for name, v in (("first", first), ("last", last)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise PartitionError(f"--{name}-stage-layers must be an integer >= 0, got {v!r}")
+    fixed = {0: first} if first is not None else {}
+    if last is not None:
+        if pp == 1 and first is not None:
+            raise PartitionError("with pp 1 the first stage is the last: give --first-stage-layers or "
+                                 "--last-stage-layers, not both")
+        fixed[pp - 1] = last
+    rest = [s for s in range(pp) if s not in fixed]
+    left = num_layers - sum(fixed.values())
+    if left < 0 or (rest and left < len(rest) * vpp) or (not rest and left != 0):
+        need = f"at least {len(rest) * vpp} layers for the other {len(rest)} stage(s) x vpp {vpp}" if rest else \
+            f"the stages to sum to {num_layers}"
+        raise PartitionError(f"first/last stage layers {first}/{last} of {num_layers} layers leave {left}; need {need}")
+    per = dict(fixed)
+    for i, s in enumerate(rest):
+        per[s] = left // len(rest) + (1 if i < left % len(rest) else 0)
+    seg = [0] * (pp * vpp)
+    for s in range(pp):
+        n = per[s]
+        local = [n // vpp + (1 if v < n % vpp else 0) for v in range(vpp)]  # extras on the earlier chunks
+        if s == 0:
+            local.reverse()  # the first stage's fewest on its first chunk (the embedding's)
+        for v in range(vpp):
+            seg[v * pp + s] = local[v]
+    empty = [k for k, n in enumerate(seg) if n == 0 and 0 < k < len(seg) - 1]
+    if empty:
+        raise PartitionError(f"first/last stage layers {first}/{last} with vpp {vpp} leave chunk {empty[0]} without a "
+                             f"layer; only the first chunk (embedding) and the last (loss) may hold none")
+    return seg
+
+
 def _check_layers(num_layers: int, nc: int, pp: int, vpp: int) -> None:
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
         raise PartitionError(f"--layers must be an integer >= 1, got {num_layers!r}")

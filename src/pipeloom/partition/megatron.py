@@ -189,6 +189,24 @@ def layout_to_partition(text: str, pp: int) -> Partition:
     return from_counts(counts, pp, vpp, Placement.INTERLEAVED)
 
 
+def layout_chunk_counts(text: str, pp: int) -> tuple[int, list[int]]:
+    """``(vpp, decoder layers per global chunk)`` of a layout for the memory model and the tuner, which take
+    a first chunk with only the embedding (``E|``) and a last chunk with only the loss (``|L``); any other chunk
+    needs a decoder layer and MTP layers are refused (as :func:`layout_to_partition` does)."""
+    stages = parse_layout(text)
+    vpp, counts = layout_counts(stages, pp)
+    if any("m" in st for st in stages):
+        raise LayoutError("the layout holds MTP layers 'm', which pipeloom's memory model does not hold; drop them")
+    if "E" not in stages[0] or "L" not in stages[-1]:
+        raise LayoutError("pipeloom runs the embedding with the first chunk and the loss with the last: 'E' must "
+                          "be in the first stage and 'L' in the last")
+    empty = [k for k, n in enumerate(counts) if n == 0 and 0 < k < len(counts) - 1]
+    if empty:
+        raise LayoutError(f"stage {empty[0]} holds no decoder layer; only the first (embedding) and the last "
+                          f"(loss) stage may hold none")
+    return vpp, counts
+
+
 def partition_to_layout(part: Partition) -> str:
     """The layout string of a partition (interleaved placement: Megatron's virtual-stage order)."""
     if part.vpp > 1 and part.placement is not Placement.INTERLEAVED:
@@ -205,5 +223,6 @@ def counts_to_layout(counts: Sequence[int]) -> str:
     return format_layout(stages)
 
 
-__all__ = ["LETTERS", "LayoutError", "counts_to_layout", "format_layout", "layout_counts", "layout_to_partition",
+__all__ = ["LETTERS", "LayoutError", "counts_to_layout", "format_layout", "layout_chunk_counts", "layout_counts",
+           "layout_to_partition",
            "parse_layout", "partition_to_layout"]
