@@ -58,7 +58,9 @@ TUNE_FLAGS = [("model", "tune.model", None), ("gpus", "tune.gpus", None), ("gpu"
               ("tp", "tune.pin_tp", None), ("pp", "tune.pin_pp", None), ("max_pp", "tune.max_pp", None),
               ("max_vpp", "tune.max_vpp", None), ("max_microbatch_size", "tune.max_microbatch_size", None),
               ("schedules", "tune.schedules", None), ("recompute", "tune.recompute_modes", None),
-              ("zero", "tune.zero_modes", None), ("reserve", "tune.reserve", None), ("top", "tune.top", None)]
+              ("zero", "tune.zero_modes", None), ("reserve", "tune.reserve", None), ("top", "tune.top", None),
+              ("vpp", "tune.pin_vpp", None), ("dp", "tune.pin_dp", None),
+              ("microbatch_size", "tune.pin_microbatch_size", None), ("partitions", "tune.partitions", None)]
 #: the tune flags a settings file records as the question asked (argparse dest -> [tune] field)
 TUNE_QUESTION = {dest: path.split(".", 1)[1] for dest, path, _ in TUNE_FLAGS}
 #: the flags that plan a schedule: when one is on the command line, a file's schedule.plan is not used

@@ -13,7 +13,7 @@ GiB = 1024 ** 3
 
 def add_parser(sub) -> None:
     from ..tune.gpus import GPUS
-    from ..tune.space import DEFAULT_ZERO
+    from ..tune.space import DEFAULT_PARTITIONS, DEFAULT_ZERO
 
     p = sub.add_parser(
         "tune", help="search tp/pp/vpp/dp, micro-batch, schedule, memory limit, recompute, ZeRO level for a model on N GPUs",
@@ -61,13 +61,24 @@ def add_parser(sub) -> None:
     s.add_argument("--tp", type=positive_int, default=None, help="fix the tensor-parallel degree (default: search)")
     s.add_argument("--pp", type=capped_int(1, MAX_PP), default=None, help="fix the pipeline degree (default: search)")
     s.add_argument("--max-pp", type=capped_int(1, MAX_PP), default=None, help="largest pipeline degree")
+    s.add_argument("--vpp", type=capped_int(1, MAX_VPP), default=None,
+                   help="fix the chunks per device (default: search up to --max-vpp); vpp > 1 needs pp > 1")
+    s.add_argument("--dp", type=positive_int, default=None,
+                   help="fix the data-parallel degree (default: GPUs / (tp x pp) for every tp and pp searched)")
+    s.add_argument("--microbatch-size", type=positive_int, default=None, metavar="SEQS",
+                   help="fix the micro-batch size (default: search every divisor up to --max-microbatch-size)")
     s.add_argument("--max-vpp", type=capped_int(1, MAX_VPP), default=4, help="largest number of chunks per device (default: 4)")
     s.add_argument("--max-microbatch-size", type=positive_int, default=8,
                    help="largest micro-batch size in sequences (default: 8)")
     s.add_argument("--schedules", default=None, metavar="A,B",
                    help="schedule builders to consider (default: every registered one but optimal)")
     s.add_argument("--recompute", default="none,selective,full", metavar="MODES",
-                   help="recompute modes to consider (default: %(default)s)")
+                   help="recompute modes to consider: none, selective (attention core only), full (layer inputs "
+                        "only); one value pins it (default: %(default)s)")
+    s.add_argument("--partitions", default=",".join(DEFAULT_PARTITIONS), metavar="WAYS",
+                   help="layer partitions to consider: uniform (even, extras on the first chunks), balanced (by "
+                        "cost, the head's time counted), ends (the embedding and the loss each take one layer's "
+                        "place, as Llama 3 trims its first and last stage) (default: %(default)s)")
     s.add_argument("--zero", default=",".join(map(str, DEFAULT_ZERO)), metavar="LEVELS",
                    help="ZeRO levels to consider, comma-separated: 0 = nothing sharded; 1 = the optimizer states "
                         "(fp32 master weights, Adam m and v) sharded over dp; 2 = the gradients too; 3 = the "
@@ -121,7 +132,7 @@ def problem_from_args(args):
     from ..core.costs import parse_size
     from ..schedule import registry
     from ..tune import Calibration, Problem, gpu_preset, with_overrides
-    from ..tune.search import RECOMPUTES
+    from ..tune.search import PARTITIONS, RECOMPUTES
 
     from ..tune.gpus import check_figure
 
@@ -134,7 +145,9 @@ def problem_from_args(args):
             check_figure(flag, value, kind)
     from ..tune.gpus import divisors
 
-    for flag, v in (("--pp", args.pp), ("--tp", args.tp)):  # tp * pp * dp = GPUs: a degree must divide them
+    if args.vpp is not None and args.vpp > 1 and args.pp == 1:
+        raise ValueError(f"--vpp {args.vpp} with --pp 1: virtual stages need a pipeline; give --pp > 1 or --vpp 1")
+    for flag, v in (("--pp", args.pp), ("--tp", args.tp), ("--dp", args.dp)):  # tp * pp * dp = GPUs: a degree must divide them
         if v is not None and args.gpus % v:
             ds = divisors(args.gpus)
             shown = ", ".join(map(str, ds[:16])) + (", ..." if len(ds) > 16 else "")
@@ -170,10 +183,14 @@ def problem_from_args(args):
     if reserve >= gpu.memory:
         raise ValueError(f"--reserve {args.reserve} is not below the GPU memory ({gpu.memory / GiB:.1f} GiB)")
     return Problem(model=model, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch, seq=args.seq or model.seq,
-                   calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp, max_vpp=args.max_vpp,
-                   max_microbatch_size=args.max_microbatch_size, schedules=schedules,
+                   calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp,
+                   schedules=schedules,
                    recompute=_csv(args.recompute, "--recompute", RECOMPUTES),
-                   zero=_csv(args.zero, "--zero", (0, 1, 2, 3), int), reserve=reserve, top=args.top, mem_limit=args.mem_limit)
+                   zero=_csv(args.zero, "--zero", (0, 1, 2, 3), int), reserve=reserve, top=args.top, mem_limit=args.mem_limit,
+                   vpp=args.vpp, dp=args.dp, partitions=_csv(args.partitions, "--partitions", PARTITIONS),
+                   microbatch_sizes=None if args.microbatch_size is None else (args.microbatch_size,),
+                   max_microbatch_size=max(args.max_microbatch_size, args.microbatch_size or 1),
+                   max_vpp=max(args.max_vpp, args.vpp or 1))
 
 
 def _resolve_model(spec: str):
@@ -239,6 +256,7 @@ def run(args) -> int:
         titan = _titan_line(args.out)
     if args.json:
         out = res.to_dict()
+        out["configs"] = out["configs"][:prob.top]  # the ranking --top asks for, as the table shows
         if args.explain:
             out["explain"] = res.explain
         if written:

@@ -334,11 +334,19 @@ class TuneSection:
     """memory kept free per GPU, e.g. "2GiB" (--reserve)"""
     top: int | None = None
     """configurations ranked (--top)"""
+    pin_vpp: int | None = None
+    """chunks per device, fixed (--vpp)"""
+    pin_dp: int | None = None
+    """the data-parallel degree, fixed (--dp)"""
+    pin_microbatch_size: int | None = None
+    """the micro-batch size, fixed (--microbatch-size)"""
+    partitions: str | None = None
+    """layer partitions searched, comma-separated (--partitions)"""
 
     def __post_init__(self) -> None:
         s = self.SECTION
         for k in ("gpus", "global_batch", "seq", "tp", "gpus_per_node", "max_tp", "pin_tp", "pin_pp", "max_pp",
-                  "max_vpp", "max_microbatch_size", "top"):
+                  "max_vpp", "max_microbatch_size", "top", "pin_vpp", "pin_dp", "pin_microbatch_size"):
             _int(s, k, getattr(self, k), none=True)
         for k in ("gpu_flops", "intra_bw", "inter_bw"):
             _num(s, k, getattr(self, k), none=True)
@@ -348,7 +356,7 @@ class TuneSection:
             _num(s, "efficiency", self.efficiency)
             if self.efficiency > 1:
                 raise ConfigError(f"{s}.efficiency must be a share of the peak, in (0, 1]; got {self.efficiency!r}")
-        for k in ("gpu_memory", "calibration", "schedules", "recompute_modes", "zero_modes", "reserve"):
+        for k in ("gpu_memory", "calibration", "schedules", "recompute_modes", "zero_modes", "reserve", "partitions"):
             _str(s, k, getattr(self, k))
         _str(s, "model", self.model)
         _str(s, "gpu", self.gpu)

@@ -18,7 +18,7 @@ from ..memory.sharding import ZERO_LEVELS, zero_help
 from ..models.config import ModelConfig
 from ..partition.balance import bottleneck_dp
 from ..partition.layer_costs import LayerCost, LayerCosts
-from ..partition.layout import uniform
+from ..partition.layout import ends_as_layers, uniform
 from ..partition.megatron import counts_to_layout
 from ..schedule import registry
 from .bounds import lower_bound, memory_lower_bound
@@ -30,7 +30,11 @@ RECOMPUTES = ("none", "selective", "full")
 #: their collectives (per-microbatch reduce-scatter, per-chunk all-gather); until then they would cost the
 #: time of ZeRO-1 and win every tie on memory
 DEFAULT_ZERO = (0, 1)
-PARTITIONS = ("uniform", "balanced")
+#: layer partitions: 'uniform' (even, extras on the first chunks), 'balanced' (by cost, the head's time counted),
+#: 'ends' (the embedding and the loss each take one layer's place: Llama 3's trim, first chunk possibly only the
+#: embedding and last only the loss; asked for with --partitions)
+PARTITIONS = ("uniform", "balanced", "ends")
+DEFAULT_PARTITIONS = ("uniform", "balanced")
 #: builder options during the sweep (a twentieth of the greedy budget, no CP-SAT polish, no proven lower bound
 #: in the plan's meta, no cool-down variants of zbvpp); the top configurations are planned again with the
 #: builders' defaults before the final ranking
@@ -66,7 +70,7 @@ class Problem:
     zero: tuple[int, ...] = DEFAULT_ZERO
     """ZeRO levels to try (:data:`pipeloom.memory.sharding.ZERO_LEVELS`: 1 shards the optimizer states over dp,
     2 also the gradients, 3 also the parameters)"""
-    partitions: tuple[str, ...] = PARTITIONS
+    partitions: tuple[str, ...] = DEFAULT_PARTITIONS
     mem_limits: tuple[str, ...] = ("default", "fit")
     """how memory-aware builders get their limit: 'default' (their declared default), 'fit' (the GPU's room)"""
     mem_limit: MemLimit | None = None
@@ -75,12 +79,18 @@ class Problem:
     ``mem_limits``"""
     reserve: int = 2 * 1024 ** 3
     top: int = 5
+    vpp: int | None = None
+    """fix the number of chunks per device (None: search it up to max_vpp)"""
+    dp: int | None = None
+    """fix the data-parallel degree (None: gpus / (tp * pp) for every tp and pp searched)"""
 
     def __post_init__(self) -> None:
-        for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top"):
+        for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top", "vpp", "dp"):
             v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if (v is not None or k not in ("vpp", "dp")) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise TuneError(f"{k} must be an integer >= 1, got {v!r}")
+        if self.vpp is not None and self.vpp > 1 and self.pp == 1:
+            raise TuneError(f"vpp {self.vpp} with pp 1: virtual stages need a pipeline; fix pp > 1 or vpp 1")
         if self.gpus % self.gpu.gpus_per_node and self.gpus > self.gpu.gpus_per_node:
             raise TuneError(f"{self.gpus} GPUs are not whole nodes of {self.gpu.gpus_per_node}; give a multiple of "
                             f"--gpus-per-node (or fewer GPUs than one node)")
@@ -161,10 +171,14 @@ def _divisors(n: int) -> list[int]:
     return divisors(n)  # tune/gpus.py: up to sqrt(n), not n
 
 
-def builder_vpps(name: str, pp: int, layers: int, max_vpp: int) -> list[int]:
+def builder_vpps(name: str, pp: int, layers: int, max_vpp: int, pin: int | None = None) -> list[int]:
+    """The vpps to try with builder ``name``: its rule, at most ``max_vpp`` (or just ``pin``), never more chunks
+    than layers + 2, never vpp > 1 on pp 1 (one stage has no virtual stages a trainer could run)."""
     rule = registry.get(name).vpp
-    cands = {"1": [1], "2": [2], ">=2": list(range(2, max_vpp + 1)), "any": list(range(2, max_vpp + 1))}[rule]
-    return [v for v in cands if pp * v <= layers]
+    hi = max(max_vpp, pin or 1)
+    cands = {"1": [1], "2": [2], ">=2": list(range(2, hi + 1)), "any": list(range(2, hi + 1))}[rule]
+    # layers + 2: the 'ends' partition may leave the first chunk only the embedding and the last only the loss
+    return [v for v in cands if pp * v <= layers + 2 and (pin is None or v == pin) and (pp > 1 or v == 1)]
 
 
 class _Space:
@@ -198,6 +212,11 @@ class _Space:
 
     def split(self, pp: int, vpp: int, placement: Placement, how: str, tp: int, b: int, r: str) -> tuple[int, ...]:
         L = self.p.model.layers
+        if how == "ends":
+            k = (pp, vpp, "ends")
+            if k not in self.parts:
+                self.parts[k] = tuple(ends_as_layers(L, pp, vpp))
+            return self.parts[k]
         if how == "uniform":
             k = (pp, vpp, placement)
             if k not in self.parts:
@@ -311,6 +330,8 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                 drop("pp: more stages than layers")
                 continue
             dp = prob.gpus // (tp * pp)
+            if prob.dp is not None and dp != prob.dp:
+                continue
             if prob.global_batch % dp:
                 drop("dp: global batch not divisible by dp")
                 bad_dp.append(dp)
@@ -326,9 +347,11 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                             continue  # any ZeRO level over one replica shards nothing: the plain optimizer
                         for name in names:
                             info = registry.get(name)
-                            vpps = builder_vpps(name, pp, model.layers, prob.max_vpp)
+                            vpps = builder_vpps(name, pp, model.layers, prob.max_vpp, prob.vpp)
                             if not vpps:
-                                drop(f"schedule {name}: needs more chunks than layers or a vpp above --max-vpp")
+                                drop(f"schedule {name}: vpp 1 on pp 1 only" if pp == 1 else
+                                     f"schedule {name}: needs more chunks than layers or a vpp above --max-vpp"
+                                     if prob.vpp is None else f"schedule {name}: does not run vpp {prob.vpp}")
                                 continue
                             for vpp in vpps:
                                 placement = info.placement_at(vpp)
