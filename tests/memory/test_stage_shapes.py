@@ -92,3 +92,27 @@ def test_cli_stage_shape_errors(capsys, argv, msg):
     assert main(["memory", "--model", "llama2-7b", "--pp", "2", "-m", "4", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("pipeloom: error:") and msg in err and "\n" not in err
+
+
+def test_one_verdict_in_the_table_output(capsys):
+    # V-Min on pp 4 peaks below the free memory, but the room left is under 1p: the old output said
+    # "fits" and "largest standard limit that fits: none" side by side
+    rc = main(["memory", "--model", "llama2-7b", "--pp", "4", "-m", "8", "-s", "vmin", "--gpu-memory", "40GiB"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0 and out.count("fits") == 2  # the column header and the one verdict
+    assert "fits: vmin peaks at" in out and "that fits" not in out and "below 1p" in out
+
+
+def test_long_context_default_seq_warns(capsys, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4,
+                               "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024,
+                               "vocab_size": 1000, "max_position_embeddings": 131072}))
+    rc = main(["memory", "--model", str(cfg), "--pp", "2", "-m", "4", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0 and json.loads(cap.out)["seq"] == 8192
+    err = cap.err.strip()
+    assert err.startswith("pipeloom: warning:") and "131072" in err and "--seq" in err and "\n" not in err
+    rc = main(["memory", "--model", str(cfg), "--pp", "2", "-m", "4", "--seq", "131072", "--json"])
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["seq"] == 131072 and cap.err == ""

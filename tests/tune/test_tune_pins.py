@@ -128,3 +128,17 @@ def test_cli_zero_help_says_what_each_level_shards():
 def test_tune_with_pins_runs():
     res = tune(_problem(tp=1, pp=2, vpp=2, dp=4, schedules=("interleaved",)), workers=1)
     assert res.best is not None and (res.best.pp, res.best.vpp, res.best.dp) == (2, 2, 4)
+
+
+def test_fits_nowhere_claims_only_what_it_checked():
+    """The hint about more GPUs rests on the memory lower bound, not on a fit: the message says so (the old
+    'or >= N GPUs' promised a fit that the larger job did not have)."""
+    from pipeloom.tune import gpu_preset, with_overrides
+
+    prob = Problem(model=preset("llama2-70b"), gpus=8, gpu=with_overrides(gpu_preset("h100"), memory=16 * 1024 ** 3),
+                   global_batch=64, seq=4096, schedules=("1f1b",))
+    with pytest.raises(TuneError) as e:
+        tune(prob, workers=1)
+    msg = str(e.value)
+    assert "or >= " not in msg
+    assert "passes the memory lower bound (tune --gpus" in msg and "\n" not in msg

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
     add_shape_options(p, pp_help="pipeline degree (devices)", m_help="microbatches per step")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per microbatch (default: 1)")
     p.add_argument("--seq", type=positive_int, default=None,
-                   help="sequence length (default: the model's published context length)")
+                   help="training sequence length (default: the model's context length up to 8192; a longer "
+                        "context (max_position_embeddings) gives 8192 and a warning on stderr)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
                    help="parameter/activation precision; bf16/fp16 keep fp32 master weights (default: %(default)s)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default: 1)")
@@ -163,11 +164,18 @@ def run(args) -> int:
 
     _check_sizes(args)
 
-    train = TrainConfig(seq=args.seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
+    import sys
+
+    from ..memory.analytic import training_seq
+
+    model = model_from_args(args)
+    seq, warning = training_seq(model, args.seq)
+    if warning:
+        print(f"pipeloom: warning: {warning}", file=sys.stderr)
+    train = TrainConfig(seq=seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,
                         attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero,
                         free_stage_io=not args.keep_stage_io)
-    model = model_from_args(args)
     vpp, lpc = stage_shape(args, model.layers)
     rep = estimate(model, train, schedule=args.schedule, pp=args.pp, vpp=vpp,
                    microbatches=args.microbatches, layers_per_chunk=lpc,
@@ -218,10 +226,20 @@ def print_report(rep) -> None:
     if rep.gpu_bytes is not None:
         avail = rep.limit_units_available
         lvl = rep.largest_limit_level()
+        worst = max(rep.devices, key=lambda d: d.peak_bytes)
         verdict = "[green]fits[/green]" if rep.fits else "[red]does NOT fit[/red]"
-        con.print(f"{verdict} in {_gib(rep.gpu_bytes)} GiB per device (reserve {_gib(rep.reserve_bytes)} GiB); "
-                  f"room for {avail:.3g} units of activations ({avail / rep.pp:.3g}p) on the tightest device; "
-                  f"largest standard limit that fits: {lvl or 'none (below 1p)'}")
+        con.print(f"{verdict}: {rep.schedule_name} peaks at {_gib(worst.peak_bytes)} GiB on device {worst.device}, "
+                  f"{'within' if rep.fits else 'above'} {_gib(rep.gpu_bytes - rep.reserve_bytes)} GiB "
+                  f"({_gib(rep.gpu_bytes)} GiB per device less {_gib(rep.reserve_bytes)} GiB reserve)")
+        # what a memory-aware schedule could be given: a limit, not a second verdict on this schedule
+        if avail <= 0:
+            con.print("memory-aware schedules: no room for held activations on the tightest device (its parameters, "
+                      "gradients, optimizer states and transient alone fill it)")
+        else:
+            con.print(f"memory-aware schedules: room for {avail:.3g} units of held activations ({avail / rep.pp:.3g}p) "
+                      f"on the tightest device; "
+                      + (f"largest standard --mem-limit within it: {lvl}" if lvl else
+                         "below 1p, the smallest standard --mem-limit (give --mem-limit in units or bytes)"))
     for n in rep.notes:
         con.print(f"[yellow]note:[/yellow] {n}")
 

@@ -42,7 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="memory per GPU, e.g. 80GiB (replaces the preset's)")
     p.add_argument("--global-batch", type=positive_int, required=True, metavar="SEQS",
                    help="sequences per optimizer step (= dp x micro-batch size x microbatches)")
-    p.add_argument("--seq", type=capped_int(1, MAX_SEQ), default=None, help="sequence length (default: the model's)")
+    p.add_argument("--seq", type=capped_int(1, MAX_SEQ), default=None,
+                   help="training sequence length (default: the model's context up to 8192; a longer context "
+                        "(max_position_embeddings) gives 8192 and a warning on stderr)")
     g = p.add_argument_group("links (defaults from the GPU preset)")
     g.add_argument("--intra-bw", type=number_type(0, unit="bytes/s"), default=None, metavar="B/S",
                    help="bus bandwidth per GPU inside a node (bytes/s)")
@@ -182,7 +184,14 @@ def problem_from_args(args):
     reserve = parse_size(args.reserve, what="--reserve")
     if reserve >= gpu.memory:
         raise ValueError(f"--reserve {args.reserve} is not below the GPU memory ({gpu.memory / GiB:.1f} GiB)")
-    return Problem(model=model, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch, seq=args.seq or model.seq,
+    import sys
+
+    from ..memory.analytic import training_seq
+
+    seq, warning = training_seq(model, args.seq)
+    if warning:
+        print(f"pipeloom: warning: {warning}", file=sys.stderr)
+    return Problem(model=model, gpus=args.gpus, gpu=gpu, global_batch=args.global_batch, seq=seq,
                    calibration=cal, max_tp=args.max_tp, max_pp=args.max_pp, tp=args.tp, pp=args.pp,
                    schedules=schedules,
                    recompute=_csv(args.recompute, "--recompute", RECOMPUTES),

@@ -29,6 +29,25 @@ from .layers import (DTYPE_BYTES, ChunkMemory, Item, MemoryConfigError, TrainCon
 
 GiB = 1024 ** 3
 
+#: the sequence length assumed when none is given and the model's context (``max_position_embeddings``) is longer:
+#: 8192, the pre-training length of Llama 3 (Dubey et al. 2024, sec. 3.4: 8K tokens, then long-context training
+#: in stages up to 128K). A model's published context is what long-context extension reaches at the end of
+#: training (with context parallelism), not what a pre-training step holds; estimating a 131072-token step
+#: is rarely what the user meant, and says "does NOT fit" for every layout.
+DEFAULT_TRAINING_SEQ = 8192
+
+
+def training_seq(model: ModelConfig, seq: int | None) -> tuple[int, str | None]:
+    """(the sequence length to estimate, a one-line warning or None): ``seq`` when given; else the model's
+    context when it is at most :data:`DEFAULT_TRAINING_SEQ`, or that default with a warning saying so."""
+    if seq is not None:
+        return seq, None
+    if model.seq <= DEFAULT_TRAINING_SEQ:
+        return model.seq, None
+    return DEFAULT_TRAINING_SEQ, (f"--seq not given: {model.name}'s context is {model.seq} tokens; estimating a "
+                                  f"training step of {DEFAULT_TRAINING_SEQ} (a typical pre-training length); give "
+                                  f"--seq {model.seq} for the full context")
+
 
 def parse_bytes(text: str | int | float, *, what: str = "memory size") -> int:
     """``80GiB``, ``80GB`` (10^9), ``512MiB``, ``1.5TiB`` or a plain number of bytes -> bytes

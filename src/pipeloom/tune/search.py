@@ -329,7 +329,9 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
                      f"({prob.gpu.memory / GiB:.0f} GiB, {prob.reserve / GiB:.0f} GiB reserved): the smallest need is "
                      f"{need[i] / GiB:.1f} GiB per device (tp={c.tp} pp={c.pp} vpp={c.vpp} recompute={c.recompute} "
                      f"zero={c.zero}); it needs GPUs of >= {math.ceil((need[i] + prob.reserve) / GiB)} GiB"
-                     + (f" or >= {more} GPUs" if more else ""))
+                     # `more` passed the memory lower bound only, not a simulated fit: say no more than that
+                     + (f"; with {more} GPUs some configuration passes the memory lower bound (tune --gpus {more} "
+                        f"says whether one fits)" if more else ""))
 
 
 def _explain(space: _Space, c: Config) -> dict:

@@ -349,7 +349,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                             info = registry.get(name)
                             vpps = builder_vpps(name, pp, model.layers, prob.max_vpp, prob.vpp)
                             if not vpps:
-                                drop(f"schedule {name}: vpp 1 on pp 1 only" if pp == 1 else
+                                drop(f"schedule {name}: needs vpp > 1, which pp 1 cannot run" if pp == 1 else
                                      f"schedule {name}: needs more chunks than layers or a vpp above --max-vpp"
                                      if prob.vpp is None else f"schedule {name}: does not run vpp {prob.vpp}")
                                 continue
