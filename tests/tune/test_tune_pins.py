@@ -142,3 +142,12 @@ def test_fits_nowhere_claims_only_what_it_checked():
     msg = str(e.value)
     assert "or >= " not in msg
     assert "passes the memory lower bound (tune --gpus" in msg and "\n" not in msg
+
+
+def test_cli_defaults_are_the_problem_defaults():
+    """The command line writes the tuner's defaults out (building the parser imports no memory model)."""
+    from pipeloom.cli import build_parser
+    from pipeloom.tune.space import DEFAULT_PARTITIONS, DEFAULT_ZERO
+
+    args = build_parser().parse_args(["tune", "--model", "llama-tiny", "--gpus", "8", "--global-batch", "16"])
+    assert args.zero == ",".join(map(str, DEFAULT_ZERO)) and args.partitions == ",".join(DEFAULT_PARTITIONS)

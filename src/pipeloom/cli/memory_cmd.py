@@ -52,12 +52,12 @@ def add_parser(sub) -> None:
                         "transformers' own modules (eager norms and MLP, SDPA with native GQA) "
                         "(default: %(default)s)")
     p.add_argument("--dp", type=positive_int, default=1, help="data-parallel degree (what --zero 1-3 shard over)")
-    from ..memory.sharding import ZERO_LEVELS
-
-    p.add_argument("--zero", type=int, choices=sorted(ZERO_LEVELS), default=0,
-                   help="what is sharded over --dp: " + "; ".join(f"{z} {w}" for z, w in ZERO_LEVELS.items())
-                        + ". Levels 2 and 3 add one chunk's unsharded gradients (and gathered parameters) to the "
-                          "transient (default: 0)")
+    # (the words of pipeloom.memory.sharding.ZERO_LEVELS; not imported: building the parser loads no model)
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
+                   help="what is sharded over --dp: 0 nothing; 1 the optimizer states (fp32 master weights, Adam "
+                        "m and v); 2 the optimizer states and the gradients; 3 the optimizer states, the gradients "
+                        "and the parameters (FSDP). Levels 2 and 3 add one chunk's unsharded gradients (and "
+                        "gathered parameters) to the transient (default: 0)")
     g = p.add_argument_group(
         "stage shapes", "How the layers fill the pp*vpp chunks (default: evenly, extras on the first chunks). "
         "A chunk may hold only the embedding (the first) or only the loss head (the last). At most one of "

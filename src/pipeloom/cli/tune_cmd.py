@@ -13,7 +13,8 @@ GiB = 1024 ** 3
 
 def add_parser(sub) -> None:
     from ..tune.gpus import GPUS
-    from ..tune.space import DEFAULT_PARTITIONS, DEFAULT_ZERO
+    # the defaults of pipeloom.tune.space (DEFAULT_ZERO, DEFAULT_PARTITIONS): not imported, building the
+    # parser loads no memory model
 
     p = sub.add_parser(
         "tune", help="search tp/pp/vpp/dp, micro-batch, schedule, memory limit, recompute, ZeRO level for a model on N GPUs",
@@ -77,11 +78,11 @@ def add_parser(sub) -> None:
     s.add_argument("--recompute", default="none,selective,full", metavar="MODES",
                    help="recompute modes to consider: none, selective (attention core only), full (layer inputs "
                         "only); one value pins it (default: %(default)s)")
-    s.add_argument("--partitions", default=",".join(DEFAULT_PARTITIONS), metavar="WAYS",
+    s.add_argument("--partitions", default="uniform,balanced", metavar="WAYS",
                    help="layer partitions to consider: uniform (even, extras on the first chunks), balanced (by "
                         "cost, the head's time counted), ends (the embedding and the loss each take one layer's "
                         "place, as Llama 3 trims its first and last stage) (default: %(default)s)")
-    s.add_argument("--zero", default=",".join(map(str, DEFAULT_ZERO)), metavar="LEVELS",
+    s.add_argument("--zero", default="0,1", metavar="LEVELS",
                    help="ZeRO levels to consider, comma-separated: 0 = nothing sharded; 1 = the optimizer states "
                         "(fp32 master weights, Adam m and v) sharded over dp; 2 = the gradients too; 3 = the "
                         "parameters too (FSDP). A level > 0 is tried only where dp > 1 (default: %(default)s; 2 and "
