@@ -151,3 +151,16 @@ def test_cli_defaults_are_the_problem_defaults():
 
     args = build_parser().parse_args(["tune", "--model", "llama-tiny", "--gpus", "8", "--global-batch", "16"])
     assert args.zero == ",".join(map(str, DEFAULT_ZERO)) and args.partitions == ",".join(DEFAULT_PARTITIONS)
+
+
+def test_cli_out_with_an_embedding_only_chunk_and_zero2(tmp_path):
+    import tomllib
+
+    r = _cli(*TINY_ARGS, "--tp", "1", "--pp", "4", "--vpp", "2", "--schedules", "interleaved", "--partitions", "ends",
+             "--zero", "2", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "pipeloom.toml").read_text()
+    cfg = tomllib.loads(text)
+    assert cfg["training"]["zero"] == 1 and "planned with ZeRO-2" in text
+    assert "layers_per_chunk" not in cfg.get("partition", {}) and "only the embedding" in text
+    assert '"E|(tt|)*2,(t|)*4,L"' in (tmp_path / "megatron_args.txt").read_text()

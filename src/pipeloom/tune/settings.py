@@ -28,7 +28,8 @@ def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None
     return PipeloomConfig(
         schedule=ScheduleSection(name=c.schedule, pp=c.pp, vpp=c.vpp, microbatches=c.microbatches,
                                  mem_limit=None if c.mem_limit is None else f"{c.mem_limit:g}", plan=plan_file),
-        partition=PartitionSection(layers_per_chunk=tuple(c.seg_layer_num)),
+        # a chunk of only the embedding or only the loss ('ends' partition) is no Partition pipeloom run builds
+        partition=PartitionSection(layers_per_chunk=tuple(c.seg_layer_num) if min(c.seg_layer_num) >= 1 else None),
         model=ModelSection(name=model_path if path_like else None),
         # pipeloom run shards at most the optimizer (ZeRO-1); a ZeRO-2/3 plan's level is in the header
         training=TrainingSection(dp=c.dp, zero=min(c.zero, 1), microbatch_size=c.microbatch_size, seq_len=p.seq,
@@ -48,6 +49,10 @@ def write_config(res, out_dir: str, plan_file: str = "plan.json", model_path: st
               f"pipeloom run --config {CONFIG_NAME} runs schedule.plan ({plan_file}) exactly; flags win over the file\n"
               f"pipeloom plan --config {CONFIG_NAME} plans {c.schedule} again for this shape, split and limit"
               + ("" if c.tp == 1 else f"\npipeloom run has no tensor parallelism: tp {c.tp} is a record ([tune])")
+              + ("" if min(c.seg_layer_num) >= 1 else
+                 f"\nlayers per chunk {list(c.seg_layer_num)}: a chunk of only the embedding or only the loss, which "
+                 f"pipeloom run cannot build; [partition] is left out (run splits evenly), megatron_args.txt has "
+                 f"the layout")
               + ("" if c.zero <= 1 else f"\nplanned with ZeRO-{c.zero}; pipeloom run shards only the optimizer "
                                          f"(training.zero = 1): it needs more memory than planned"))
     path = os.path.join(out_dir, CONFIG_NAME)
