@@ -83,3 +83,17 @@ def test_cli_memory_zero_out_of_range(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("pipeloom: error:") and "choose from 0, 1, 2, 3" in err
+
+
+def test_collectives_each_level_implies():
+    from pipeloom.memory.sharding import collectives
+
+    P, m = 1000, 16
+    assert collectives(TrainConfig(dp=1, zero=3), P, m) == []
+    assert collectives(TrainConfig(dp=8, zero=0), P, m) == [("all-reduce", "grads", 4000, 1)]
+    assert collectives(TrainConfig(dp=8, zero=1), P, m) == [("reduce-scatter", "grads", 4000, 1),
+                                                            ("all-gather", "params", 2000, 1)]
+    assert collectives(TrainConfig(dp=8, zero=2), P, m) == [("reduce-scatter", "grads", 4000, 16),
+                                                            ("all-gather", "params", 2000, 1)]
+    assert collectives(TrainConfig(dp=8, zero=3, dtype="fp32"), P, m) == [("reduce-scatter", "grads", 4000, 16),
+                                                                          ("all-gather", "params", 4000, 32)]

@@ -2,8 +2,9 @@
 data-parallel replicas, the static bytes per device that follow and the transient they cost (no torch).
 
 The table of bytes per parameter is in :mod:`pipeloom.memory.layers`' docstring. The time of the collectives
-(reduce-scatter of gradients, all-gather of parameters) is the time model's (:mod:`pipeloom.tune.costs`); it
-reads :func:`sharded` to know which collectives a configuration implies.
+(reduce-scatter of gradients, all-gather of parameters) is the time model's (:mod:`pipeloom.tune.costs`);
+:func:`collectives` lists the ones a chunk runs per step under a level (what the memory accounting implies),
+:func:`sharded` what is sharded.
 """
 from __future__ import annotations
 
@@ -63,3 +64,30 @@ def shard_transient_bytes(train, chunk_params: int) -> float:
     if "params" in sh:
         out += train.elem * chunk_params
     return out
+
+
+def collectives(train, chunk_params: int, microbatches: int) -> list[tuple[str, str, float, int]]:
+    """The data-parallel collectives one chunk of ``chunk_params`` parameters runs per step under ``train``'s
+    sharding, as ``(kind, what, bytes, count)``: ``count`` times a collective of ``kind`` ('all-reduce',
+    'reduce-scatter', 'all-gather') over ``bytes`` (the unsharded size; the time model turns it into seconds
+    with its ring formulas). This is what the memory accounting above implies:
+
+    * ZeRO-0: the fp32 gradients all-reduced once per step;
+    * ZeRO-1: the gradients reduce-scattered once, the updated bf16 parameters all-gathered once;
+    * ZeRO-2: no whole gradient buffer is kept across microbatches, so the gradients are reduce-scattered after
+      every microbatch's backward of the chunk (``microbatches`` times); parameters all-gathered once;
+    * ZeRO-3: also the parameters gathered for every microbatch's forward and again for its backward
+      (``2 * microbatches`` all-gathers, the gathered copy freed in between).
+
+    With dp = 1 there is nothing to run: an empty list."""
+    if train.dp == 1:
+        return []
+    grads = {"fp32": 4, "bf16": 4, "fp16": 6}[train.dtype] * chunk_params
+    params = train.elem * chunk_params
+    if train.zero == 0:
+        return [("all-reduce", "grads", grads, 1)]
+    if train.zero == 1:
+        return [("reduce-scatter", "grads", grads, 1), ("all-gather", "params", params, 1)]
+    if train.zero == 2:
+        return [("reduce-scatter", "grads", grads, microbatches), ("all-gather", "params", params, 1)]
+    return [("reduce-scatter", "grads", grads, microbatches), ("all-gather", "params", params, 2 * microbatches)]
