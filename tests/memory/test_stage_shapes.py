@@ -87,6 +87,7 @@ def test_cli_first_last_stage_layers_and_layout(capsys):
     (["--layers-per-chunk", "16,16", "--account-for-loss"], "give one of them"),
     (["--megatron-layout", "E|t*16|t*16|L", "--vpp", "3"], "--vpp is 3"),
     (["--first-stage-layers", "40"], "leave"),
+    (["--first-stage-layers", "4", "-s", "zbv"], "places its chunks otherwise"),
 ])
 def test_cli_stage_shape_errors(capsys, argv, msg):
     assert main(["memory", "--model", "llama2-7b", "--pp", "2", "-m", "4", *argv]) == 2

@@ -111,6 +111,8 @@ def test_cli_pins():
     (["--dp", "3"], "--dp 3 does not divide --gpus 8"),
     (["--zero", "4"], "allowed: 0, 1, 2, 3"),
     (["--partitions", "odd"], "allowed: uniform, balanced, ends"),
+    (["--tp", "1", "--pp", "4", "--dp", "4"], "tp 1 x pp 4 x dp 4 = 16 is not the 8 GPUs"),
+    (["--pp", "4", "--dp", "4"], "pp 4 x dp 4 = 16 does not divide the 8 GPUs"),
 ])
 def test_cli_pin_errors_one_line(args, words):
     r = _cli(*TINY_ARGS, *args)

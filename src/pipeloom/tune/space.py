@@ -89,6 +89,12 @@ class Problem:
             v = getattr(self, k)
             if (v is not None or k not in ("vpp", "dp")) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise TuneError(f"{k} must be an integer >= 1, got {v!r}")
+        pinned = {k: v for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp)) if v is not None}
+        prod = math.prod(pinned.values())
+        if len(pinned) > 1 and (self.gpus % prod or (len(pinned) == 3 and prod != self.gpus)):
+            raise TuneError(f"{' x '.join(f'{k} {v}' for k, v in pinned.items())} = {prod} "
+                            f"{'is not' if len(pinned) == 3 else 'does not divide'} the {self.gpus} GPUs "
+                            f"(tp x pp x dp = GPUs); pin fewer degrees or change them")
         if self.vpp is not None and self.vpp > 1 and self.pp == 1:
             raise TuneError(f"vpp {self.vpp} with pp 1: virtual stages need a pipeline; fix pp > 1 or vpp 1")
         if self.gpus % self.gpu.gpus_per_node and self.gpus > self.gpu.gpus_per_node:
