@@ -166,3 +166,6 @@ def test_cli_out_with_an_embedding_only_chunk_and_zero2(tmp_path):
     assert cfg["training"]["zero"] == 1 and "planned with ZeRO-2" in text
     assert "layers_per_chunk" not in cfg.get("partition", {}) and "only the embedding" in text
     assert '"E|(tt|)*2,(t|)*4,L"' in (tmp_path / "megatron_args.txt").read_text()
+    launch = json.loads((tmp_path / "launch.json").read_text())
+    assert "(ZeRO-2)" in launch["megatron_note"] and "more memory than planned" in launch["megatron_note"]
+    assert any("this ZeRO-2 plan" in n for n in launch["torchtitan"]["notes"])

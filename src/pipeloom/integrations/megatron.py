@@ -164,6 +164,9 @@ def megatron_args(*, pp: int, vpp: int, placement: Placement, seg_layer_num: Seq
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     if zero:
         args.append("--use-distributed-optimizer")
+    if zero >= 2:
+        notes.append(f"the plan shards {'gradients and parameters' if zero == 3 else 'gradients'} too (ZeRO-{zero}); "
+                     f"--use-distributed-optimizer shards the optimizer states only: more memory than planned")
     args += ["--overlap-grad-reduce", "--bf16"]
     return MegatronArgs(args, counts, vpp_out, notes)
 
