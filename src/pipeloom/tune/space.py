@@ -179,12 +179,12 @@ def _divisors(n: int) -> list[int]:
 
 def builder_vpps(name: str, pp: int, layers: int, max_vpp: int, pin: int | None = None) -> list[int]:
     """The vpps to try with builder ``name``: its rule, at most ``max_vpp`` (or just ``pin``), never more chunks
-    than layers + 2, never vpp > 1 on pp 1 (one stage has no virtual stages a trainer could run)."""
+    than ``layers`` (the caller adds 2 when the 'ends' partition may leave the first chunk only the embedding and
+    the last only the loss), never vpp > 1 on pp 1 (one stage has no virtual stages a trainer could run)."""
     rule = registry.get(name).vpp
     hi = max(max_vpp, pin or 1)
     cands = {"1": [1], "2": [2], ">=2": list(range(2, hi + 1)), "any": list(range(2, hi + 1))}[rule]
-    # layers + 2: the 'ends' partition may leave the first chunk only the embedding and the last only the loss
-    return [v for v in cands if pp * v <= layers + 2 and (pin is None or v == pin) and (pp > 1 or v == 1)]
+    return [v for v in cands if pp * v <= layers and (pin is None or v == pin) and (pp > 1 or v == 1)]
 
 
 class _Space:
@@ -353,7 +353,8 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                             continue  # any ZeRO level over one replica shards nothing: the plain optimizer
                         for name in names:
                             info = registry.get(name)
-                            vpps = builder_vpps(name, pp, model.layers, prob.max_vpp, prob.vpp)
+                            vpps = builder_vpps(name, pp, model.layers + (2 if "ends" in prob.partitions else 0),
+                                                prob.max_vpp, prob.vpp)
                             if not vpps:
                                 drop(f"schedule {name}: needs vpp > 1, which pp 1 cannot run" if pp == 1 else
                                      f"schedule {name}: needs more chunks than layers or a vpp above --max-vpp"
