@@ -139,6 +139,8 @@ def _min_free_work(g, chunks: list[int], need: int, exact: bool = True) -> float
     # LP relaxation: per chunk the cheaper-per-unit of "B then W" increments, convexified
     incs = []
     for (fb, cb), (fw, cw) in opts:
+        if fw <= 0:
+            continue  # a chunk whose activations round to 0 units (e.g. only the embedding) frees nothing
         if fb > 0 and cb / fb <= cw / fw:
             incs += [(cb / fb, fb), ((cw - cb) / (fw - fb) if fw > fb else math.inf, fw - fb)]
         else:
