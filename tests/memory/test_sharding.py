@@ -60,7 +60,7 @@ def test_transient_holds_one_chunk_unsharded():
 def test_cli_memory_zero3_json(capsys):
     rc = main(["memory", "--model", "llama2-7b", "--pp", "2", "-m", "4", "--dp", "16", "--zero", "3", "--json"])
     d = json.loads(capsys.readouterr().out)
-    assert rc == 0 and d["zero"] == 3
+    assert rc == 0 and d["zero"] == 3 and d["sharded"] == ["grads", "optimizer", "params"]
     for dev in d["devices"]:
         assert dev["params_bytes"] == math.ceil(2 * dev["params"] / 16)
         assert dev["grads_bytes"] == math.ceil(4 * dev["params"] / 16)

@@ -202,7 +202,8 @@ def print_report(rep) -> None:
     active = f", {active_params(rep.model) / 1e9:.2f}B active" if rep.model.moe else ""
     title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B{active})  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
              f"m={rep.microbatches}\ntp={t.tp}{'+sp' if t.sequence_parallel else ''} seq={t.seq or rep.model.seq} "
-             f"b={t.micro_batch} {t.dtype} recompute={t.recompute}")
+             f"b={t.micro_batch} {t.dtype} recompute={t.recompute}"
+             + (f" dp={t.dp} zero={t.zero}" if t.dp > 1 else "") + ("" if t.free_stage_io else " stage-io-kept"))
     tab = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="GiB per device; act = peak held activations over the schedule, "
                                      "units = full-stage microbatch activations; tmp = transient working set")
     for c in ("dev", "chunks", "params", "weights", "grads", "optim", "act", "units", "tmp", "peak"):

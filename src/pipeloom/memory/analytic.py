@@ -136,7 +136,7 @@ class MemoryReport:
             "model": self.model.name, "total_params": int(self.total_params),
             "active_params": int(active_params(self.model)), "schedule": self.schedule_name,
             "pp": self.pp, "vpp": self.vpp, "microbatches": self.microbatches, "tp": t.tp, "dp": t.dp,
-            "zero": t.zero, "dtype": t.dtype, "seq": t.seq or self.model.seq, "micro_batch": t.micro_batch,
+            "zero": t.zero, "sharded": sorted(sharded(t)), "dtype": t.dtype, "seq": t.seq or self.model.seq, "micro_batch": t.micro_batch,
             "recompute": t.recompute, "sequence_parallel": t.sequence_parallel, "attention": t.attention,
             "impl": t.impl, "free_stage_io": t.free_stage_io, "layers_per_chunk": self.layers_per_chunk, "unit_bytes": self.unit_bytes,
             "mem_model": {"a": self.mem_a, "b": self.mem_b}, "mem_limit_units": self.mem_limit_units,
