@@ -23,7 +23,10 @@ def add_parser(sub) -> None:
                "--gpu-memory 80GiB\n  pipeloom memory --model llama2-70b --pp 8 --vpp 2 -m 16 -s interleaved "
                "--tp 8 --sequence-parallel --recompute selective --json\n"
                "  pipeloom memory --model path/to/config.json --pp 4 -m 8      # a Hugging Face config.json\n"
-               "  pipeloom memory --model Mixtral-8x7B-v0.1 --pp 8 -m 16       # a published config shipped with pipeloom",
+               "  pipeloom memory --model Mixtral-8x7B-v0.1 --pp 8 -m 16       # a published config shipped with pipeloom\n"
+               "  pipeloom memory --model llama3-405b --pp 16 --vpp 8 -s interleaved -m 16 --tp 8 --sequence-parallel "
+               "--dp 128 --zero 2 --account-for-embedding --account-for-loss --gpu-memory 80GB --reserve 2GiB"
+               "   # Llama 3 405B as published",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_option(p, required=True)
     from ..schedule import registry
