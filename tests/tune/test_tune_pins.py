@@ -113,6 +113,8 @@ def test_cli_pins():
     (["--partitions", "odd"], "allowed: uniform, balanced, ends"),
     (["--tp", "1", "--pp", "4", "--dp", "4"], "tp 1 x pp 4 x dp 4 = 16 is not the 8 GPUs"),
     (["--pp", "4", "--dp", "4"], "pp 4 x dp 4 = 16 does not divide the 8 GPUs"),
+    (["--tp", "1", "--pp", "4", "--microbatch-size", "3"], "micro-batch size 3 divides no batch per replica "
+                                                           "(global batch / dp = 8)"),
 ])
 def test_cli_pin_errors_one_line(args, words):
     r = _cli(*TINY_ARGS, *args)

@@ -316,7 +316,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
         raise TuneError(f"no tensor-parallel degree to try: tp must divide the {gpn} GPUs of a node"
                         + (f" and be <= --max-tp {prob.max_tp}" if prob.max_tp else "")
                         + (f"; --tp {prob.tp} does not" if prob.tp else ""))
-    bad_dp = []
+    bad_dp, pers = [], []
     for tp in tps:
         try:
             check_tp(model, TrainConfig(tp=tp, seq=prob.seq))
@@ -343,6 +343,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                 bad_dp.append(dp)
                 continue
             per = prob.global_batch // dp
+            pers.append(per)
             for b in _divisors(per):
                 if b > prob.max_microbatch_size or (prob.microbatch_sizes and b not in prob.microbatch_sizes):
                     continue
@@ -388,6 +389,10 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                                             continue
                                         c.lower_bound_s = lower_bound(space, c)
                                         out.append(c)
+    if searched == 0 and prob.microbatch_sizes and pers and not any(
+            per % b == 0 for per in pers for b in prob.microbatch_sizes):
+        raise TuneError(f"micro-batch size {', '.join(map(str, prob.microbatch_sizes))} divides no batch per replica "
+                        f"(global batch / dp = {', '.join(map(str, sorted(set(pers))))}); give a divisor of one")
     if searched == 0 and bad_dp:
         ok = sorted(set(bad_dp))
         raise TuneError(f"--global-batch {prob.global_batch} is not divisible by any data-parallel degree of "
