@@ -111,7 +111,6 @@ class TrainConfig:
     zero: int = 0
     """what is sharded over dp (:data:`ZERO_LEVELS`): 0 nothing, 1 optimizer states (ZeRO-1 / distributed
     optimizer), 2 also gradients (ZeRO-2), 3 also parameters (ZeRO-3 / FSDP full sharding)"""
-
     free_stage_io: bool = True
     """True (Megatron's ``deallocate_pipeline_outputs``, Llama 3's early freeing): a chunk's output is freed once
     sent (only its autograd node stays) and its received input is held only as the first layer's saved input;
