@@ -170,4 +170,4 @@ def test_cli_out_with_an_embedding_only_chunk_and_zero2(tmp_path):
     assert '"E|(tt|)*2,(t|)*4,L"' in (tmp_path / "megatron_args.txt").read_text()
     launch = json.loads((tmp_path / "launch.json").read_text())
     assert "(ZeRO-2)" in launch["megatron_note"] and "more memory than planned" in launch["megatron_note"]
-    assert any("this ZeRO-2 plan" in n for n in launch["torchtitan"]["notes"])
+    assert any("this ZeRO-2 plan" in n and "data_parallel_shard_degree = 2" in n for n in launch["torchtitan"]["notes"])

@@ -203,9 +203,12 @@ def notes(job: TitanJob) -> list[str]:
         out.append(
             f"data parallelism: data_parallel_replicate_degree = {job.dp}, data_parallel_shard_degree = 1 "
             f"(replication); torchtitan 0.3 has no ZeRO-1, so every rank keeps the whole optimizer state"
-            + (f" (this ZeRO-{job.zero} plan counted 1/dp of it: more memory than planned; tune with --zero 0 for a plan "
+            + (" (this ZeRO-1 plan counted 1/dp of it: more memory than planned; tune with --zero 0 for a plan "
                "whose memory is torchtitan's replication, or set data_parallel_shard_degree (FSDP: weights and "
-               "gradients sharded too, more communication than planned))" if job.zero else ""))
+               "gradients sharded too, more communication than planned))" if job.zero == 1 else
+               f" (this ZeRO-{job.zero} plan counted 1/dp of the optimizer states and gradients"
+               f"{' and weights' if job.zero == 3 else ''}: set data_parallel_shard_degree = {job.dp} and "
+               f"data_parallel_replicate_degree = 1 (FSDP) for its sharding)" if job.zero else ""))
     _, note = base_config(job)
     if note:
         out.append(note)
