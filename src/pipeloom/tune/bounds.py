@@ -33,7 +33,7 @@ from ..core.costs import MemModel
 from ..core.errors import ScheduleError
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
-from .costs import chunk_costs, comm_p2p, dp_time, optimizer_time
+from .costs import backward_fused, chunk_costs, comm_p2p, dp_time, optimizer_time
 
 
 def chains(F: Sequence[float], B: Sequence[float], W: Sequence[float], comm: float, cross: Sequence[bool]):
@@ -151,7 +151,8 @@ def memory_lower_bound(space, c) -> float:
 def _shape(space, c):
     """Per (costs, partition, placement): prefix sums of F and of the device crossings, each device's
     first chunk and work per microbatch sum(F+B+W), sum(B), F of chunk 0 (what :func:`lower_bound` reads)."""
-    k = (c.tp, c.microbatch_size, c.recompute, c.seg_layer_num, c.pp, c.vpp, c.placement)
+    k = (c.tp, c.microbatch_size, c.recompute, c.seg_layer_num, c.pp, c.vpp, c.placement,
+         backward_fused(c.schedule))
     hit = space.shapes.get(k)
     if hit is None:
         F, B, W, _ = chunk_costs(space, c)

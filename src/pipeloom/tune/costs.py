@@ -12,9 +12,16 @@ Compute
     re-runs the attention core (QK^T and AV): B - F of the layer's FLOPs.
 
 Tensor parallel (Megatron with sequence parallelism)
-    Per layer, forward: two all-gathers and two reduce-scatters of the ``tokens x h`` activation (2 bytes
-    per value), the volume of two all-reduces; B does the same. On the intra-node link, ring algorithm:
-    ``all_reduce(n bytes, t ranks) = 2 (t-1)/t * n / bandwidth + 2 (t-1) * latency``.
+    Per layer: the all-gathers and reduce-scatters of the ``tokens x h`` activation in F, B and W, each named
+    and charged by :mod:`pipeloom.tune.comm_terms` with what the overlap mode (``--tp-overlap off | async |
+    chunked:K | fill``, ``--tp-comm-overlap``) hides: by default (``async``, Megatron's) the input-gradient
+    reduce-scatter hides behind the weight-gradient GEMMs in a fused BW (1F1B, interleaved) and is exposed in a
+    split B (zero-bubble schedules: :func:`backward_fused` says which a builder runs). On the intra-node link,
+    ring algorithm: ``all_gather(n bytes, t ranks) = (t-1)/t * n / bandwidth + (t-1) * latency``.
+
+Efficiency
+    ``peak x efficiency`` for large GEMMs; with a calibration's ``efficiency_half_size`` the saturating curve
+    :func:`shape_efficiency` of the GEMM size ``tokens x h x ffn / tp`` (:func:`gemm_shape`).
 
 Pipeline
     One send per chunk boundary: ``tokens x h x 2 / tp`` bytes (sequence-parallel shard), ``latency +
@@ -44,6 +51,8 @@ from ..core.files import InputFileError, load_json
 from ..models import flops as _flops
 from ..models.config import ModelConfig
 from ..sim.dp import collective_seconds, p2p_seconds
+from .comm_terms import TPOverlap, tp_layer_terms
+from .comm_terms import exposed as tp_exposed
 from .gpus import GPU, GPUError, Link, check_figure, with_overrides
 
 #: bytes per value: activations and TP/PP traffic in bf16, DP gradients in fp32
@@ -126,6 +135,9 @@ class Calibration:
     measured: dict | None = None
     note: str = ""
     """how a measured calibration was used (set by :meth:`resolve`)"""
+    efficiency_half_size: float = 0.0
+    """the GEMM size (:func:`gemm_shape`) at which a layer reaches half of ``efficiency``
+    (:func:`shape_efficiency`); 0: one efficiency for every shape"""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
@@ -142,7 +154,8 @@ class Calibration:
     def from_dict(cls, data: dict, source: str = "dict") -> "Calibration":
         if not isinstance(data, dict):
             raise CalibrationError(f"{source}: a calibration is a JSON object, got {type(data).__name__}")
-        allowed = {"efficiency", "intra", "inter", "hbm_bandwidth", "source", "achieved_flops", "device", "measured"}
+        allowed = {"efficiency", "intra", "inter", "hbm_bandwidth", "source", "achieved_flops", "device", "measured",
+                   "efficiency_half_size"}
         bad = set(data) - allowed
         if bad:
             raise CalibrationError(f"{source}: unknown key(s) {', '.join(sorted(bad))}; allowed: "
@@ -164,6 +177,8 @@ class Calibration:
                     raise CalibrationError(f"{source}: {k} needs a bandwidth (bytes/s)")
         if "hbm_bandwidth" in data:
             kw["hbm_bandwidth"] = _num(data["hbm_bandwidth"], source, "hbm_bandwidth")
+        if "efficiency_half_size" in data:
+            kw["efficiency_half_size"] = _num(data["efficiency_half_size"], source, "efficiency_half_size")
         if "achieved_flops" in data:
             kw["achieved_flops"] = _num(data["achieved_flops"], source, "achieved_flops")
             if kw["achieved_flops"] <= 0:
@@ -215,6 +230,12 @@ class Calibration:
             eff = min(1.0, self.achieved_flops / gpu.peak_flops)
             note = (f"measured on {dev['name']}: efficiency = {self.achieved_flops:.4g} FLOP/s / the {gpu.name} "
                     f"peak {gpu.peak_flops:.4g} = {eff:.4g}")
+            shape = (self.measured or {}).get("gemm_shape")
+            if self.efficiency_half_size and isinstance(shape, (int, float)) and shape > 0:
+                # the run's GEMMs reached eff at their size: the curve's large-GEMM efficiency is above it
+                eff = min(1.0, eff * (shape + self.efficiency_half_size) / shape)
+                note += (f", at the run's GEMM size {shape:.4g} on the curve of half size "
+                         f"{self.efficiency_half_size:.4g}: {eff:.4g} for large GEMMs")
             return replace(self, efficiency=eff, note=note), gpu
         note = (f"measured on {dev['type']} ({dev['name']}), not on a {gpu.name}: its {self.achieved_flops:.4g} "
                 f"FLOP/s replace the {gpu.name} peak at efficiency 1 (as --gpu-flops {self.achieved_flops:.4g} "
@@ -238,6 +259,8 @@ class Calibration:
                 out[k] = {"bandwidth": v.bandwidth, "latency": v.latency}
         if self.hbm_bandwidth is not None:
             out["hbm_bandwidth"] = self.hbm_bandwidth
+        if self.efficiency_half_size:
+            out["efficiency_half_size"] = self.efficiency_half_size
         for k in ("achieved_flops", "device", "measured"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
@@ -263,28 +286,82 @@ class PassTimes:
     parts: dict = field(default_factory=dict, compare=False)
 
 
+def gemm_shape(model: ModelConfig, tokens: float, tp: int) -> float:
+    """The size a layer's GEMMs have on one TP rank: ``tokens x hidden x ffn / tp`` (for a MoE layer the routed
+    experts' ffn times the experts a token goes through): what :func:`shape_efficiency` reads."""
+    ffn = model.ffn if not model.moe else model.expert_ffn * max(1, model.experts_per_token)
+    return float(tokens) * model.hidden * ffn / tp
+
+
+def shape_efficiency(efficiency: float, half_size: float, shape: float) -> float:
+    """Fraction of peak a GEMM of size ``shape`` (:func:`gemm_shape`) reaches: the saturating curve
+    ``efficiency x shape / (shape + half_size)`` (``efficiency`` for large GEMMs, half of it at ``half_size``;
+    ``half_size`` 0: every shape alike). The form is the roofline's time = fixed overhead + work / rate
+    (Williams et al. 2009): a kernel whose fixed cost equals ``half_size`` worth of work runs at half speed."""
+    if half_size <= 0:
+        return efficiency
+    return efficiency * shape / (shape + half_size)
+
+
+def backward_fused(schedule: str) -> bool:
+    """True when the builder ``schedule`` runs each backward as one fused BW job (1F1B, interleaved, ...), False
+    when it splits B and W (zero-bubble, V-shapes): found once per builder by planning a small pipeline."""
+    hit = _FUSED.get(schedule)
+    if hit is None:
+        from ..core.ir import Kind
+        from ..schedule import registry
+        from ..schedule.registry import PlanSpec
+
+        info = registry.get(schedule)
+        vpp = {"1": 1, "2": 2}.get(info.vpp, 2)
+        try:
+            sched = registry.build(schedule, PlanSpec(pp=2, vpp=vpp, microbatches=4))
+            hit = all(j.kind in (Kind.F, Kind.BW) for d in sched.devices for j in d)
+        except Exception:  # a builder that cannot plan the probe: charge it as split (the larger exposure)
+            hit = False
+        _FUSED[schedule] = hit
+    return hit
+
+
+_FUSED: dict[str, bool] = {}
+
+
 def layer_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int,
-                recompute: str) -> PassTimes:
-    """One decoder layer on one TP rank (see the module docstring)."""
+                recompute: str, tp_overlap: TPOverlap | str = "async", fused: bool = True,
+                half_size: float = 0.0) -> PassTimes:
+    """One decoder layer on one TP rank (see the module docstring): compute at peak x
+    :func:`shape_efficiency`, plus the exposed part of each TP term of :func:`pipeloom.tune.comm_terms.tp_layer_terms`
+    under ``tp_overlap``; ``fused``: the schedule runs B and W as one BW job (its wgrad GEMMs hide the dgrad
+    reduce-scatter), else split. ``parts`` holds every term (total and exposed) for ``--explain``."""
     tokens = micro_batch * seq
-    rate = gpu.peak_flops * efficiency
+    ov = TPOverlap.parse(tp_overlap)
+    eff = shape_efficiency(efficiency, half_size, gemm_shape(model, tokens, tp))
+    rate = gpu.peak_flops * eff
     f, b, w = layer_flops(model, tokens, seq)
-    tpc = 2 * all_reduce(tokens * model.hidden * ACT_BYTES, tp, gpu.intra)
+    terms = tp_layer_terms(model, tokens, tp, gpu.intra, rate, ov, fused=fused)
+    cF, cB, cW = tp_exposed(terms, "F"), tp_exposed(terms, "B"), tp_exposed(terms, "W")
     tF, tB, tW = f / tp / rate, b / tp / rate, w / tp / rate
     extra = 0.0
     if recompute == "full":
-        extra = tF + tpc
+        extra = tF + cF
     elif recompute == "selective":
         extra = attention_core_flops(model, tokens, seq) / tp / rate
-    parts = {"flops_F": f, "flops_B": b, "flops_W": w, "tokens": tokens, "rate_flops": rate,
-             "compute_F_s": tF, "compute_B_s": tB, "compute_W_s": tW, "tp_comm_per_pass_s": tpc,
+    parts = {"flops_F": f, "flops_B": b, "flops_W": w, "tokens": tokens, "rate_flops": rate, "efficiency": eff,
+             "gemm_shape": gemm_shape(model, tokens, tp), "compute_F_s": tF, "compute_B_s": tB, "compute_W_s": tW,
+             "tp_overlap": str(ov), "backward": "fused BW" if fused else "split B/W",
+             "tp_comm_per_pass_s": cF, "tp_exposed_s": {"F": cF, "B": cB, "W": cW},
+             "tp_terms_s": {k: {n: {"total": t, "exposed": e, "hidden": t - e} for n, (t, e) in v.items()}
+                            for k, v in terms.items()},
              "recompute_in_B_s": extra}
-    return PassTimes(tF + tpc, tB + tpc + extra, tW, parts)
+    return PassTimes(tF + cF, tB + cB + extra, tW + cW, parts)
 
 
-def head_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int) -> PassTimes:
-    t = head_flops(model, micro_batch * seq) / tp / (gpu.peak_flops * efficiency)
-    return PassTimes(t, t, t, {"flops_per_pass": head_flops(model, micro_batch * seq)})
+def head_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int,
+               half_size: float = 0.0) -> PassTimes:
+    tokens = micro_batch * seq
+    eff = shape_efficiency(efficiency, half_size, float(tokens) * model.hidden * model.vocab / tp)
+    t = head_flops(model, tokens) / tp / (gpu.peak_flops * eff)
+    return PassTimes(t, t, t, {"flops_per_pass": head_flops(model, tokens), "efficiency": eff})
 
 
 def step_model_flops(model: ModelConfig, global_batch: int, seq: int) -> float:
@@ -305,7 +382,7 @@ def chunk_costs(space, c) -> tuple[list[float], list[float], list[float], float]
     the same, the head on the last chunk) and the P2P seconds of one chunk boundary."""
     from ..partition.layer_costs import uniform_chunk_costs
 
-    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute)
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule))
     F, B, W = uniform_chunk_costs(c.seg_layer_num, (lt.F, lt.B, lt.W), (ht.F, ht.B, ht.W))
     return F, B, W, comm_p2p(space, c)
 

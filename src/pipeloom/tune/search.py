@@ -30,7 +30,7 @@ from ..schedule.registry import PlanSpec
 from ..sim.dp import last_weight_grad_ends, queue_buckets
 from ..sim.simulate import simulate
 from .bounds import BOUNDED, _rounded_mem, builder_limit, lower_bound, memory_bound, memory_lower_bound  # noqa: F401
-from .costs import chunk_costs, comm_p2p, dp_link, dp_time, optimizer_time, step_model_flops  # noqa: F401
+from .costs import backward_fused, chunk_costs, comm_p2p, dp_link, dp_time, optimizer_time, step_model_flops  # noqa: F401
 from .space import (PARTITIONS, RECOMPUTES, SLOW, SWEEP_OPTIONS, Config, Problem, TuneError,  # noqa: F401
                     _Space, builder_vpps, enumerate_space)
 
@@ -336,7 +336,7 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
 
 def _explain(space: _Space, c: Config) -> dict:
     p = space.p
-    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute)
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule))
     return {"gpu": space.gpu.to_dict(), "efficiency": space.eff, "calibration": p.calibration.to_dict(),
             "layer": {"F_s": lt.F, "B_s": lt.B, "W_s": lt.W, **lt.parts},
             "head": {"F_s": ht.F, "B_s": ht.B, "W_s": ht.W, **ht.parts},

@@ -22,6 +22,7 @@ from ..partition.layout import ends_as_layers, uniform
 from ..partition.megatron import counts_to_layout
 from ..schedule import registry
 from .bounds import lower_bound, memory_lower_bound
+from .comm_terms import TPOverlap
 from .costs import Calibration, head_times, layer_times
 from .gpus import GPU, divisors
 
@@ -83,6 +84,12 @@ class Problem:
     """fix the number of chunks per device (None: search it up to max_vpp)"""
     dp: int | None = None
     """fix the data-parallel degree (None: gpus / (tp * pp) for every tp and pp searched)"""
+    tp_overlap: str = "async"
+    """how TP collectives overlap compute: off, async, chunked:K, fill (:mod:`pipeloom.tune.comm_terms`)"""
+    tp_comm_overlap: bool = False
+    """Megatron's ``--tp-comm-overlap`` (TransformerEngine userbuffers): forward collectives behind the GEMMs too"""
+    dp_bucket_params: int | None = None
+    """parameters per DP gradient bucket (None: Megatron's default max(40M, 1M x dp); :mod:`pipeloom.sim.dp`)"""
 
     def __post_init__(self) -> None:
         for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top", "vpp", "dp"):
@@ -112,6 +119,13 @@ class Problem:
             raise TuneError(f"memory limits must be among default, fit, got {self.mem_limits!r}")
         if self.mem_limit is not None:
             object.__setattr__(self, "mem_limit", MemLimit.parse(self.mem_limit))
+        from .comm_terms import TPOverlap, TPOverlapError  # the overlap and bucket checks: tune/comm_terms.py
+        try:
+            TPOverlap.parse(self.tp_overlap)
+        except TPOverlapError as e:
+            raise TuneError(str(e)) from None
+        if self.dp_bucket_params is not None and (not isinstance(self.dp_bucket_params, int) or self.dp_bucket_params < 1):
+            raise TuneError(f"dp bucket size must be an integer >= 1 (parameters), got {self.dp_bucket_params!r}")
 
     @property
     def gpn(self) -> int:
@@ -208,12 +222,15 @@ class _Space:
         self.shapes: dict = {}
 
     # -------------------------------------------------------------- costs
-    def times(self, tp: int, b: int, r: str):
-        k = (tp, b, r)
+    def times(self, tp: int, b: int, r: str, fused: bool = True):
+        k = (tp, b, r, fused)
         if k not in self.layer_t:
             p = self.p
-            self.layer_t[k] = (layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r),
-                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq))
+            ov = TPOverlap.parse(p.tp_overlap, p.tp_comm_overlap)
+            half = p.calibration.efficiency_half_size
+            self.layer_t[k] = (layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r,
+                                           tp_overlap=ov, fused=fused, half_size=half),
+                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, half_size=half))
         return self.layer_t[k]
 
     def split(self, pp: int, vpp: int, placement: Placement, how: str, tp: int, b: int, r: str) -> tuple[int, ...]:

@@ -1,0 +1,197 @@
+"""Tensor- and sequence-parallel communication of one decoder layer, and what each overlap mode hides (no torch).
+
+One function per term, so that every exposed and every hidden second has a name (``pipeloom tune --explain``
+prints them per job kind). Other parallel dimensions (expert, context parallel) add their terms beside these.
+
+Volumes (Megatron-LM with sequence parallelism, Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", Sec. 4.2.2): ``X = tokens x h`` activation values of 2 bytes; one ring all-gather or
+reduce-scatter of X over ``t`` ranks takes ``g = (t-1)/t X / bw + (t-1) lat`` (:func:`pipeloom.sim.dp.collective_seconds`)
+and an all-reduce of X takes ``2g``. Per layer (attention block, then MLP block):
+
+* forward (F): an all-gather before each column-parallel GEMM (QKV, fc1) and a reduce-scatter after each
+  row-parallel GEMM (output projection, fc2): ``4g`` (without sequence parallelism: two all-reduces, the same).
+  :func:`tp_forward`.
+* input gradient (B): an all-gather of the output gradient before each row-parallel dgrad (``2g``,
+  :func:`tp_grad_gather`) and a reduce-scatter of each column-parallel dgrad (``2g``, :func:`tp_dgrad_reduce`;
+  without sequence parallelism the input-gradient all-reduce). Only the second can run behind other work: it is
+  what Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` launches asynchronously and waits for
+  after the weight-gradient GEMM (Narayanan et al. 2021, Sec. 4.2; Megatron-LM's
+  ``tensor_parallel/layers.py``).
+* weight gradient (W): the column-parallel wgrad needs the all-gathered layer input again (``2g``,
+  :func:`tp_input_regather`); Megatron launches it before the dgrad GEMM and hides it there.
+
+What each mode exposes (:func:`tp_layer_terms`; ``G_*`` are GEMM seconds of the layer on one rank):
+
+* ``off``: every collective in full, in the job that issues it.
+* ``async`` (Megatron's default): in a fused backward (BW) the dgrad reduce-scatter hides behind the
+  column-parallel wgrad GEMMs, ``max(0, dgrad_reduce - G_wgrad_col)``, and the re-gather behind the dgrad GEMMs;
+  a split B (zero-bubble schedules) has no wgrad left to hide behind: the reduce-scatter is exposed in B and the
+  re-gather in W (issue 30; the zero-bubble authors' fork makes it blocking when it splits).
+* ``chunked:K``: the dgrad is micro-pipelined in K token chunks, the reduce-scatter of chunk i runs during the
+  dgrad GEMM of chunk i+1: exposed ``c + (K-1) max(0, c - G_dgrad/K)`` with ``c = dgrad_reduce / K``; in a
+  fused BW what is left then hides behind the wgrad as in ``async``.
+* ``fill``: a split B runs an earlier microbatch's pending W while its reduce-scatter is in flight:
+  ``max(0, dgrad_reduce - G_wgrad_col)`` as in a fused BW (the W work is moved, not removed).
+* ``userbuffers`` (Megatron's ``--tp-comm-overlap``, TransformerEngine): the forward all-gathers and
+  reduce-scatters and the backward's output-gradient all-gathers are split into ``t`` ring steps that overlap the
+  GEMMs consuming them: exposed ``max(comm / t, comm - G)`` (the first step cannot overlap).
+
+Not modelled: the attention core, norms and the vocabulary-parallel loss' small all-reduces; contention between
+the TP collectives and the pipeline's P2P on the same NVLink.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..models import flops as _flops
+from ..models.config import ModelConfig
+from ..sim.dp import Link, collective_seconds
+
+#: bytes per activation value on the TP wire (bf16)
+ACT_BYTES = 2
+#: the overlap modes of the tensor-parallel runtime (issue 30) and the chunk count of ``chunked``
+TP_OVERLAP_MODES = ("off", "async", "chunked", "fill")
+
+
+class TPOverlapError(ValueError):
+    """A bad ``--tp-overlap`` value (one line: what is allowed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TPOverlap:
+    """How the TP collectives of a layer overlap compute: a mode of :data:`TP_OVERLAP_MODES` (``chunks`` for
+    ``chunked``) and ``userbuffers`` (forward and output-gradient collectives overlapped with the GEMMs)."""
+
+    mode: str = "async"
+    chunks: int = 1
+    userbuffers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in TP_OVERLAP_MODES:
+            raise TPOverlapError(f"tp overlap {self.mode!r}: choose off, async, chunked:K or fill")
+        if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
+            raise TPOverlapError(f"tp overlap chunks must be an integer >= 1, got {self.chunks!r}")
+        if self.mode == "chunked" and self.chunks < 2:
+            raise TPOverlapError(f"chunked:K needs K >= 2 token chunks, got {self.chunks}")
+
+    @classmethod
+    def parse(cls, text: "str | TPOverlap", userbuffers: bool = False) -> "TPOverlap":
+        """``off``, ``async``, ``fill`` or ``chunked:K``."""
+        if isinstance(text, TPOverlap):
+            return text
+        s = str(text).strip().lower()
+        if s.startswith("chunked"):
+            _, _, k = s.partition(":")
+            if not k.strip().isdigit():
+                raise TPOverlapError(f"tp overlap {text!r}: give chunked:K with K >= 2 token chunks, e.g. chunked:4")
+            return cls("chunked", int(k), userbuffers)
+        if s not in TP_OVERLAP_MODES:
+            raise TPOverlapError(f"tp overlap {text!r}: choose off, async, chunked:K or fill")
+        return cls(s, 1, userbuffers)
+
+    def __str__(self) -> str:
+        return (f"chunked:{self.chunks}" if self.mode == "chunked" else self.mode) + (
+            " + userbuffers" if self.userbuffers else "")
+
+
+# ------------------------------------------------------------------------------------------ volumes (seconds)
+def _g(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
+    """One all-gather (or reduce-scatter) of the ``tokens x h`` activation over ``tp`` ranks."""
+    return collective_seconds("all_gather", tokens * model.hidden * ACT_BYTES, tp, link)
+
+
+def tp_forward(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
+    """F: all-gather before QKV and fc1, reduce-scatter after the output projection and fc2 (4 g)."""
+    return 4 * _g(model, tokens, tp, link)
+
+
+def tp_grad_gather(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
+    """B: all-gather of the output gradient before the two row-parallel dgrads (2 g; needed before they start)."""
+    return 2 * _g(model, tokens, tp, link)
+
+
+def tp_dgrad_reduce(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
+    """B: reduce-scatter of the two column-parallel input gradients (2 g): Megatron's async collective."""
+    return 2 * _g(model, tokens, tp, link)
+
+
+def tp_input_regather(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
+    """W: all-gather of the QKV and fc1 inputs for their weight gradients (2 g)."""
+    return 2 * _g(model, tokens, tp, link)
+
+
+def column_wgrad_flops(model: ModelConfig, tokens: float) -> float:
+    """FLOPs of the column-parallel weight gradients of one layer (QKV, and fc1 or gate+up; for a MoE layer the
+    active experts' and shared experts' first GEMMs): what the dgrad reduce-scatter can hide behind."""
+    h, m = model.hidden, model.mlp_matrices
+    qkv = h * (model.q_dim + 2 * model.kv_dim)
+    if not model.moe:
+        up = (m - 1) * h * model.ffn
+    else:
+        up = (model.experts_per_token * (m - 1) * h * model.expert_ffn
+              + model.shared_experts * (m - 1) * h * (model.shared_expert_ffn or 0))
+    return 2.0 * tokens * (qkv + up)
+
+
+def gemm_flops(model: ModelConfig, tokens: float) -> float:
+    """FLOPs of one layer's weight GEMMs in one pass (F's GEMMs; B's dgrad GEMMs are as many)."""
+    return 2.0 * tokens * _flops.active_layer_params(model)
+
+
+# ------------------------------------------------------------------------------------------ overlap
+def _userbuffers(comm: float, gemm: float, tp: int) -> float:
+    """TransformerEngine's ring-exchange overlap: ``max(comm / t, comm - gemm)`` stays exposed."""
+    return max(comm / tp, comm - gemm)
+
+
+def chunked_exposed(comm: float, gemm: float, k: int) -> float:
+    """Micro-pipelined dgrad in ``k`` token chunks: the collective of chunk i runs during the GEMM of chunk i+1;
+    exposed beyond the GEMMs: ``c + (k-1) max(0, c - gemm/k)``, ``c = comm/k``."""
+    c = comm / k
+    return c + (k - 1) * max(0.0, c - gemm / k)
+
+
+def tp_layer_terms(model: ModelConfig, tokens: float, tp: int, link: Link, rate: float, overlap: TPOverlap,
+                   *, fused: bool) -> dict:
+    """Every TP term of one layer on one rank (seconds): ``{"F"|"B"|"W": {term: (total, exposed)}}``, where
+    ``B`` (with ``fused``) is the B part of a fused BW, whose wgrad GEMMs hide the dgrad reduce-scatter.
+    ``rate``: FLOP/s a rank reaches (peak x efficiency). The module docstring has the rules."""
+    if tp <= 1:
+        return {"F": {}, "B": {}, "W": {}}
+    fwd = tp_forward(model, tokens, tp, link)
+    gat = tp_grad_gather(model, tokens, tp, link)
+    red = tp_dgrad_reduce(model, tokens, tp, link)
+    reg = tp_input_regather(model, tokens, tp, link)
+    g_gemm = gemm_flops(model, tokens) / tp / rate  # F's GEMMs; B's dgrad GEMMs
+    g_wcol = column_wgrad_flops(model, tokens) / tp / rate
+    ub = overlap.userbuffers
+    f_exp = _userbuffers(fwd, g_gemm, tp) if ub else fwd
+    gat_exp = _userbuffers(gat, g_gemm, tp) if ub else gat
+    mode = overlap.mode
+    if mode == "off":
+        red_exp, reg_exp = red, reg
+    else:
+        if mode == "chunked":
+            red_exp = chunked_exposed(red, g_gemm, overlap.chunks)
+            if fused:
+                red_exp = max(0.0, red_exp - g_wcol)
+        elif fused or mode == "fill":
+            red_exp = max(0.0, red - g_wcol)
+        else:  # async in a split B: nothing independent of the reduced gradient is left in B
+            red_exp = red
+        # the re-gather for the wgrad: behind the dgrad GEMMs in a fused BW; in a split W, exposed
+        # (with userbuffers as the forward's all-gathers, behind the wgrad GEMMs)
+        reg_exp = max(0.0, reg - g_gemm) if fused else (_userbuffers(reg, g_wcol, tp) if ub else reg)
+    return {"F": {"tp_forward": (fwd, f_exp)},
+            "B": {"tp_grad_gather": (gat, gat_exp), "tp_dgrad_reduce": (red, red_exp)},
+            "W": {"tp_input_regather": (reg, reg_exp)}}
+
+
+def exposed(terms: dict, kind: str) -> float:
+    """Exposed seconds of the ``kind`` job (F, B or W) in :func:`tp_layer_terms`' output."""
+    return sum(e for _, e in terms[kind].values())
+
+
+__all__ = ["ACT_BYTES", "TPOverlap", "TPOverlapError", "TP_OVERLAP_MODES", "chunked_exposed", "column_wgrad_flops",
+           "exposed", "gemm_flops", "tp_dgrad_reduce", "tp_forward", "tp_grad_gather", "tp_input_regather",
+           "tp_layer_terms"]

@@ -1,0 +1,129 @@
+"""The TP/SP communication terms of one layer and what each overlap mode exposes, against hand computations
+(pipeloom.tune.comm_terms; formulas: Korthikanti et al. 2022 Sec. 4.2.2, Megatron-LM's async dgrad collective)."""
+from __future__ import annotations
+
+import pytest
+
+from pipeloom.models.config import ModelConfig
+from pipeloom.sim.dp import Link
+from pipeloom.tune import comm_terms as ct
+from pipeloom.tune.comm_terms import TPOverlap, TPOverlapError
+from pipeloom.tune.costs import layer_times, shape_efficiency
+from pipeloom.tune.gpus import GPU
+
+# GeLU MLP (2 matrices), MHA: q = kv = h
+M = ModelConfig(name="t", hidden=1024, layers=4, heads=8, ffn=4096, vocab=1000, seq=512, mlp="gelu",
+                norm="layernorm")
+LINK = Link(bandwidth=1e9, latency=0.0)
+T, TP = 512, 4
+# one all-gather of the T x h bf16 activation over 4 ranks: 3/4 * 512*1024*2 / 1e9 s
+G = 0.75 * T * 1024 * 2 / 1e9
+
+
+def test_volumes_by_hand():
+    assert ct.tp_forward(M, T, TP, LINK) == pytest.approx(4 * G)
+    assert ct.tp_grad_gather(M, T, TP, LINK) == pytest.approx(2 * G)
+    assert ct.tp_dgrad_reduce(M, T, TP, LINK) == pytest.approx(2 * G)
+    assert ct.tp_input_regather(M, T, TP, LINK) == pytest.approx(2 * G)
+    # latency: 3 ring steps per all-gather
+    lat = Link(bandwidth=1e9, latency=1e-6)
+    assert ct.tp_forward(M, T, TP, lat) == pytest.approx(4 * (G + 3e-6))
+    assert ct.tp_forward(M, T, 1, LINK) == 0.0
+    # column-parallel wgrad: QKV (h x 3h) and fc1 (h x 4h), 2 FLOPs per multiply-add
+    assert ct.column_wgrad_flops(M, T) == pytest.approx(2 * T * (1024 * 3 * 1024 + 1024 * 4096))
+    assert ct.gemm_flops(M, T) == pytest.approx(2 * T * (4 * 1024 * 1024 + 2 * 1024 * 4096))
+
+
+def _terms(mode, fused, rate, ub=False):
+    return ct.tp_layer_terms(M, T, TP, LINK, rate, TPOverlap.parse(mode, ub), fused=fused)
+
+
+# a rate at which the column wgrad (per rank) takes exactly half the dgrad reduce-scatter: half stays exposed
+RED = 2 * G
+RATE_SLOW_GEMM = ct.column_wgrad_flops(M, T) / TP / (RED / 2)
+
+
+def test_async_hides_the_dgrad_reduce_behind_the_wgrad_only_in_a_fused_backward():
+    wcol = ct.column_wgrad_flops(M, T) / TP / RATE_SLOW_GEMM
+    assert wcol == pytest.approx(RED / 2)
+    fused = _terms("async", True, RATE_SLOW_GEMM)
+    split = _terms("async", False, RATE_SLOW_GEMM)
+    assert fused["B"]["tp_dgrad_reduce"] == pytest.approx((RED, RED - wcol))  # max(0, comm - wgrad)
+    assert split["B"]["tp_dgrad_reduce"] == pytest.approx((RED, RED))         # nothing left to hide behind
+    # the output-gradient all-gather is needed before the row dgrad: exposed in both
+    assert fused["B"]["tp_grad_gather"][1] == pytest.approx(2 * G)
+    # a fast GEMM hides all of it
+    assert _terms("async", True, RATE_SLOW_GEMM * 1e-3)["B"]["tp_dgrad_reduce"][1] == 0.0
+    # the W re-gather: behind the dgrad GEMMs when fused, exposed when split
+    g_dgrad = ct.gemm_flops(M, T) / TP / RATE_SLOW_GEMM
+    assert fused["W"]["tp_input_regather"][1] == pytest.approx(max(0.0, 2 * G - g_dgrad))
+    assert split["W"]["tp_input_regather"][1] == pytest.approx(2 * G)
+
+
+def test_off_exposes_everything():
+    t = _terms("off", True, RATE_SLOW_GEMM)
+    for kind in "FBW":
+        for total, exp in t[kind].values():
+            assert exp == total
+    assert ct.exposed(t, "F") == pytest.approx(4 * G) and ct.exposed(t, "B") == pytest.approx(4 * G)
+
+
+def test_chunked_by_hand():
+    # k = 4 chunks of comm 8 over a GEMM of 4: c = 2 per chunk, GEMM 1 per chunk -> 2 + 3 * (2 - 1) = 5
+    assert ct.chunked_exposed(8.0, 4.0, 4) == pytest.approx(5.0)
+    # a GEMM longer than the collective: only the last chunk's collective shows
+    assert ct.chunked_exposed(8.0, 100.0, 4) == pytest.approx(2.0)
+    rate = RATE_SLOW_GEMM
+    g_dgrad = ct.gemm_flops(M, T) / TP / rate
+    split = _terms("chunked:4", False, rate)
+    assert split["B"]["tp_dgrad_reduce"][1] == pytest.approx(ct.chunked_exposed(RED, g_dgrad, 4))
+    assert split["B"]["tp_dgrad_reduce"][1] < RED  # beats the blocking split B
+
+
+def test_fill_hides_behind_an_earlier_microbatchs_w_in_a_split_b():
+    wcol = ct.column_wgrad_flops(M, T) / TP / RATE_SLOW_GEMM
+    assert _terms("fill", False, RATE_SLOW_GEMM)["B"]["tp_dgrad_reduce"][1] == pytest.approx(RED - wcol)
+
+
+def test_userbuffers_overlaps_the_forward():
+    rate = RATE_SLOW_GEMM
+    g_f = ct.gemm_flops(M, T) / TP / rate
+    t = _terms("async", True, rate, ub=True)
+    assert t["F"]["tp_forward"][1] == pytest.approx(max(4 * G / TP, 4 * G - g_f))
+    assert t["F"]["tp_forward"][1] < 4 * G
+
+
+def test_bad_modes_are_one_line():
+    for bad in ("on", "chunked", "chunked:1", "chunked:x"):
+        with pytest.raises(TPOverlapError) as e:
+            TPOverlap.parse(bad)
+        assert "\n" not in str(e.value)
+    assert str(TPOverlap.parse("chunked:3")) == "chunked:3"
+
+
+GPU_ = GPU(name="g", peak_flops=1e14, memory=80 * 2 ** 30, hbm_bandwidth=2e12, intra=LINK, inter=LINK)
+
+
+def test_layer_times_charge_the_mode():
+    """tp 4: the async fused backward is shorter than the blocking one by the hidden reduce-scatter; a split B
+    keeps it (the old model charged every TP collective in full everywhere)."""
+    kw = dict(tp=4, micro_batch=1, seq=512, recompute="none")
+    off = layer_times(M, GPU_, 0.5, tp_overlap="off", fused=True, **kw)
+    fused = layer_times(M, GPU_, 0.5, tp_overlap="async", fused=True, **kw)
+    split = layer_times(M, GPU_, 0.5, tp_overlap="async", fused=False, **kw)
+    hidden = fused.parts["tp_terms_s"]["B"]["tp_dgrad_reduce"]["hidden"]
+    assert hidden > 0
+    assert off.B - fused.B == pytest.approx(hidden)
+    assert split.B == pytest.approx(off.B)
+    assert fused.F == off.F  # the forward is not overlapped without userbuffers
+
+
+def test_shape_efficiency_by_hand():
+    assert shape_efficiency(0.6, 0.0, 123.0) == 0.6
+    assert shape_efficiency(0.6, 100.0, 100.0) == pytest.approx(0.3)
+    assert shape_efficiency(0.6, 100.0, 300.0) == pytest.approx(0.45)
+    kw = dict(tp=1, micro_batch=1, seq=512, recompute="none")
+    flat = layer_times(M, GPU_, 0.5, **kw)
+    shape = 512 * 1024 * 4096
+    curved = layer_times(M, GPU_, 0.5, half_size=shape, **kw)
+    assert curved.F == pytest.approx(2 * flat.F)  # at its half size a layer runs at half the rate
