@@ -32,8 +32,14 @@ def add_dp_options(p, *, gantt: bool = False) -> None:
                         "--overlap-grad-reduce` does)")
     g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                    help="one reduction after the device's last job (default, as `run`'s default)")
-    g.add_argument("--zero", type=int, choices=[0, 1], default=0,
-                   help="1: ZeRO-1 (reduce-scatter per chunk, all-gather of the parameters after the step)")
+    g.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
+                   help="1: ZeRO-1 (reduce-scatter per chunk, all-gather of the parameters after the step); 2: "
+                        "gradients sharded (a reduce-scatter after every backward of a chunk); 3: FSDP (also an "
+                        "all-gather of the chunk's parameters before each F and B)")
+    g.add_argument("--dp-bucket", default=None, metavar="BYTES",
+                   help="gradient bytes per bucket, each reduced as soon as the backward has filled it (with "
+                        "--overlap-grad-reduce; Megatron's default is 40M parameters = 160MB of fp32 grads) "
+                        "(default: one bucket per chunk)")
     if gantt:
         g.add_argument("--dp-gantt", default=None, metavar="FILE",
                        help="draw the step with a band of the dp collectives under each device (.png/.svg/.pdf)")
@@ -82,5 +88,12 @@ def dp_result(args, sched, sim):
     """:class:`~pipeloom.sim.dp.DPResult` of ``sim`` under the dp options."""
     from ..sim.dp import simulate_dp
 
+    from ..memory.analytic import parse_bytes
+
+    bucket = None
+    if getattr(args, "dp_bucket", None) is not None:
+        bucket = float(parse_bytes(args.dp_bucket, what="--dp-bucket"))
+        if bucket <= 0:
+            raise ValueError(f"--dp-bucket must be > 0 bytes, got {args.dp_bucket}")
     return simulate_dp(sim, chunk_bytes(args, sched.num_chunks, sched.vpp), args.dp, link_from_args(args),
-                       overlap=args.overlap_grad_reduce, zero=args.zero)
+                       overlap=args.overlap_grad_reduce, zero=args.zero, bucket_bytes=bucket)

@@ -59,6 +59,16 @@ def add_parser(sub) -> None:
                    help="fraction of peak FLOP/s the layers reach (default 0.5, or the calibration file's)")
     g.add_argument("--calibration", default=None, metavar="FILE",
                    help="JSON with efficiency and link figures (format in docs/tune.md)")
+    o = p.add_argument_group("communication overlap (modelled in docs/tune.md)")
+    o.add_argument("--tp-overlap", default="async", metavar="MODE",
+                   help="how TP collectives overlap compute: off, async (Megatron's: the input-gradient reduce-scatter "
+                        "behind the weight-gradient GEMMs of a fused backward), chunked:K (micro-pipelined dgrad), fill "
+                        "(a split B runs earlier W work meanwhile) (default: %(default)s)")
+    o.add_argument("--tp-comm-overlap", action="store_true",
+                   help="Megatron's --tp-comm-overlap (TransformerEngine userbuffers): forward collectives overlap the GEMMs too")
+    o.add_argument("--dp-bucket-size", type=positive_int, default=None, metavar="PARAMS",
+                   help="parameters per DP gradient bucket, reduced during the backward (default: Megatron's "
+                        "max(40M, 1M x dp))")
     s = p.add_argument_group("search limits")
     s.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel degree")
     s.add_argument("--tp", type=positive_int, default=None, help="fix the tensor-parallel degree (default: search)")
@@ -200,7 +210,8 @@ def problem_from_args(args):
                    vpp=args.vpp, dp=args.dp, partitions=_csv(args.partitions, "--partitions", PARTITIONS),
                    microbatch_sizes=None if args.microbatch_size is None else (args.microbatch_size,),
                    max_microbatch_size=max(args.max_microbatch_size, args.microbatch_size or 1),
-                   max_vpp=max(args.max_vpp, args.vpp or 1))
+                   max_vpp=max(args.max_vpp, args.vpp or 1),
+                   tp_overlap=args.tp_overlap, tp_comm_overlap=args.tp_comm_overlap, dp_bucket_params=args.dp_bucket_size)
 
 
 def _resolve_model(spec: str):

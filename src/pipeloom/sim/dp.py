@@ -9,13 +9,22 @@ over ``n`` ranks of ``B`` bytes on a link of bandwidth ``bw`` (bytes/s) and per-
     reduce-scatter      (n-1)/n * B / bw  +    (n-1) * lat
     all-gather          (n-1)/n * B / bw  +    (n-1) * lat
 
-``overlap`` (the runtime's ``--overlap-grad-reduce``): a chunk's reduction becomes ready when the
-chunk's LAST W (or BW) of the step on its device ends, so the reduction of an early-finished chunk
-runs while the device is still draining the pipeline; ready reductions queue on the link in ready
-order. Without overlap, one all-reduce of all the device's bytes (ZeRO-1: its per-chunk
-reduce-scatters) starts when the device's last job ends. ZeRO-1 adds the all-gather of the updated
-parameters (the same bytes, per chunk) after the device's last reduce-scatter (the optimizer step
-itself is not modelled).
+``overlap`` (Megatron's and the runtime's ``--overlap-grad-reduce``): a chunk's gradients are final during its
+LAST W (or BW) of the step on its device; they fill buckets of ``bucket_bytes`` in the backward's order at a
+uniform rate over that job, and each bucket's collective is ready when its last gradient is (:func:`bucket_ready`;
+Megatron-Core's default bucket is ``max(40M, 1M x dp)`` parameters, :func:`default_bucket_params`; no bucket size:
+one bucket per chunk, ready at the job's end). Ready collectives queue on the link in ready order, so an
+early-finished chunk's reduction runs while the device drains the pipeline, and with pp = 1 most of the
+reduction hides behind the last microbatch's backward. Without overlap, one all-reduce of all the device's
+bytes (ZeRO-1: its per-chunk reduce-scatters) starts when the device's last job ends.
+
+ZeRO (Rajbhandari et al. 2020): 1 (distributed optimizer) reduce-scatters instead of all-reducing and adds the
+all-gather of the updated parameters after the device's last reduce-scatter; 2 (gradients sharded) reduce-scatters
+the chunk's gradients after EVERY backward of the chunk (each microbatch: the unsharded gradients are not kept),
+then the same parameter all-gather; 3 (FSDP, parameters sharded) also all-gathers the chunk's parameters before
+each F and each B/BW, prefetched when the device's previous job starts; a job whose parameters are late waits,
+and the device's later jobs shift (not propagated to other devices). The optimizer step itself is not modelled
+here (the tuner adds it).
 
     step_time        = max over devices of (the device's last job end, its last collective end)
     dp_exposed       = step_time - makespan              (the un-hidden tail)
@@ -33,6 +42,9 @@ from typing import Sequence
 
 from ..core.ir import Kind
 from .simulate import SimResult
+
+#: ZeRO levels the dp model times (what each shards: :mod:`pipeloom.memory`'s sharding table)
+ZERO_LEVELS = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,70 +119,162 @@ class DPResult:
     dp_hidden_share: float | None
     intervals: list[list[tuple[float, float, str]]] = field(default_factory=list)
     """per device: (start, end, label) of each collective, in schedule units"""
+    bucket_bytes: float | None = None
 
     def to_dict(self) -> dict:
         return {"dp": self.dp, "overlap_grad_reduce": self.overlap, "zero": self.zero, "step_time": self.step_time,
-                "dp_exposed": self.dp_exposed, "dp_time": self.dp_time, "dp_hidden_share": self.dp_hidden_share}
+                "dp_exposed": self.dp_exposed, "dp_time": self.dp_time, "dp_hidden_share": self.dp_hidden_share,
+                "bucket_bytes": self.bucket_bytes}
 
 
 def last_weight_grad_ends(sim: SimResult, device: int) -> dict[int, float]:
     """Chunk -> end of its last W or BW on ``device`` (when its gradients are final)."""
-    out: dict[int, float] = {}
-    for j, e in zip(sim.schedule.devices[device], sim.end[device]):
-        if j.kind in (Kind.W, Kind.BW):
-            out[j.chunk] = max(out.get(j.chunk, e), e)
+    return {c: e for c, (_, e) in last_weight_grad_jobs(sim, device).items()}
+
+
+def last_weight_grad_jobs(sim: SimResult, device: int) -> dict[int, tuple[float, float]]:
+    """Chunk -> (start, end) of its last W or BW on ``device`` (the job that finishes its gradients)."""
+    out: dict[int, tuple[float, float]] = {}
+    for j, s, e in zip(sim.schedule.devices[device], sim.start[device], sim.end[device]):
+        if j.kind in (Kind.W, Kind.BW) and e >= out.get(j.chunk, (0.0, -1.0))[1]:
+            out[j.chunk] = (s, e)
     return out
 
 
+#: Megatron-Core's default bucket: ``max(40000000, 1000000 * dp_size)`` parameters
+#: (``DistributedDataParallelConfig.bucket_size``, megatron/core/distributed/distributed_data_parallel_config.py)
+MEGATRON_BUCKET_PARAMS = 40_000_000
+
+
+def default_bucket_params(dp: int) -> int:
+    """Megatron-Core's default gradient bucket (parameters) for ``dp`` replicas."""
+    return max(MEGATRON_BUCKET_PARAMS, 1_000_000 * dp)
+
+
+def bucket_ready(start: float, end: float, nbytes: float, bucket: float | None) -> list[tuple[float, float]]:
+    """(ready time, bytes) of the buckets of a chunk whose gradients are made by the job running from ``start`` to
+    ``end``: the gradients fill buckets of ``bucket`` bytes in the backward's order at a uniform rate over the
+    job (Megatron's ``--overlap-grad-reduce`` launches a bucket's collective once its last gradient is ready),
+    so bucket i of n is ready at ``start + (end - start) * min(1, (i+1) bucket / nbytes)``. ``bucket`` None or
+    not below ``nbytes``: one bucket, ready at ``end``."""
+    if nbytes <= 0:
+        return []
+    if bucket is None or bucket >= nbytes:
+        return [(end, nbytes)]
+    out, done = [], 0.0
+    while done < nbytes - 1e-9 * nbytes:
+        size = min(bucket, nbytes - done)
+        done += size
+        out.append((start + (end - start) * min(1.0, done / nbytes), size))
+    return out
+
+
+def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int, link: Link, *, unit_s: float = 1.0,
+              overlap: bool = True, zero: int = 0, param_bytes: Sequence[float] | None = None,
+              bucket_bytes: float | None = None) -> tuple[float, list[tuple[float, float, str]]]:
+    """The data-parallel collectives of one device of ``sim`` (times in the schedule's unit, ``unit_s`` seconds
+    each): (the device's end of step, the (start, end, label) of each collective). THE dp model of the
+    simulator's ``--dp`` and the tuner; the module docstring has the rules. ``grad_bytes`` / ``param_bytes``:
+    per global chunk, the bytes reduced / gathered (``param_bytes`` None: ``grad_bytes``)."""
+    sched = sim.schedule
+    pbytes = grad_bytes if param_bytes is None else param_bytes
+    jobs, starts, ends = sched.devices[device], sim.start[device], sim.end[device]
+    last_job = ends[-1] if ends else 0.0
+    ivs: list[tuple[float, float, str]] = []
+    if dp <= 1 or not jobs:
+        return last_job, ivs
+
+    def secs(kind: str, nbytes: float) -> float:
+        return collective_seconds(kind, nbytes, dp, link) / unit_s
+
+    red, tag = ("reduce_scatter", "RS") if zero else ("allreduce", "AR")
+    t = 0.0
+    if zero >= 2:
+        # gradients sharded: every backward of a chunk reduce-scatters its gradients (bucketed through the
+        # job); ZeRO-3 also all-gathers the chunk's parameters before each F and each B/BW (prefetched: ready
+        # when the device's previous job starts; without overlap when the job itself would start). A job
+        # waits for its gathered parameters and, without overlap, for its own reduce-scatter: the device's
+        # later jobs shift (the shift does not propagate to other devices).
+        shift, prev_start = 0.0, 0.0
+        for j, s0, e0 in zip(jobs, starts, ends):
+            s, e = s0 + shift, e0 + shift
+            if zero == 3 and j.kind in (Kind.F, Kind.B, Kind.BW):
+                ready = prev_start if overlap else s
+                a0 = max(t, ready)
+                t = a0 + secs("all_gather", pbytes[j.chunk])
+                ivs.append((a0, t, f"AG {j.chunk}"))
+                if t > s:
+                    shift += t - s
+                    s, e = t, e0 + shift
+            prev_start = s
+            if j.kind in (Kind.W, Kind.BW):
+                for r, nb in bucket_ready(s, e, grad_bytes[j.chunk], bucket_bytes if overlap else None):
+                    a0 = max(t, r)
+                    t = a0 + secs("reduce_scatter", nb)
+                    ivs.append((a0, t, f"RS {j.chunk}"))
+                if not overlap and t > e:
+                    shift += t - e
+        last_job = ends[-1] + shift
+    elif overlap:
+        items = []
+        for c, (s, e) in last_weight_grad_jobs(sim, device).items():
+            items += [(r, c, nb) for r, nb in bucket_ready(s, e, grad_bytes[c], bucket_bytes)]
+        for r, c, nb in sorted(items):
+            a0 = max(t, r)
+            t = a0 + secs(red, nb)
+            ivs.append((a0, t, f"{tag} {c}"))
+    elif zero:
+        t = last_job
+        for c in sorted(last_weight_grad_ends(sim, device)):
+            a0, t = t, t + secs(red, grad_bytes[c])
+            ivs.append((a0, t, f"RS {c}"))
+    else:
+        total = sum(grad_bytes[c] for c in last_weight_grad_ends(sim, device))
+        ivs.append((last_job, last_job + secs("allreduce", total), "AR"))
+        t = ivs[-1][1]
+    if zero in (1, 2):  # the updated parameters' all-gather after the last reduce-scatter (distributed optimizer)
+        t = max(t, last_job)
+        for c in sorted(last_weight_grad_ends(sim, device)):
+            a0, t = t, t + secs("all_gather", pbytes[c])
+            ivs.append((a0, t, f"AG {c}"))
+    return max(last_job, t), ivs
+
+
 def simulate_dp(sim: SimResult, chunk_bytes: Sequence[float], dp: int, link: DPLink, *, overlap: bool = True,
-                zero: int = 0) -> DPResult:
+                zero: int = 0, param_bytes: Sequence[float] | None = None,
+                bucket_bytes: float | None = None) -> DPResult:
     """The step time of ``sim``'s pipeline with ``dp`` replicas (see the module docstring).
 
-    ``chunk_bytes``: gradient bytes of every global chunk (len = number of chunks)."""
+    ``chunk_bytes``: gradient bytes of every global chunk (len = number of chunks); ``param_bytes``: the
+    parameter bytes the ZeRO all-gathers move (None: ``chunk_bytes``); ``bucket_bytes``: gradient bytes per
+    bucket (None: one bucket per chunk)."""
     sched = sim.schedule
     if not isinstance(dp, int) or dp < 1:
         raise ValueError(f"dp must be an integer >= 1, got {dp!r}")
-    if zero not in (0, 1):
-        raise ValueError(f"zero must be 0 or 1, got {zero!r}")
-    if len(chunk_bytes) != sched.num_chunks:
-        raise ValueError(f"chunk bytes has {len(chunk_bytes)} entries but the schedule has {sched.num_chunks} "
-                         f"chunks (pp*vpp)")
-    if any(not b >= 0 for b in chunk_bytes):
-        raise ValueError(f"chunk bytes must be >= 0, got {list(chunk_bytes)}")
-    unit = link.unit_s
-    red = "reduce_scatter" if zero else "allreduce"
+    if zero not in ZERO_LEVELS or isinstance(zero, bool):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
+    if bucket_bytes is not None and not bucket_bytes > 0:
+        raise ValueError(f"the dp bucket must be > 0 bytes, got {bucket_bytes!r}")
+    for what, vals in (("chunk bytes", chunk_bytes), ("param bytes", param_bytes)):
+        if vals is None:
+            continue
+        if len(vals) != sched.num_chunks:
+            raise ValueError(f"{what} has {len(vals)} entries but the schedule has {sched.num_chunks} "
+                             f"chunks (pp*vpp)")
+        if any(not b >= 0 for b in vals):
+            raise ValueError(f"{what} must be >= 0, got {list(vals)}")
     ends, intervals, busiest = [], [], 0.0
     for d in range(sched.pp):
-        last_job = sim.end[d][-1] if sim.end[d] else 0.0
-        ready = last_weight_grad_ends(sim, d)
-        ivs: list[tuple[float, float, str]] = []
-        t = 0.0
-        if dp > 1:
-            if overlap:
-                for s, t, c in queue_buckets(ready, lambda c: collective_seconds(red, chunk_bytes[c], dp, link) / unit):
-                    ivs.append((s, t, f"{'RS' if zero else 'AR'} {c}"))
-            elif zero:
-                t = last_job
-                for c in sorted(ready):
-                    s, t = t, t + collective_seconds(red, chunk_bytes[c], dp, link) / unit
-                    ivs.append((s, t, f"RS {c}"))
-            else:
-                total = sum(chunk_bytes[c] for c in ready)
-                s, t = last_job, last_job + collective_seconds("allreduce", total, dp, link) / unit
-                ivs.append((s, t, "AR"))
-            if zero:
-                t = max(t, last_job)
-                for c in sorted(ready):
-                    s, t = t, t + collective_seconds("all_gather", chunk_bytes[c], dp, link) / unit
-                    ivs.append((s, t, f"AG {c}"))
-        ends.append(max(last_job, t))
+        end, ivs = device_dp(sim, d, chunk_bytes, dp, link, unit_s=link.unit_s, overlap=overlap, zero=zero,
+                             param_bytes=param_bytes, bucket_bytes=bucket_bytes)
+        ends.append(end)
         intervals.append(ivs)
         busiest = max(busiest, sum(e - s for s, e, _ in ivs))
     step = max(ends + [sim.makespan])
     exposed = step - sim.makespan
     share = None if busiest <= 0 else max(0.0, min(1.0, 1.0 - exposed / busiest))
     return DPResult(dp=dp, overlap=overlap, zero=zero, makespan=sim.makespan, step_time=step, dp_exposed=exposed,
-                    dp_time=busiest, dp_hidden_share=share, intervals=intervals)
+                    dp_time=busiest, dp_hidden_share=share, intervals=intervals, bucket_bytes=bucket_bytes)
 
 
 _BW = re.compile(r"^\s*([0-9.eE+-]+)\s*([kKmMgGtT]?)([bB])?(?:it)?(?:ps|/s)?\s*$")
@@ -213,5 +317,6 @@ def parse_seconds(text: str | float) -> float:
     return v
 
 
-__all__ = ["DPLink", "DPResult", "Link", "collective_seconds", "last_weight_grad_ends", "p2p_seconds", "parse_bandwidth",
-           "parse_seconds", "queue_buckets", "simulate_dp"]
+__all__ = ["DPLink", "DPResult", "Link", "MEGATRON_BUCKET_PARAMS", "ZERO_LEVELS", "bucket_ready", "collective_seconds",
+           "default_bucket_params", "device_dp", "last_weight_grad_ends", "last_weight_grad_jobs", "p2p_seconds",
+           "parse_bandwidth", "parse_seconds", "queue_buckets", "simulate_dp"]

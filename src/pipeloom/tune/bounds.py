@@ -33,7 +33,7 @@ from ..core.costs import MemModel
 from ..core.errors import ScheduleError
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
-from .costs import backward_fused, chunk_costs, comm_p2p, dp_time, optimizer_time
+from .costs import backward_fused, chunk_costs, comm_p2p, dp_tail, optimizer_time
 
 
 def chains(F: Sequence[float], B: Sequence[float], W: Sequence[float], comm: float, cross: Sequence[bool]):
@@ -225,7 +225,9 @@ def memory_bound(space, c) -> float:
     budget = space.budget(c)
     a, bfree = budget.a, budget.b
     room = budget.room_units(space.p.gpu.memory, space.p.reserve)
-    buckets = [dp_time(space, c, ch.params) for ch in budget.chunk_memory]
+    chm = budget.chunk_memory
+    dev_params = {k: sum(chm[j].params for j in mine) for mine in owned for k in mine}
+    buckets = [dp_tail(space, c, ch.params, dev_params[k]) for k, ch in enumerate(budget.chunk_memory)]
     opt = max(optimizer_time(space, c, p) for p in budget.params)
     m = c.microbatches
     best = step_bound(F, B, W, comm, cross, owned, m, a, bfree, room, buckets, opt)

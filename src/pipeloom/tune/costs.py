@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from ..core.files import InputFileError, load_json
 from ..models import flops as _flops
 from ..models.config import ModelConfig
-from ..sim.dp import collective_seconds, p2p_seconds
+from ..sim.dp import collective_seconds, default_bucket_params, p2p_seconds
 from .comm_terms import TPOverlap, tp_layer_terms
 from .comm_terms import exposed as tp_exposed
 from .gpus import GPU, GPUError, Link, check_figure, with_overrides
@@ -400,12 +400,39 @@ def dp_link(space, c):
     return space.gpu.intra if c.tp * c.dp <= space.p.gpn else space.gpu.inter
 
 
+def dp_bucket_params(space, c) -> int:
+    """Parameters per DP gradient bucket: the problem's, else Megatron-Core's default max(40M, 1M x dp)."""
+    return space.p.dp_bucket_params or default_bucket_params(c.dp)
+
+
+def dp_reduce_time(space, c, params: float) -> float:
+    """Seconds to reduce ``params`` parameters' fp32 gradients over dp: all-reduce, or with any ZeRO level the
+    reduce-scatter (:func:`pipeloom.sim.dp.collective_seconds`)."""
+    kind = reduce_scatter if c.zero else all_reduce
+    return kind(params * GRAD_BYTES, c.dp, dp_link(space, c))
+
+
+def dp_param_gather_time(space, c, params: float) -> float:
+    """Seconds to all-gather ``params`` bf16 parameters over dp (ZeRO-1/2 after the step, ZeRO-3 per pass)."""
+    return all_gather(params * PARAM_BYTES, c.dp, dp_link(space, c)) if c.zero else 0.0
+
+
 def dp_time(space, c, params: float) -> float:
-    """Seconds to reduce ``params`` parameters' gradients over dp (and re-gather them with ZeRO-1)."""
-    link = dp_link(space, c)
-    if c.zero:
-        return reduce_scatter(params * GRAD_BYTES, c.dp, link) + all_gather(params * PARAM_BYTES, c.dp, link)
-    return all_reduce(params * GRAD_BYTES, c.dp, link)
+    """Seconds to reduce ``params`` parameters' gradients over dp (and re-gather them with ZeRO-1/2): one
+    chunk's whole reduction in one piece."""
+    return dp_reduce_time(space, c, params) + (dp_param_gather_time(space, c, params) if c.zero in (1, 2) else 0.0)
+
+
+def dp_tail(space, c, chunk_params: float, device_params: float) -> float:
+    """Seconds of DP communication that must follow the end of a chunk's last weight-gradient job in every
+    schedule: the reduction of its last bucket (at most a bucket, :func:`pipeloom.sim.dp.bucket_ready`), and with
+    ZeRO-1/2 the all-gather of the device's ``device_params`` parameters after it (the tuner's bounds read this)."""
+    last = chunk_params - (math.ceil(chunk_params / dp_bucket_params(space, c)) - 1) * dp_bucket_params(space, c) \
+        if chunk_params > 0 else 0.0
+    t = dp_reduce_time(space, c, last)
+    if c.zero in (1, 2):
+        t += dp_param_gather_time(space, c, device_params)
+    return t
 
 
 def optimizer_time(space, c, params: float) -> float:

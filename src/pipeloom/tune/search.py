@@ -27,10 +27,11 @@ from ..core.errors import ScheduleError
 from ..memory.budget import activation_trace
 from ..schedule import registry
 from ..schedule.registry import PlanSpec
-from ..sim.dp import last_weight_grad_ends, queue_buckets
+from ..sim.dp import device_dp
 from ..sim.simulate import simulate
 from .bounds import BOUNDED, _rounded_mem, builder_limit, lower_bound, memory_bound, memory_lower_bound  # noqa: F401
-from .costs import backward_fused, chunk_costs, comm_p2p, dp_link, dp_time, optimizer_time, step_model_flops  # noqa: F401
+from .costs import (GRAD_BYTES, PARAM_BYTES, backward_fused, chunk_costs, comm_p2p, dp_bucket_params,  # noqa: F401
+                    dp_link, dp_time, optimizer_time, step_model_flops)
 from .space import (PARTITIONS, RECOMPUTES, SLOW, SWEEP_OPTIONS, Config, Problem, TuneError,  # noqa: F401
                     _Space, builder_vpps, enumerate_space)
 
@@ -151,15 +152,17 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     makespan = sim.makespan * scale
     peaks, _ = activation_trace(sched, budget.a, budget.b)
     chunks = budget.chunk_memory
-    # dp reduction (pipeloom.sim.dp's overlapped model): one bucket per chunk, ready when the chunk's last weight
-    # gradient is done, queued on the device's link
-    finish = []
+    # dp reduction: pipeloom.sim.dp's one model (buckets through each chunk's last backward, queued on the
+    # device's link; ZeRO-2/3 per microbatch), in the simulation's unit (``scale`` seconds)
+    link = dp_link(space, c)
+    grad = [ch.params * GRAD_BYTES for ch in chunks]
+    par = [ch.params * PARAM_BYTES for ch in chunks]
+    bucket = dp_bucket_params(space, c) * GRAD_BYTES
+    finish, dp_ivs = [], []
     for d in range(c.pp):
-        ready = {ch: e * scale for ch, e in last_weight_grad_ends(sim, d).items()}
-        queue = queue_buckets(ready, lambda ch: dp_time(space, c, chunks[ch].params))
-        t = queue[-1][1] if queue else 0.0
-        dev_end = (sim.end[d][-1] * scale) if sim.end[d] else 0.0
-        finish.append(max(dev_end, t))
+        end, ivs = device_dp(sim, d, grad, c.dp, link, unit_s=scale, zero=c.zero, param_bytes=par, bucket_bytes=bucket)
+        finish.append(end * scale)
+        dp_ivs.append(ivs)
     pipe = max(finish) if finish else makespan
     opt = max(optimizer_time(space, c, params) for params in budget.params)
     c.makespan_s = makespan
@@ -177,7 +180,9 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     if not c.fits:
         c.error = "memory: simulated peak over the GPU"
     c.detail = {"unit_bytes": U, "peak_units": peaks, "comm_p2p_s": comm, "chunk_F_s": F, "chunk_B_s": B,
-                "chunk_W_s": W, "dp_link": "intra" if dp_link(space, c) is space.gpu.intra else "inter"}
+                "chunk_W_s": W, "dp_link": "intra" if dp_link(space, c) is space.gpu.intra else "inter",
+                "dp_busy_s": max((sum(e - s for s, e, _ in ivs) * scale for ivs in dp_ivs), default=0.0),
+                "dp_collectives": max((len(ivs) for ivs in dp_ivs), default=0)}
     return c
 
 
@@ -343,6 +348,7 @@ def _explain(space: _Space, c: Config) -> dict:
             "p2p_s": comm_p2p(space, c), "dp_link": c.detail.get("dp_link"),
             "dp_bucket_s_per_chunk": [dp_time(space, c, ch.params) for ch in space.memory(
                 c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)[1]],
+            "dp_bucket_params": dp_bucket_params(space, c),
             "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
             "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
             "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,

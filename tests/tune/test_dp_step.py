@@ -1,0 +1,58 @@
+"""The tuner's DP reduction is pipeloom.sim.dp's (one model: buckets during the backward, ZeRO order), and with
+pp = 1 Megatron's buckets hide most of it behind the last backward."""
+from __future__ import annotations
+
+import pytest
+
+from pipeloom.models.config import ModelConfig
+from pipeloom.models.presets import preset
+from pipeloom.sim.dp import DPLink, simulate_dp
+from pipeloom.tune import Calibration, Problem, gpu_preset, tune
+from pipeloom.tune.costs import GRAD_BYTES, PARAM_BYTES
+from pipeloom.tune.space import _Space
+
+GPT_1_7B = ModelConfig(name="gpt-1.7b", hidden=2304, layers=24, heads=24, ffn=4 * 2304, vocab=51200, seq=2048,
+                       mlp="gelu", norm="layernorm", bias=True, learned_positions=True)
+
+
+def _best(model, gpus, gb, tp, pp, zero=0, schedule="1f1b", **kw):
+    prob = Problem(model=model, gpus=gpus, gpu=gpu_preset(kw.pop("gpu", "h100")), global_batch=gb, seq=model.seq,
+                   tp=tp, pp=pp, top=1, schedules=(schedule,), recompute=("none",), zero=(zero,),
+                   microbatch_sizes=(1,), partitions=("uniform",), calibration=Calibration(efficiency=0.5), **kw)
+    res = tune(prob)
+    return prob, res.best
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_tuner_dp_equals_the_simulators(zero):
+    prob, c = _best(preset("llama2-7b"), 32, 64, 1, 2, zero=zero)
+    assert c is not None and c.dp == 16
+    space = _Space(prob)
+    chunks = space.budget(c).chunk_memory
+    unit = max(c.detail["chunk_F_s"])
+    link = space.gpu.inter  # tp 1 x dp 16 > 8 GPUs per node
+    assert c.detail["dp_link"] == "inter"
+    res = simulate_dp(c.sim, [ch.params * GRAD_BYTES for ch in chunks], c.dp,
+                      DPLink(bandwidth=link.bandwidth, latency=link.latency, unit_s=unit), zero=zero,
+                      param_bytes=[ch.params * PARAM_BYTES for ch in chunks],
+                      bucket_bytes=max(40_000_000, 1_000_000 * c.dp) * GRAD_BYTES)
+    assert res.step_time * unit + c.optimizer_s == pytest.approx(c.step_time_s, rel=1e-9)
+    assert res.dp_exposed * unit == pytest.approx(c.exposed_comm_s, rel=1e-6, abs=1e-9)
+
+
+def test_pp1_buckets_hide_most_of_the_reduction():
+    """Narayanan et al.'s 1.7B row (TP1 PP1, 32 A100): with Megatron's 40M-parameter buckets the all-reduce runs
+    during the last microbatch's backward; with one bucket per chunk (the old model) all of it follows."""
+    kw = dict(gpu="a100-80g")
+    prob, bucketed = _best(GPT_1_7B, 32, 512, 1, 1, **kw)
+    _, one = _best(GPT_1_7B, 32, 512, 1, 1, dp_bucket_params=10 ** 12, **kw)
+    params = _Space(prob).budget(bucketed).chunk_memory[0].params
+    dur = one.detail["chunk_B_s"][0] + one.detail["chunk_W_s"][0]  # the last backward's seconds
+    b, nb = 40_000_000, -(-params // 40_000_000)
+    lat = 2 * 31 * gpu_preset("a100-80g").inter.latency  # per ring all-reduce over 32 ranks
+    # the link is the bottleneck (an all-reduce of 6.8 GB of fp32 gradients at 22.5 GB/s, 0.59 s, is longer than
+    # one backward): the queue starts when the first bucket is ready and runs without a gap, so it ends
+    # dur (1 - b/params) earlier than the one bucket, less the latency of the nb - 1 extra collectives
+    hidden = one.exposed_comm_s - bucketed.exposed_comm_s
+    assert hidden == pytest.approx(dur * (1 - b / params) - (nb - 1) * lat, rel=1e-6)
+    assert hidden > 0.5 * dur and bucketed.step_time_s < one.step_time_s
