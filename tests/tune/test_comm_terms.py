@@ -127,3 +127,33 @@ def test_shape_efficiency_by_hand():
     shape = 512 * 1024 * 4096
     curved = layer_times(M, GPU_, 0.5, half_size=shape, **kw)
     assert curved.F == pytest.approx(2 * flat.F)  # at its half size a layer runs at half the rate
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *args], capture_output=True, text=True)
+
+
+def test_cli_explain_lists_every_communication_term_and_bad_modes_are_one_line():
+    import json
+
+    base = ["--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4", "--gpu-flops", "2e9", "--gpu-memory",
+            "24MiB", "--reserve", "0", "--global-batch", "16", "--schedules", "1f1b", "--tp", "2",
+            "--max-microbatch-size", "1", "--recompute", "none"]
+    r = _cli(*base, "--json", "--explain", "--tp-overlap", "chunked:2", "--dp-bucket-size", "1000")
+    assert r.returncode == 0, r.stderr
+    comm = json.loads(r.stdout)["explain"]["communication"]
+    assert comm["tp_overlap"] == "chunked:2" and comm["backward"] == "fused BW"
+    per = comm["tp_per_layer_and_chunk_pass"]
+    assert set(per) == {"F", "B (of a fused BW)", "W"}
+    assert set(per["B (of a fused BW)"]) >= {"tp_grad_gather", "tp_dgrad_reduce"}
+    for term in per["B (of a fused BW)"]["tp_dgrad_reduce"], per["F"]["tp_forward"]:
+        assert term["total"] == pytest.approx(term["exposed"] + term["hidden"]) and term["total"] > 0
+    assert comm["dp"]["bucket_params"] == 1000
+    assert comm["dp"]["busiest_link_s"] == pytest.approx(comm["dp"]["exposed_s"] + comm["dp"]["hidden_s"])
+    for bad, words in (("chunked:1", "K >= 2"), ("sometimes", "choose off, async, chunked:K or fill")):
+        r = _cli(*base, "--tp-overlap", bad)
+        assert r.returncode == 2 and r.stderr.startswith("pipeloom: error:") and words in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

@@ -349,11 +349,36 @@ def _explain(space: _Space, c: Config) -> dict:
             "dp_bucket_s_per_chunk": [dp_time(space, c, ch.params) for ch in space.memory(
                 c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)[1]],
             "dp_bucket_params": dp_bucket_params(space, c),
+            "communication": _comm_explain(space, c, lt),
             "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
             "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
             "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,
             "model_flops_per_step": step_model_flops(p.model, p.global_batch, p.seq),
             "reserve_bytes": p.reserve}
+
+
+def _comm_explain(space: _Space, c: Config, lt) -> dict:
+    """Every communication term of ``c``, exposed and hidden, per job kind (``--explain``): the TP terms of one
+    layer and of the fullest chunk's pass (:mod:`pipeloom.tune.comm_terms`), the pipeline's P2P, the DP reduction."""
+    terms = lt.parts.get("tp_terms_s", {})
+    layers = max(c.seg_layer_num) if c.seg_layer_num else 0
+    kinds = {}
+    for kind in ("F", "B", "W"):
+        t = terms.get(kind, {})
+        tot = sum(v["total"] for v in t.values())
+        exp = sum(v["exposed"] for v in t.values())
+        label = {"F": "F", "B": "B (of a fused BW)" if lt.parts.get("backward") == "fused BW" else "B",
+                 "W": "W"}[kind]
+        kinds[label] = {**{n: dict(v) for n, v in t.items()},
+                        "chunk_pass_exposed_s": exp * layers, "chunk_pass_hidden_s": (tot - exp) * layers}
+    busy = c.detail.get("dp_busy_s", 0.0)
+    exposed = c.exposed_comm_s or 0.0
+    return {"tp_overlap": lt.parts.get("tp_overlap"), "backward": lt.parts.get("backward"),
+            "tp_per_layer_and_chunk_pass": kinds, "layers_in_fullest_chunk": layers,
+            "pipeline_p2p_per_boundary_s": comm_p2p(space, c),
+            "dp": {"link": c.detail.get("dp_link"), "zero": c.zero, "bucket_params": dp_bucket_params(space, c),
+                   "collectives_on_busiest_device": c.detail.get("dp_collectives", 0),
+                   "busiest_link_s": busy, "exposed_s": exposed, "hidden_s": max(0.0, busy - exposed)}}
 
 
 __all__ = ["Config", "PARTITIONS", "Problem", "RECOMPUTES", "SWEEP_OPTIONS", "TuneError", "TuneResult", "builder_vpps",
