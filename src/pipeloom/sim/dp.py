@@ -94,19 +94,6 @@ def p2p_seconds(nbytes: float, link: Link) -> float:
     return link.latency + nbytes / link.bandwidth
 
 
-def queue_buckets(ready: dict[int, float], seconds) -> list[tuple[float, float, int]]:
-    """Overlapped reduction (the module docstring's ``overlap``): each chunk's bucket becomes ready at
-    ``ready[chunk]`` and the buckets queue on the device's link in ready order, each taking ``seconds(chunk)``.
-    Returns (start, end, chunk) per bucket. The simulator's dp model and the tuner's step time use this one
-    queue."""
-    out, t = [], 0.0
-    for r, c in sorted((r, c) for c, r in ready.items()):
-        s = max(t, r)
-        t = s + seconds(c)
-        out.append((s, t, c))
-    return out
-
-
 @dataclass(slots=True)
 class DPResult:
     dp: int
@@ -319,4 +306,4 @@ def parse_seconds(text: str | float) -> float:
 
 __all__ = ["DPLink", "DPResult", "Link", "MEGATRON_BUCKET_PARAMS", "ZERO_LEVELS", "bucket_ready", "collective_seconds",
            "default_bucket_params", "device_dp", "last_weight_grad_ends", "last_weight_grad_jobs", "p2p_seconds",
-           "parse_bandwidth", "parse_seconds", "queue_buckets", "simulate_dp"]
+           "parse_bandwidth", "parse_seconds", "simulate_dp"]

@@ -1,8 +1,9 @@
 """``pipeloom tune``: search the parallel configuration of a training run (no torch).
 
 * :mod:`.gpus`   -- GPU presets (peak BF16 FLOP/s, memory, HBM and link figures)
-* :mod:`.costs`  -- the cost model: per-layer F/B/W seconds from FLOPs, TP/PP/DP collectives, optimizer,
-                    and the calibration file
+* :mod:`.costs`  -- the cost model: per-layer F/B/W seconds from FLOPs (an efficiency, or a curve of the GEMM
+                    size), PP/DP collectives, optimizer, and the calibration file
+* :mod:`.comm_terms` -- the TP/SP communication terms of a layer and what each overlap mode hides
 * :mod:`.space`  -- the problem, one configuration, the caches they share (one device budget per layout),
                     the enumeration of the space
 * :mod:`.bounds` -- every lower bound of a configuration: memory, step time, and the memory-aware step time
