@@ -201,7 +201,7 @@ def main() -> None:
     lines = ["# Published dense runs: predicted against measured", "",
              f"Command: `python bench/published_runs.py{' --tp-overlap ' + a.tp_overlap if a.tp_overlap != 'async' else ''}"
              " --out docs/bench/published_runs.md`", "",
-             __doc__.split("\n\n", 2)[2].split("\nNot found")[0].strip(), "",
+             __doc__.split("\n\n", 2)[2].split("\nNot found")[0].strip().replace("``", "`").replace(":class:", ""), "",
              "## Fitted efficiency, one per GPU type", "",
              "| GPU | fitted efficiency (of dense BF16 peak) | error range | same fit with every TP collective exposed (`--tp-overlap off`) |",
              "|---|---|---|---|"]
