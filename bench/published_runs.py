@@ -172,6 +172,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the markdown page here")
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
     ap.add_argument("--tp-overlap", default="async")
+    ap.add_argument("--calibration-out", default=None, metavar="DIR",
+                    help="write DIR/GPU.json per GPU type: the fitted efficiency (and the GEMM-shape curve's half size) "
+                         "as a calibration file for 'pipeloom tune --calibration'")
     a = ap.parse_args()
     groups: dict[str, list[Run]] = {}
     for r in RUNS:
@@ -231,6 +234,13 @@ def main() -> None:
         print(text)
     if a.json:
         write_json(a.json, {"fitted_efficiency": fitted, "rows": data})
+    if a.calibration_out:  # the fit from published points as the tuner's calibration file
+        for gpu, (_, half, eff, errs) in curve.items():
+            names = ", ".join(sorted({r.source for r in groups[gpu]}))
+            write_json(os.path.join(a.calibration_out, f"{gpu}.json"),
+                       {"efficiency": round(eff, 4), "efficiency_half_size": half,
+                        "source": f"bench/published_runs.py: fitted on {names} ({len(groups[gpu])} runs, errors "
+                                  f"{min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)"})
     ok = all(abs(d["error"]) <= 0.10 for d in data)
     print(f"every row within +-10%: {ok}", file=sys.stderr)
 
