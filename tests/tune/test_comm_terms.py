@@ -142,9 +142,13 @@ def test_cli_explain_lists_every_communication_term_and_bad_modes_are_one_line()
     base = ["--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4", "--gpu-flops", "2e9", "--gpu-memory",
             "24MiB", "--reserve", "0", "--global-batch", "16", "--schedules", "1f1b", "--tp", "2",
             "--max-microbatch-size", "1", "--recompute", "none"]
-    r = _cli(*base, "--json", "--explain", "--tp-overlap", "chunked:2", "--dp-bucket-size", "1000")
+    r = _cli(*base, "--json", "--explain", "--tp-overlap", "chunked:2", "--dp-bucket-size", "1000",
+             "--efficiency", "0.5", "--efficiency-half-size", "3e5")
     assert r.returncode == 0, r.stderr
-    comm = json.loads(r.stdout)["explain"]["communication"]
+    explain = json.loads(r.stdout)["explain"]
+    shape = explain["layer"]["gemm_shape"]
+    assert explain["layer"]["efficiency"] == pytest.approx(0.5 * shape / (shape + 3e5))
+    comm = explain["communication"]
     assert comm["tp_overlap"] == "chunked:2" and comm["backward"] == "fused BW"
     per = comm["tp_per_layer_and_chunk_pass"]
     assert set(per) == {"F", "B (of a fused BW)", "W"}
