@@ -56,3 +56,25 @@ def test_pp1_buckets_hide_most_of_the_reduction():
     hidden = one.exposed_comm_s - bucketed.exposed_comm_s
     assert hidden == pytest.approx(dur * (1 - b / params) - (nb - 1) * lat, rel=1e-6)
     assert hidden > 0.5 * dur and bucketed.step_time_s < one.step_time_s
+
+
+def test_dp_tail_by_hand():
+    """The DP seconds that must follow a chunk's last weight-gradient job (the tuner's bounds): 100M parameters in
+    40M buckets (40, 40, 20) over a job of 1 s: the first bucket is ready 0.6 s before the end, so at least
+    all three reductions - 0.6 s, and never less than the last bucket's."""
+    from types import SimpleNamespace
+
+    from pipeloom.sim.dp import Link
+    from pipeloom.tune.costs import all_gather, all_reduce, dp_tail, reduce_scatter
+
+    link = Link(bandwidth=4e9, latency=0.0)
+    gpu = SimpleNamespace(intra=link, inter=link)
+    space = SimpleNamespace(p=SimpleNamespace(dp_bucket_params=None, gpn=8), gpu=gpu)
+    c = SimpleNamespace(zero=0, dp=4, tp=1)
+    r40, r20 = all_reduce(40e6 * 4, 4, link), all_reduce(20e6 * 4, 4, link)
+    assert dp_tail(space, c, 100e6, 0, 1.0) == pytest.approx(max(r20, 2 * r40 + r20 - 0.6))
+    assert dp_tail(space, c, 100e6, 0, 100.0) == pytest.approx(r20)  # a long job hides all but the last
+    z1 = SimpleNamespace(zero=1, dp=4, tp=1)
+    rs40, rs20 = reduce_scatter(40e6 * 4, 4, link), reduce_scatter(20e6 * 4, 4, link)
+    assert dp_tail(space, z1, 100e6, 300e6, 1.0) == pytest.approx(
+        max(rs20, 2 * rs40 + rs20 - 0.6) + all_gather(300e6 * 2, 4, link))

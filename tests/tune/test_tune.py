@@ -77,7 +77,9 @@ def _sweep_is_final(monkeypatch):
     dict(),
     pytest.param(dict(global_batch=8, recompute=("none", "selective", "full"), schedules=SCHEDS + ("vhalf", "fthenb")),
                  marks=pytest.mark.slow),
-    dict(gpu=with_overrides(TINY_GPU, memory=12 * MiB), global_batch=8)])
+    dict(gpu=with_overrides(TINY_GPU, memory=12 * MiB), global_batch=8),
+    # several DP buckets per chunk (the bound's tail after the last weight gradient) and a split-B overlap mode
+    dict(dp_bucket_params=30000, tp_overlap="fill", global_batch=8)])
 def test_pick_equals_brute_force_and_bounds_hold(kw):
     prob = _problem(**kw)
     res = tune(prob)

@@ -423,13 +423,20 @@ def dp_time(space, c, params: float) -> float:
     return dp_reduce_time(space, c, params) + (dp_param_gather_time(space, c, params) if c.zero in (1, 2) else 0.0)
 
 
-def dp_tail(space, c, chunk_params: float, device_params: float) -> float:
-    """Seconds of DP communication that must follow the end of a chunk's last weight-gradient job in every
-    schedule: the reduction of its last bucket (at most a bucket, :func:`pipeloom.sim.dp.bucket_ready`), and with
-    ZeRO-1/2 the all-gather of the device's ``device_params`` parameters after it (the tuner's bounds read this)."""
-    last = chunk_params - (math.ceil(chunk_params / dp_bucket_params(space, c)) - 1) * dp_bucket_params(space, c) \
-        if chunk_params > 0 else 0.0
-    t = dp_reduce_time(space, c, last)
+def dp_tail(space, c, chunk_params: float, device_params: float, job_s: float = 0.0) -> float:
+    """Seconds of DP communication that must follow the end of a chunk's last weight-gradient job (at most
+    ``job_s`` seconds long: its W, or B + W when fused) in every schedule (the tuner's bounds read this): its buckets
+    (:func:`pipeloom.sim.dp.bucket_ready`) become ready from ``job_s (1 - b/P)`` before that end on and run one
+    after another, so at least ``max(last bucket, all of them - job_s (1 - b/P))``; with ZeRO-1/2 the all-gather
+    of the device's ``device_params`` parameters follows."""
+    b = dp_bucket_params(space, c)
+    if chunk_params > 0:
+        n = math.ceil(chunk_params / b)
+        last = dp_reduce_time(space, c, chunk_params - (n - 1) * b)
+        every = (n - 1) * dp_reduce_time(space, c, b) + last
+        t = max(last, every - job_s * (1.0 - min(1.0, b / chunk_params)))
+    else:
+        t = 0.0
     if c.zero in (1, 2):
         t += dp_param_gather_time(space, c, device_params)
     return t
