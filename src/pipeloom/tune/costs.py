@@ -305,7 +305,8 @@ def shape_efficiency(efficiency: float, half_size: float, shape: float) -> float
 
 def backward_fused(schedule: str) -> bool:
     """True when the builder ``schedule`` runs each backward as one fused BW job (1F1B, interleaved, ...), False
-    when it splits B and W (zero-bubble, V-shapes): found once per builder by planning a small pipeline."""
+    when it splits B and W (zero-bubble, V-shapes): found once per builder by planning a small pipeline. A builder
+    that mixes both (dualpipev) counts as split: its TP collectives are charged with the larger exposure."""
     hit = _FUSED.get(schedule)
     if hit is None:
         from ..core.ir import Kind
