@@ -80,3 +80,17 @@ def test_bad_zero_and_bucket_are_errors():
         simulate_dp(sim, [4.0], 2, LINK, zero=4)
     with pytest.raises(ValueError, match="bucket"):
         simulate_dp(sim, [4.0], 2, LINK, bucket_bytes=0.0)
+
+
+def test_zero3_gathers_one_unit_ahead():
+    """ZeRO-3 with 2 units (layers) per chunk, one microbatch (F 0-1, BW 1-3 planned): each unit's gather (half
+    the parameters, 1 s) is issued when the previous unit starts. F: gathers 0-1 and 1-2, units 1-1.5 and
+    2-2.5; BW: gathers 2-3 (issued at F's start) and 3-4, units 3-4 and 4-5; the per-unit reduce-scatters are
+    ready at 4 and 5: 4-5, 5-6. One unit per chunk: 8."""
+    sim = _sim(m=1)
+    assert sim.makespan == 3.0
+    res = simulate_dp(sim, [4.0], 2, LINK, zero=3, units=[2])
+    assert [lab for _, _, lab in res.intervals[0]] == ["AG 0"] * 4 + ["RS 0"] * 2
+    assert _flat(res.intervals[0]) == pytest.approx([0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6])
+    assert res.step_time == pytest.approx(6.0)
+    assert simulate_dp(sim, [4.0], 2, LINK, zero=3).step_time == pytest.approx(8.0)

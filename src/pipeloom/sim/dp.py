@@ -22,8 +22,10 @@ ZeRO (Rajbhandari et al. 2020): 1 (distributed optimizer) reduce-scatters instea
 all-gather of the updated parameters after the device's last reduce-scatter; 2 (gradients sharded) reduce-scatters
 the chunk's gradients after EVERY backward of the chunk (each microbatch: the unsharded gradients are not kept),
 then the same parameter all-gather; 3 (FSDP, parameters sharded) also all-gathers the chunk's parameters before
-each F and each B/BW, prefetched when the device's previous job starts; a job whose parameters are late waits,
-and the device's later jobs shift (not propagated to other devices). The optimizer step itself is not modelled
+each F and each B/BW, one unit (a layer: FSDP's wrapping) at a time, each issued when the unit before it starts
+(the first when the device's previous job starts: FSDP's one-ahead prefetch); a unit whose parameters are late
+waits, and the device's later jobs shift (not propagated to other devices). With units, ZeRO-2/3 reduce-scatter
+one unit's gradients at a time. The optimizer step itself is not modelled
 here (the tuner adds it).
 
     step_time        = max over devices of (the device's last job end, its last collective end)
@@ -158,11 +160,13 @@ def bucket_ready(start: float, end: float, nbytes: float, bucket: float | None) 
 
 def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int, link: Link, *, unit_s: float = 1.0,
               overlap: bool = True, zero: int = 0, param_bytes: Sequence[float] | None = None,
-              bucket_bytes: float | None = None) -> tuple[float, list[tuple[float, float, str]]]:
+              bucket_bytes: float | None = None,
+              units: Sequence[int] | None = None) -> tuple[float, list[tuple[float, float, str]]]:
     """The data-parallel collectives of one device of ``sim`` (times in the schedule's unit, ``unit_s`` seconds
     each): (the device's end of step, the (start, end, label) of each collective). THE dp model of the
     simulator's ``--dp`` and the tuner; the module docstring has the rules. ``grad_bytes`` / ``param_bytes``:
-    per global chunk, the bytes reduced / gathered (``param_bytes`` None: ``grad_bytes``)."""
+    per global chunk, the bytes reduced / gathered (``param_bytes`` None: ``grad_bytes``); ``units``: per chunk,
+    the units (layers) ZeRO-2/3 shard and gather one at a time (None: the whole chunk is one unit)."""
     sched = sim.schedule
     pbytes = grad_bytes if param_bytes is None else param_bytes
     jobs, starts, ends = sched.devices[device], sim.start[device], sim.end[device]
@@ -178,24 +182,30 @@ def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int,
     t = 0.0
     if zero >= 2:
         # gradients sharded: every backward of a chunk reduce-scatters its gradients (bucketed through the
-        # job); ZeRO-3 also all-gathers the chunk's parameters before each F and each B/BW (prefetched: ready
-        # when the device's previous job starts; without overlap when the job itself would start). A job
-        # waits for its gathered parameters and, without overlap, for its own reduce-scatter: the device's
+        # job); ZeRO-3 also all-gathers the chunk's parameters before each F and each B/BW, one unit (layer,
+        # FSDP's wrapping) at a time: unit 0's gather is prefetched when the device's previous job starts, unit
+        # i's when unit i-1 starts (FSDP's one-ahead prefetch); without overlap each when its unit would start.
+        # A unit waits for its parameters and, without overlap, a job for its own reduce-scatter: the device's
         # later jobs shift (the shift does not propagate to other devices).
         shift, prev_start = 0.0, 0.0
         for j, s0, e0 in zip(jobs, starts, ends):
             s, e = s0 + shift, e0 + shift
+            u = max(1, int(units[j.chunk])) if units is not None else 1
             if zero == 3 and j.kind in (Kind.F, Kind.B, Kind.BW):
-                ready = prev_start if overlap else s
-                a0 = max(t, ready)
-                t = a0 + secs("all_gather", pbytes[j.chunk])
-                ivs.append((a0, t, f"AG {j.chunk}"))
-                if t > s:
-                    shift += t - s
-                    s, e = t, e0 + shift
+                step, here, issued, first = (e0 - s0) / u, s, prev_start, None
+                for _ in range(u):
+                    a0 = max(t, issued if overlap else here)
+                    t = a0 + secs("all_gather", pbytes[j.chunk] / u)
+                    ivs.append((a0, t, f"AG {j.chunk}"))
+                    start = max(here, t)  # the unit starts once its parameters are gathered
+                    first = start if first is None else first
+                    issued, here = start, start + step  # the next unit's gather is issued as this one starts
+                s, e = first, here
+                shift = e - e0
             prev_start = s
             if j.kind in (Kind.W, Kind.BW):
-                for r, nb in bucket_ready(s, e, grad_bytes[j.chunk], bucket_bytes if overlap else None):
+                rs_bucket = (grad_bytes[j.chunk] / u if units is not None else bucket_bytes) if overlap else None
+                for r, nb in bucket_ready(s, e, grad_bytes[j.chunk], rs_bucket):
                     a0 = max(t, r)
                     t = a0 + secs("reduce_scatter", nb)
                     ivs.append((a0, t, f"RS {j.chunk}"))
@@ -229,12 +239,13 @@ def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int,
 
 def simulate_dp(sim: SimResult, chunk_bytes: Sequence[float], dp: int, link: DPLink, *, overlap: bool = True,
                 zero: int = 0, param_bytes: Sequence[float] | None = None,
-                bucket_bytes: float | None = None) -> DPResult:
+                bucket_bytes: float | None = None, units: Sequence[int] | None = None) -> DPResult:
     """The step time of ``sim``'s pipeline with ``dp`` replicas (see the module docstring).
 
     ``chunk_bytes``: gradient bytes of every global chunk (len = number of chunks); ``param_bytes``: the
     parameter bytes the ZeRO all-gathers move (None: ``chunk_bytes``); ``bucket_bytes``: gradient bytes per
-    bucket (None: one bucket per chunk)."""
+    bucket (None: one bucket per chunk); ``units``: layers per chunk, which ZeRO-2/3 reduce and gather one at a
+    time (None: one unit per chunk)."""
     sched = sim.schedule
     if not isinstance(dp, int) or dp < 1:
         raise ValueError(f"dp must be an integer >= 1, got {dp!r}")
@@ -253,7 +264,7 @@ def simulate_dp(sim: SimResult, chunk_bytes: Sequence[float], dp: int, link: DPL
     ends, intervals, busiest = [], [], 0.0
     for d in range(sched.pp):
         end, ivs = device_dp(sim, d, chunk_bytes, dp, link, unit_s=link.unit_s, overlap=overlap, zero=zero,
-                             param_bytes=param_bytes, bucket_bytes=bucket_bytes)
+                             param_bytes=param_bytes, bucket_bytes=bucket_bytes, units=units)
         ends.append(end)
         intervals.append(ivs)
         busiest = max(busiest, sum(e - s for s, e, _ in ivs))

@@ -228,7 +228,8 @@ def memory_bound(space, c) -> float:
     chm = budget.chunk_memory
     dev_params = {k: sum(chm[j].params for j in mine) for mine in owned for k in mine}
     # B + W: the longest the chunk's last weight-gradient job can be (a BW; a W alone is shorter), so the tail holds
-    buckets = [dp_tail(space, c, ch.params, dev_params[k], B[k] + W[k]) for k, ch in enumerate(budget.chunk_memory)]
+    buckets = [dp_tail(space, c, ch.params, dev_params[k], B[k] + W[k], c.seg_layer_num[k] if c.seg_layer_num else 1)
+               for k, ch in enumerate(budget.chunk_memory)]
     opt = max(optimizer_time(space, c, p) for p in budget.params)
     m = c.microbatches
     best = step_bound(F, B, W, comm, cross, owned, m, a, bfree, room, buckets, opt)

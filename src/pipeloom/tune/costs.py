@@ -424,13 +424,14 @@ def dp_time(space, c, params: float) -> float:
     return dp_reduce_time(space, c, params) + (dp_param_gather_time(space, c, params) if c.zero in (1, 2) else 0.0)
 
 
-def dp_tail(space, c, chunk_params: float, device_params: float, job_s: float = 0.0) -> float:
+def dp_tail(space, c, chunk_params: float, device_params: float, job_s: float = 0.0, units: int = 1) -> float:
     """Seconds of DP communication that must follow the end of a chunk's last weight-gradient job (at most
     ``job_s`` seconds long: its W, or B + W when fused) in every schedule (the tuner's bounds read this): its buckets
     (:func:`pipeloom.sim.dp.bucket_ready`) become ready from ``job_s (1 - b/P)`` before that end on and run one
     after another, so at least ``max(last bucket, all of them - job_s (1 - b/P))``; with ZeRO-1/2 the all-gather
-    of the device's ``device_params`` parameters follows."""
-    b = dp_bucket_params(space, c)
+    of the device's ``device_params`` parameters follows. ZeRO-2/3 reduce one of the chunk's ``units`` (layers)
+    at a time instead of buckets."""
+    b = chunk_params / max(1, units) if c.zero >= 2 else dp_bucket_params(space, c)
     if chunk_params > 0:
         n = math.ceil(chunk_params / b)
         last = dp_reduce_time(space, c, chunk_params - (n - 1) * b)

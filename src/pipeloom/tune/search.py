@@ -160,7 +160,8 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     bucket = dp_bucket_params(space, c) * GRAD_BYTES
     finish, dp_ivs = [], []
     for d in range(c.pp):
-        end, ivs = device_dp(sim, d, grad, c.dp, link, unit_s=scale, zero=c.zero, param_bytes=par, bucket_bytes=bucket)
+        end, ivs = device_dp(sim, d, grad, c.dp, link, unit_s=scale, zero=c.zero, param_bytes=par, bucket_bytes=bucket,
+                             units=c.seg_layer_num or None)
         finish.append(end * scale)
         dp_ivs.append(ivs)
     pipe = max(finish) if finish else makespan
