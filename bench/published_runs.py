@@ -25,6 +25,12 @@ Sources (figures copied, never derived):
   a memory question: docs/memory.md). Whether these two fit in 80 GB is the memory model's question, not this
   bench's: they are predicted on a GPU of the H100's speed and unbounded memory.
 
+* torchtitan's docs/performance.md (pytorch/torchtitan): Llama 3 8B and 70B, Llama 2 13B and 70B with FSDP2
+  (ZeRO-3) on 64 A100 80GB, local batch 1 or 2 (no gradient accumulation), the activation checkpointing named
+  there, tokens per second per GPU (WPS). 2024 software (FlashAttention, FSDP2): fitted as their own group, and
+  also shown at the efficiency of the 2021 Megatron rows on the same GPU. Their "selective op" checkpointing is
+  run as pipeloom's selective recompute (the attention core), which is not the same set of ops.
+
 Not found as text (so not used): the Megatron-LM README's H100 weak-scaling table (an image) and torchtitan's
 405B figures.
 """
@@ -41,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import write_json, write_text  # noqa: E402
 
 from pipeloom.models.config import ModelConfig  # noqa: E402
-from pipeloom.tune import Calibration, Problem, gpu_preset, tune, with_overrides  # noqa: E402
+from pipeloom.tune import Calibration, Problem, TuneError, gpu_preset, tune, with_overrides  # noqa: E402
 
 
 def gpt(h: int, L: int, a: int) -> ModelConfig:
@@ -57,7 +63,8 @@ LLAMA3_405B = ModelConfig(name="llama3-405b", hidden=16384, layers=126, heads=12
 @dataclass(frozen=True)
 class Run:
     label: str
-    model: ModelConfig
+    model: "ModelConfig | str"
+    """the model, or a preset name"""
     gpu: str
     tp: int
     pp: int
@@ -72,10 +79,17 @@ class Run:
     recompute: tuple = ("full",)
     zero: tuple = (0,)
     extra: dict = field(default_factory=dict)
+    tokens_per_gpu_s: float | None = None
+    """published tokens per second per GPU (torchtitan's WPS), when that is what the source gives"""
+    group: str | None = None
+    """the rows fitted together (default: the GPU type)"""
+    microbatch: int = 1
 
     def published_step(self) -> float:
-        """Seconds per step implied by the published TFLOP/s."""
-        m = self.model
+        """Seconds per step implied by the published throughput."""
+        m = _model(self)
+        if self.tokens_per_gpu_s is not None:
+            return self.global_batch * m.seq / (self.tokens_per_gpu_s * self.gpus)
         s, h, L, V = m.seq, m.hidden, m.layers, m.vocab
         if self.counts_recompute:  # Narayanan et al. 2021, Sec. 5.1 / appendix: 4 passes
             flops = 96 * self.global_batch * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
@@ -89,6 +103,8 @@ class Run:
 HALF_SIZES = (0.0, 1e9, 3e9, 1e10, 3e10)
 NARAYANAN = "Narayanan et al. 2021 (SC'21), Table 1"
 LLAMA3 = "Dubey et al. 2024 (Llama 3), Table 4"
+TITAN = "torchtitan docs/performance.md (FSDP2, 64 A100)"
+TITAN_GROUP = "a100-80g, torchtitan FSDP2"
 RUNS = [
     Run("1.7B", gpt(2304, 24, 24), "a100-80g", 1, 1, 32, 512, 137, NARAYANAN, True),
     Run("3.6B", gpt(3072, 30, 32), "a100-80g", 2, 1, 64, 512, 138, NARAYANAN, True),
@@ -102,20 +118,38 @@ RUNS = [
         (1,), {"ignore_memory": True}),
     Run("405B 16K GPUs", LLAMA3_405B, "h100", 8, 16, 16384, 2048, 400, LLAMA3, False, ("interleaved",), ("none",),
         (1,), {"ignore_memory": True}),
+    # torchtitan, FSDP2 (ZeRO-3) on 64 A100 80GB, local batch = micro-batch, no gradient accumulation; WPS per GPU.
+    # "selective op" checkpointing is not pipeloom's selective (attention core): the 8B row is run with selective
+    Run("Llama 3 8B", "llama3-8b", "a100-80g", 1, 1, 64, 64, 0, TITAN, False, ("1f1b",), ("selective",), (3,),
+        tokens_per_gpu_s=2973, group=TITAN_GROUP),
+    Run("Llama 3 70B", "llama3-70b", "a100-80g", 1, 1, 64, 64, 0, TITAN, False, ("1f1b",), ("full",), (3,),
+        tokens_per_gpu_s=331, group=TITAN_GROUP),
+    Run("Llama 2 13B", "llama2-13b", "a100-80g", 1, 1, 64, 128, 0, TITAN, False, ("1f1b",), ("none",), (3,),
+        tokens_per_gpu_s=2162, group=TITAN_GROUP, microbatch=2),
+    Run("Llama 2 70B", "llama2-70b", "a100-80g", 1, 1, 64, 128, 0, TITAN, False, ("1f1b",), ("full",), (3,),
+        tokens_per_gpu_s=353, group=TITAN_GROUP, microbatch=2),
 ]
 
 
 def predict(run: Run, eff: float, *, tp_overlap: str = "async", half_size: float = 0.0):
     """The best configuration pipeloom finds at the run's published degrees (its step time and its plan)."""
     gpu = gpu_preset(run.gpu)
+    model = _model(run)
     if run.extra.get("ignore_memory"):  # a time question: whether the run fits is the memory model's (docs/memory.md)
         gpu = with_overrides(gpu, memory=1024 ** 4)
-    prob = Problem(model=run.model, gpus=run.gpus, gpu=gpu, global_batch=run.global_batch,
-                   seq=run.model.seq, tp=run.tp, pp=run.pp, top=1, schedules=run.schedules, recompute=run.recompute,
-                   zero=run.zero, microbatch_sizes=(1,), max_microbatch_size=1, partitions=("uniform",),
+    prob = Problem(model=model, gpus=run.gpus, gpu=gpu, global_batch=run.global_batch,
+                   seq=model.seq, tp=run.tp, pp=run.pp, top=1, schedules=run.schedules, recompute=run.recompute,
+                   zero=run.zero, microbatch_sizes=(run.microbatch,), max_microbatch_size=run.microbatch,
+                   partitions=("uniform",),
                    calibration=Calibration(efficiency=eff, efficiency_half_size=half_size, source="bench"),
                    tp_overlap=tp_overlap, reserve=0)
     return tune(prob).best
+
+
+def _model(run: Run) -> ModelConfig:
+    from pipeloom.models.hf_config import resolve_model
+
+    return run.model if isinstance(run.model, ModelConfig) else resolve_model(run.model)
 
 
 def errors(runs, eff, **kw) -> list[float]:
@@ -147,8 +181,8 @@ def _plan(c) -> str:
 
 
 def table(groups: dict, fitted: dict, **kw) -> tuple[list[str], list[dict]]:
-    rows = ["| run | GPU | TP | PP | GPUs | batch | published TFLOP/s/GPU | published step s | predicted step s | "
-            "predicted TFLOP/s/GPU | error | exposed comm s | plan |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | fitted with | TP | PP | GPUs | batch | published per GPU | published step s | predicted step s | "
+            "predicted per GPU | error | exposed comm s | plan |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     data = []
     for gpu, runs in groups.items():
         eff = fitted[gpu]
@@ -156,9 +190,12 @@ def table(groups: dict, fitted: dict, **kw) -> tuple[list[str], list[dict]]:
             c = predict(r, eff, **kw)
             pub = r.published_step()
             err = pub / c.step_time_s - 1.0
-            pred_tf = r.tflops * pub / c.step_time_s
-            rows.append(f"| {r.label} ({r.source.split(',')[0].split(' (')[0]}) | {gpu} | {r.tp} | {r.pp} | {r.gpus} | "
-                        f"{r.global_batch} | {r.tflops:g} | {pub:.2f} | {c.step_time_s:.2f} | {pred_tf:.1f} | "
+            if r.tokens_per_gpu_s is not None:
+                shown, pred_shown = f"{r.tokens_per_gpu_s:g} tok/s", f"{r.tokens_per_gpu_s * pub / c.step_time_s:.0f} tok/s"
+            else:
+                shown, pred_shown = f"{r.tflops:g} TFLOP/s", f"{r.tflops * pub / c.step_time_s:.1f} TFLOP/s"
+            rows.append(f"| {r.label} ({r.source.split(',')[0].split(' (')[0].split(' docs')[0]}) | {gpu} | {r.tp} | "
+                        f"{r.pp} | {r.gpus} | {r.global_batch} | {shown} | {pub:.2f} | {c.step_time_s:.2f} | {pred_shown} | "
                         f"{err * 100:+.1f}% | {c.exposed_comm_s:.2f} | {_plan(c)} |")
             data.append({"run": r.label, "source": r.source, "gpu": gpu, "tp": r.tp, "pp": r.pp, "gpus": r.gpus,
                          "global_batch": r.global_batch, "published_tflops": r.tflops, "published_step_s": pub,
@@ -178,7 +215,14 @@ def main() -> None:
     a = ap.parse_args()
     groups: dict[str, list[Run]] = {}
     for r in RUNS:
-        groups.setdefault(r.gpu, []).append(r)
+        groups.setdefault(r.group or r.gpu, []).append(r)
+    skipped = []
+    for gpu in list(groups):
+        try:
+            predict(groups[gpu][0], 0.5, tp_overlap=a.tp_overlap)
+        except TuneError as e:  # e.g. a sharding level this checkout's tuner does not search
+            skipped.append(f"{gpu}: {e}")
+            del groups[gpu]
     fitted, spread = {}, {}
     for gpu, runs in groups.items():
         eff, errs = fit(runs, tp_overlap=a.tp_overlap)
@@ -213,6 +257,12 @@ def main() -> None:
         oe, oerr = off[gpu]
         lines.append(f"| {gpu} | **{fitted[gpu]:.3f}** | {lo * 100:+.1f}% .. {hi * 100:+.1f}% | {oe:.3f}: "
                      f"{min(oerr) * 100:+.1f}% .. {max(oerr) * 100:+.1f}% |")
+    base = {g: fitted[g] for g in groups if g in {r.gpu for r in RUNS}}
+    for g, runs in groups.items():
+        if g not in base and runs[0].gpu in base:
+            errs = errors(runs, base[runs[0].gpu], tp_overlap=a.tp_overlap)
+            lines.append(f"\n{g} at the {runs[0].gpu} efficiency {base[runs[0].gpu]:.3f}: errors "
+                         f"{min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%.")
     lines += ["", "## Efficiency as a curve of the GEMM size", "",
               "`efficiency x shape / (shape + half_size)` with shape = tokens x hidden x ffn / tp per micro-batch "
               "(`efficiency_half_size` in a calibration file); for each half size of "
@@ -225,6 +275,7 @@ def main() -> None:
               "error = predicted / published throughput - 1; exposed comm = the step's communication not hidden "
               "behind compute (DP reduction tail, parameter all-gathers) beyond the pipeline's makespan.", ""]
     lines += rows
+    lines += ["", *(f"Not evaluated: {x}" for x in skipped)]
     lines += ["", "Not found as text (so not used): the Megatron-LM README's H100 weak-scaling table (an image), "
               "torchtitan's 405B figures, and the 530B and 1T rows of Narayanan et al.'s Table 1.", ""]
     text = "\n".join(lines)
