@@ -4,11 +4,13 @@
 
 Every row is a published run: its model, GPU, tensor / pipeline / data parallel degrees, global batch and
 achieved throughput. pipeloom predicts the step at exactly that configuration (``pipeloom.tune`` with every
-degree pinned) and the table compares predicted with published throughput per GPU. ONE efficiency per GPU
-type (the fraction of peak FLOP/s a large GEMM reaches, :class:`pipeloom.tune.costs.Calibration`) is fitted
-on that GPU's rows: the value that makes the largest over- and under-prediction equal (minimax of the
-relative error). The rest of the model is not fitted: link figures are the GPU presets' (pipeloom.tune.gpus),
-the TP overlap is Megatron's default (``async``), the DP reduction uses Megatron-Core's default buckets.
+degree pinned) and the table compares predicted with published throughput per GPU. Per group of runs (a GPU
+type), two calibrations are fitted: ONE flat efficiency (the fraction of peak FLOP/s every layer reaches), and
+the efficiency curve of the hidden size (:func:`pipeloom.tune.costs.shape_efficiency`: one efficiency for wide
+layers and the hidden size at which half of it is reached); each fit makes the largest over- and
+under-prediction equal (minimax of the relative error). The rest of the model is not fitted: link figures are
+the GPU presets' (pipeloom.tune.gpus), the TP overlap is Megatron's default (``async``), the DP reduction uses
+Megatron-Core's default buckets on as many NICs as the DP group has ranks in a node.
 
 Sources (figures copied, never derived):
 
@@ -29,7 +31,8 @@ Sources (figures copied, never derived):
   (ZeRO-3) on 64 A100 80GB, local batch 1 or 2 (no gradient accumulation), the activation checkpointing named
   there, tokens per second per GPU (WPS). 2024 software (FlashAttention, FSDP2): fitted as their own group, and
   also shown at the efficiency of the 2021 Megatron rows on the same GPU. Their "selective op" checkpointing is
-  run as pipeloom's selective recompute (the attention core), which is not the same set of ops.
+  run as pipeloom's selective recompute (the attention core), which is not the same set of ops. Memory is not
+  checked for them either (pipeloom's ZeRO-3 memory holds a whole chunk's gathered parameters, FSDP one layer's).
 
 Not found as text (so not used): the Megatron-LM README's H100 weak-scaling table (an image) and torchtitan's
 405B figures.
@@ -99,8 +102,8 @@ class Run:
         return flops / (self.gpus * self.tflops * 1e12)
 
 
-#: the half sizes of the GEMM-shape efficiency curve tried (0: one efficiency for every shape)
-HALF_SIZES = (0.0, 1e9, 3e9, 1e10, 3e10)
+#: the half hidden sizes of the efficiency curve tried (0: one efficiency for every width)
+HALF_HIDDEN = (0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0)
 NARAYANAN = "Narayanan et al. 2021 (SC'21), Table 1"
 LLAMA3 = "Dubey et al. 2024 (Llama 3), Table 4"
 TITAN = "torchtitan docs/performance.md (FSDP2, 64 A100)"
@@ -121,17 +124,19 @@ RUNS = [
     # torchtitan, FSDP2 (ZeRO-3) on 64 A100 80GB, local batch = micro-batch, no gradient accumulation; WPS per GPU.
     # "selective op" checkpointing is not pipeloom's selective (attention core): the 8B row is run with selective
     Run("Llama 3 8B", "llama3-8b", "a100-80g", 1, 1, 64, 64, 0, TITAN, False, ("1f1b",), ("selective",), (3,),
-        tokens_per_gpu_s=2973, group=TITAN_GROUP),
+        tokens_per_gpu_s=2973, group=TITAN_GROUP, extra={"ignore_memory": True}),
     Run("Llama 3 70B", "llama3-70b", "a100-80g", 1, 1, 64, 64, 0, TITAN, False, ("1f1b",), ("full",), (3,),
-        tokens_per_gpu_s=331, group=TITAN_GROUP),
+        tokens_per_gpu_s=331, group=TITAN_GROUP, extra={"ignore_memory": True}),
     Run("Llama 2 13B", "llama2-13b", "a100-80g", 1, 1, 64, 128, 0, TITAN, False, ("1f1b",), ("none",), (3,),
-        tokens_per_gpu_s=2162, group=TITAN_GROUP, microbatch=2),
+        tokens_per_gpu_s=2162, group=TITAN_GROUP, microbatch=2,
+        extra={"ignore_memory": True}),
     Run("Llama 2 70B", "llama2-70b", "a100-80g", 1, 1, 64, 128, 0, TITAN, False, ("1f1b",), ("full",), (3,),
-        tokens_per_gpu_s=353, group=TITAN_GROUP, microbatch=2),
+        tokens_per_gpu_s=353, group=TITAN_GROUP, microbatch=2,
+        extra={"ignore_memory": True}),
 ]
 
 
-def predict(run: Run, eff: float, *, tp_overlap: str = "async", half_size: float = 0.0):
+def predict(run: Run, eff: float, *, tp_overlap: str = "async", half_hidden: float = 0.0):
     """The best configuration pipeloom finds at the run's published degrees (its step time and its plan)."""
     gpu = gpu_preset(run.gpu)
     model = _model(run)
@@ -141,7 +146,7 @@ def predict(run: Run, eff: float, *, tp_overlap: str = "async", half_size: float
                    seq=model.seq, tp=run.tp, pp=run.pp, top=1, schedules=run.schedules, recompute=run.recompute,
                    zero=run.zero, microbatch_sizes=(run.microbatch,), max_microbatch_size=run.microbatch,
                    partitions=("uniform",),
-                   calibration=Calibration(efficiency=eff, efficiency_half_size=half_size, source="bench"),
+                   calibration=Calibration(efficiency=eff, efficiency_half_hidden=half_hidden, source="bench"),
                    tp_overlap=tp_overlap, reserve=0)
     return tune(prob).best
 
@@ -176,32 +181,53 @@ def fit(runs, **kw) -> tuple[float, list[float]]:
     return eff, errors(runs, eff, **kw)
 
 
+def _range(errs) -> str:
+    return f"{min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%"
+
+
 def _plan(c) -> str:
     return f"tp{c.tp} pp{c.pp} vpp{c.vpp} dp{c.dp} mbs{c.microbatch_size} m{c.microbatches} {c.schedule} rc={c.recompute} z{c.zero}"
 
 
-def table(groups: dict, fitted: dict, **kw) -> tuple[list[str], list[dict]]:
+def table(groups: dict, fits: dict, **kw) -> tuple[list[str], list[dict]]:
+    """One line per run: predicted with its group's curve (efficiency, half hidden) and with the flat efficiency."""
     rows = ["| run | fitted with | TP | PP | GPUs | batch | published per GPU | published step s | predicted step s | "
-            "predicted per GPU | error | exposed comm s | plan |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "predicted per GPU | error | error, flat efficiency | exposed comm s | plan |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     data = []
     for gpu, runs in groups.items():
-        eff = fitted[gpu]
+        f = fits[gpu]
         for r in runs:
-            c = predict(r, eff, **kw)
+            c = predict(r, f["curve_eff"], half_hidden=f["half_hidden"], **kw)
+            flat = predict(r, f["flat_eff"], **kw)
             pub = r.published_step()
-            err = pub / c.step_time_s - 1.0
+            err, err_flat = pub / c.step_time_s - 1.0, pub / flat.step_time_s - 1.0
             if r.tokens_per_gpu_s is not None:
                 shown, pred_shown = f"{r.tokens_per_gpu_s:g} tok/s", f"{r.tokens_per_gpu_s * pub / c.step_time_s:.0f} tok/s"
             else:
                 shown, pred_shown = f"{r.tflops:g} TFLOP/s", f"{r.tflops * pub / c.step_time_s:.1f} TFLOP/s"
             rows.append(f"| {r.label} ({r.source.split(',')[0].split(' (')[0].split(' docs')[0]}) | {gpu} | {r.tp} | "
                         f"{r.pp} | {r.gpus} | {r.global_batch} | {shown} | {pub:.2f} | {c.step_time_s:.2f} | {pred_shown} | "
-                        f"{err * 100:+.1f}% | {c.exposed_comm_s:.2f} | {_plan(c)} |")
-            data.append({"run": r.label, "source": r.source, "gpu": gpu, "tp": r.tp, "pp": r.pp, "gpus": r.gpus,
-                         "global_batch": r.global_batch, "published_tflops": r.tflops, "published_step_s": pub,
-                         "predicted_step_s": c.step_time_s, "error": err, "efficiency": eff, "plan": _plan(c)})
+                        f"{err * 100:+.1f}% | {err_flat * 100:+.1f}% | {c.exposed_comm_s:.2f} | {_plan(c)} |")
+            data.append({"run": r.label, "source": r.source, "group": gpu, "gpu": r.gpu, "tp": r.tp, "pp": r.pp,
+                         "gpus": r.gpus, "global_batch": r.global_batch, "published_step_s": pub,
+                         "predicted_step_s": c.step_time_s, "error": err, "error_flat": err_flat, "plan": _plan(c)})
             print(rows[-1], file=sys.stderr, flush=True)
     return rows, data
+
+
+def fit_curve(runs, **kw) -> tuple[float, float, list[float]]:
+    """(half hidden, efficiency, errors) of the curve whose error range is narrowest over :data:`HALF_HIDDEN`;
+    runs of one hidden size cannot tell a curve from a flat efficiency: the flat one (half hidden 0)."""
+    if len({_model(r).hidden for r in runs}) == 1:
+        eff, errs = fit(runs, **kw)
+        return 0.0, eff, errs
+    best = None
+    for half in HALF_HIDDEN:
+        eff, errs = fit(runs, half_hidden=half, **kw)
+        if best is None or max(errs) - min(errs) < max(best[2]) - min(best[2]) - 1e-9:
+            best = (half, eff, errs)
+    return best
 
 
 def main() -> None:
@@ -210,7 +236,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
     ap.add_argument("--tp-overlap", default="async")
     ap.add_argument("--calibration-out", default=None, metavar="DIR",
-                    help="write DIR/GPU.json per GPU type: the fitted efficiency (and the GEMM-shape curve's half size) "
+                    help="write DIR/GPU.json per GPU type: the fitted curve (efficiency and half hidden size) "
                          "as a calibration file for 'pipeloom tune --calibration'")
     a = ap.parse_args()
     groups: dict[str, list[Run]] = {}
@@ -223,57 +249,41 @@ def main() -> None:
         except TuneError as e:  # e.g. a sharding level this checkout's tuner does not search
             skipped.append(f"{gpu}: {e}")
             del groups[gpu]
-    fitted, spread = {}, {}
+    fits = {}
     for gpu, runs in groups.items():
-        eff, errs = fit(runs, tp_overlap=a.tp_overlap)
-        fitted[gpu], spread[gpu] = eff, (min(errs), max(errs))
-        print(f"{gpu}: efficiency {eff:.4f}, errors {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%",
-              file=sys.stderr, flush=True)
-    rows, data = table(groups, fitted, tp_overlap=a.tp_overlap)
-    # the GEMM-shape efficiency (tune.costs.shape_efficiency): for each half size of a grid, the efficiency
-    # fitted as above; the half size with the narrowest error range is reported
-    curve = {}
-    for gpu, runs in groups.items():
-        best = None
-        for half in HALF_SIZES:
-            eff, errs = fit(runs, tp_overlap=a.tp_overlap, half_size=half)
-            cand = (max(errs) - min(errs), half, eff, errs)
-            print(f"{gpu}: half size {half:.3g}: efficiency {eff:.4f}, errors {min(errs) * 100:+.1f}% .. "
-                  f"{max(errs) * 100:+.1f}%", file=sys.stderr, flush=True)
-            if best is None or cand[0] < best[0] - 1e-9:
-                best = cand
-        curve[gpu] = best
-    # the same rows under the old model's assumption (every TP collective exposed), fitted the same way
-    off = {gpu: fit(runs, tp_overlap="off") for gpu, runs in groups.items()}
+        flat_eff, flat_errs = fit(runs, tp_overlap=a.tp_overlap)
+        half, eff, errs = fit_curve(runs, tp_overlap=a.tp_overlap)
+        off_eff, off_errs = fit(runs, tp_overlap="off")  # every TP collective exposed, as the old model charged
+        fits[gpu] = {"flat_eff": flat_eff, "flat_errors": flat_errs, "half_hidden": half, "curve_eff": eff,
+                     "curve_errors": errs, "off_eff": off_eff, "off_errors": off_errs}
+        print(f"{gpu}: flat {flat_eff:.4f} ({_range(flat_errs)}), curve {eff:.4f} at half hidden {half:g} "
+              f"({_range(errs)}), tp-overlap off {off_eff:.4f} ({_range(off_errs)})", file=sys.stderr, flush=True)
+    rows, data = table(groups, fits, tp_overlap=a.tp_overlap)
     lines = ["# Published dense runs: predicted against measured", "",
              f"Command: `python bench/published_runs.py{' --tp-overlap ' + a.tp_overlap if a.tp_overlap != 'async' else ''}"
              " --out docs/bench/published_runs.md`", "",
              __doc__.split("\n\n", 2)[2].split("\nNot found")[0].strip().replace("``", "`").replace(":class:", ""), "",
-             "## Fitted efficiency, one per GPU type", "",
-             "| GPU | fitted efficiency (of dense BF16 peak) | error range | same fit with every TP collective exposed (`--tp-overlap off`) |",
-             "|---|---|---|---|"]
-    for gpu in groups:
-        lo, hi = spread[gpu]
-        oe, oerr = off[gpu]
-        lines.append(f"| {gpu} | **{fitted[gpu]:.3f}** | {lo * 100:+.1f}% .. {hi * 100:+.1f}% | {oe:.3f}: "
-                     f"{min(oerr) * 100:+.1f}% .. {max(oerr) * 100:+.1f}% |")
-    base = {g: fitted[g] for g in groups if g in {r.gpu for r in RUNS}}
-    for g, runs in groups.items():
-        if g not in base and runs[0].gpu in base:
-            errs = errors(runs, base[runs[0].gpu], tp_overlap=a.tp_overlap)
-            lines.append(f"\n{g} at the {runs[0].gpu} efficiency {base[runs[0].gpu]:.3f}: errors "
-                         f"{min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%.")
-    lines += ["", "## Efficiency as a curve of the GEMM size", "",
-              "`efficiency x shape / (shape + half_size)` with shape = tokens x hidden x ffn / tp per micro-batch "
-              "(`efficiency_half_size` in a calibration file); for each half size of "
-              f"{', '.join(f'{h:.0e}' for h in HALF_SIZES)} the efficiency is fitted as above; the narrowest error "
-              "range:", "",
-              "| GPU | half size | efficiency (large GEMMs) | error range |", "|---|---|---|---|"]
-    for gpu, (_, half, eff, errs) in curve.items():
-        lines.append(f"| {gpu} | {half:.0e} | {eff:.3f} | {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}% |")
-    lines += ["", "## Every run (one efficiency per GPU type)", "",
-              "error = predicted / published throughput - 1; exposed comm = the step's communication not hidden "
-              "behind compute (DP reduction tail, parameter all-gathers) beyond the pipeline's makespan.", ""]
+             "## Fitted efficiency per GPU type", "",
+             "Flat: one efficiency for every layer. Curve: `efficiency x h / (h + half_hidden)` of the hidden size h "
+             "(`efficiency_half_hidden` in a calibration file, `--efficiency-half-hidden`: the share of a layer's work "
+             "that is not GEMMs, norms, activations, residuals, falls as 1/h), the half hidden size from "
+             f"{', '.join(f'{h:g}' for h in HALF_HIDDEN)} with the narrowest error range, the efficiency fitted "
+             "with it. Error = predicted / published throughput - 1; each fit makes the largest over- and "
+             "under-prediction equal.", "",
+             "| group | flat efficiency | its errors | curve: half hidden | curve: efficiency (wide layers) | its errors | "
+             "flat, every TP collective exposed (`--tp-overlap off`) |", "|---|---|---|---|---|---|---|"]
+    for gpu, f in fits.items():
+        lines.append(f"| {gpu} | **{f['flat_eff']:.3f}** | {_range(f['flat_errors'])} | {f['half_hidden']:g} | "
+                     f"**{f['curve_eff']:.3f}** | {_range(f['curve_errors'])} | {f['off_eff']:.3f}: "
+                     f"{_range(f['off_errors'])} |")
+    for g, runs in groups.items():  # a later group on a GPU type at the first group's efficiency
+        first = next((x for x in groups if groups[x][0].gpu == runs[0].gpu), g)
+        if first != g:
+            errs = errors(runs, fits[first]["flat_eff"], tp_overlap=a.tp_overlap)
+            lines.append(f"\n{g} at the {first} flat efficiency {fits[first]['flat_eff']:.3f}: {_range(errs)}.")
+    lines += ["", "## Every run (its group's curve; the flat efficiency's error beside it)", "",
+              "exposed comm = the step's communication not hidden behind compute (DP reduction tail, parameter "
+              "all-gathers) beyond the pipeline's makespan.", ""]
     lines += rows
     lines += ["", *(f"Not evaluated: {x}" for x in skipped)]
     lines += ["", "Not found as text (so not used): the Megatron-LM README's H100 weak-scaling table (an image), "
@@ -284,14 +294,14 @@ def main() -> None:
     else:
         print(text)
     if a.json:
-        write_json(a.json, {"fitted_efficiency": fitted, "rows": data})
+        write_json(a.json, {"fits": fits, "rows": data})
     if a.calibration_out:  # the fit from published points as the tuner's calibration file
-        for gpu, (_, half, eff, errs) in curve.items():
+        for gpu, f in fits.items():
             names = ", ".join(sorted({r.source for r in groups[gpu]}))
-            write_json(os.path.join(a.calibration_out, f"{gpu}.json"),
-                       {"efficiency": round(eff, 4), "efficiency_half_size": half,
+            write_json(os.path.join(a.calibration_out, f"{gpu.split(',')[0]}.json"),
+                       {"efficiency": round(f["curve_eff"], 4), "efficiency_half_hidden": f["half_hidden"],
                         "source": f"bench/published_runs.py: fitted on {names} ({len(groups[gpu])} runs, errors "
-                                  f"{min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)"})
+                                  f"{_range(f['curve_errors'])})"})
     ok = all(abs(d["error"]) <= 0.10 for d in data)
     print(f"every row within +-10%: {ok}", file=sys.stderr)
 

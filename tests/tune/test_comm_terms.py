@@ -124,9 +124,8 @@ def test_shape_efficiency_by_hand():
     assert shape_efficiency(0.6, 100.0, 300.0) == pytest.approx(0.45)
     kw = dict(tp=1, micro_batch=1, seq=512, recompute="none")
     flat = layer_times(M, GPU_, 0.5, **kw)
-    shape = 512 * 1024 * 4096
-    curved = layer_times(M, GPU_, 0.5, half_size=shape, **kw)
-    assert curved.F == pytest.approx(2 * flat.F)  # at its half size a layer runs at half the rate
+    curved = layer_times(M, GPU_, 0.5, half_hidden=1024, **kw)  # M's hidden size: half the rate
+    assert curved.F == pytest.approx(2 * flat.F) and curved.parts["efficiency"] == pytest.approx(0.25)
 
 
 def _cli(*args):
@@ -143,11 +142,11 @@ def test_cli_explain_lists_every_communication_term_and_bad_modes_are_one_line()
             "24MiB", "--reserve", "0", "--global-batch", "16", "--schedules", "1f1b", "--tp", "2",
             "--max-microbatch-size", "1", "--recompute", "none"]
     r = _cli(*base, "--json", "--explain", "--tp-overlap", "chunked:2", "--dp-bucket-size", "1000",
-             "--efficiency", "0.5", "--efficiency-half-size", "3e5")
+             "--efficiency", "0.5", "--efficiency-half-hidden", "50")
     assert r.returncode == 0, r.stderr
     explain = json.loads(r.stdout)["explain"]
-    shape = explain["layer"]["gemm_shape"]
-    assert explain["layer"]["efficiency"] == pytest.approx(0.5 * shape / (shape + 3e5))
+    h = 64  # llama-tiny's hidden size
+    assert explain["layer"]["efficiency"] == pytest.approx(0.5 * h / (h + 50))
     comm = explain["communication"]
     assert comm["tp_overlap"] == "chunked:2" and comm["backward"] == "fused BW"
     per = comm["tp_per_layer_and_chunk_pass"]

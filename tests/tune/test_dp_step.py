@@ -6,8 +6,8 @@ import pytest
 
 from pipeloom.models.config import ModelConfig
 from pipeloom.models.presets import preset
-from pipeloom.sim.dp import DPLink, simulate_dp
-from pipeloom.tune import Calibration, Problem, gpu_preset, tune
+from pipeloom.sim.dp import DPLink, Link, simulate_dp
+from pipeloom.tune import Calibration, Problem, gpu_preset, tune, with_overrides
 from pipeloom.tune.costs import GRAD_BYTES, PARAM_BYTES
 from pipeloom.tune.space import _Space
 
@@ -16,7 +16,9 @@ GPT_1_7B = ModelConfig(name="gpt-1.7b", hidden=2304, layers=24, heads=24, ffn=4 
 
 
 def _best(model, gpus, gb, tp, pp, zero=0, schedule="1f1b", **kw):
-    prob = Problem(model=model, gpus=gpus, gpu=gpu_preset(kw.pop("gpu", "h100")), global_batch=gb, seq=model.seq,
+    gpu = kw.pop("gpu", "h100")
+    prob = Problem(model=model, gpus=gpus, gpu=gpu_preset(gpu) if isinstance(gpu, str) else gpu, global_batch=gb,
+                   seq=model.seq,
                    tp=tp, pp=pp, top=1, schedules=(schedule,), recompute=("none",), zero=(zero,),
                    microbatch_sizes=(1,), partitions=("uniform",), calibration=Calibration(efficiency=0.5), **kw)
     res = tune(prob)
@@ -30,8 +32,9 @@ def test_tuner_dp_equals_the_simulators(zero):
     space = _Space(prob)
     chunks = space.budget(c).chunk_memory
     unit = max(c.detail["chunk_F_s"])
-    link = space.gpu.inter  # tp 1 x dp 16 > 8 GPUs per node
-    assert c.detail["dp_link"] == "inter"
+    # tp 1 x dp 16 > 8 GPUs per node: the inter-node link, 8 ranks of the group per node sending through 8 NICs
+    assert c.detail["dp_link"] == "inter x 8 NICs"
+    link = Link(bandwidth=min(space.gpu.intra.bandwidth, 8 * space.gpu.inter.bandwidth), latency=space.gpu.inter.latency)
     res = simulate_dp(c.sim, [ch.params * GRAD_BYTES for ch in chunks], c.dp,
                       DPLink(bandwidth=link.bandwidth, latency=link.latency, unit_s=unit), zero=zero,
                       param_bytes=[ch.params * PARAM_BYTES for ch in chunks],
@@ -43,7 +46,8 @@ def test_tuner_dp_equals_the_simulators(zero):
 def test_pp1_buckets_hide_most_of_the_reduction():
     """Narayanan et al.'s 1.7B row (TP1 PP1, 32 A100): with Megatron's 40M-parameter buckets the all-reduce runs
     during the last microbatch's backward; with one bucket per chunk (the old model) all of it follows."""
-    kw = dict(gpu="a100-80g")
+    # one NIC's worth for the 8 ranks of a node (22.5 GB/s in all): the reduction outlasts one backward
+    kw = dict(gpu=with_overrides(gpu_preset("a100-80g"), inter_bandwidth=22.5e9 / 8))
     prob, bucketed = _best(GPT_1_7B, 32, 512, 1, 1, **kw)
     _, one = _best(GPT_1_7B, 32, 512, 1, 1, dp_bucket_params=10 ** 12, **kw)
     params = _Space(prob).budget(bucketed).chunk_memory[0].params
@@ -78,3 +82,18 @@ def test_dp_tail_by_hand():
     rs40, rs20 = reduce_scatter(40e6 * 4, 4, link), reduce_scatter(20e6 * 4, 4, link)
     assert dp_tail(space, z1, 100e6, 300e6, 1.0) == pytest.approx(
         max(rs20, 2 * rs40 + rs20 - 0.6) + all_gather(300e6 * 2, 4, link))
+
+
+def test_dp_link_counts_the_nics_of_the_groups_ranks_in_a_node():
+    """NCCL drives one ring per NIC: a DP group with k ranks in each 8-GPU node sends through k NICs."""
+    from types import SimpleNamespace
+
+    from pipeloom.tune.costs import dp_link
+
+    g = gpu_preset("h100")  # intra 360 GB/s, one NIC 45 GB/s
+    space = SimpleNamespace(p=SimpleNamespace(gpn=8), gpu=g)
+    for tp, dp, want in ((1, 32, 8 * 45e9), (2, 16, 4 * 45e9), (4, 64, 2 * 45e9), (8, 64, 45e9), (1, 8, 360e9),
+                         (2, 4, 360e9)):
+        assert dp_link(space, SimpleNamespace(tp=tp, dp=dp)).bandwidth == pytest.approx(want), (tp, dp)
+    fast_nics = SimpleNamespace(p=SimpleNamespace(gpn=8), gpu=with_overrides(g, inter_bandwidth=100e9))
+    assert dp_link(fast_nics, SimpleNamespace(tp=1, dp=32)).bandwidth == pytest.approx(360e9)  # NVLink caps it

@@ -57,10 +57,10 @@ def add_parser(sub) -> None:
                    help="latency per message between nodes (s)")
     g.add_argument("--efficiency", type=number_type(0, 1), default=None,
                    help="fraction of peak FLOP/s the layers reach (default 0.5, or the calibration file's)")
-    g.add_argument("--efficiency-half-size", type=number_type(0), default=None, metavar="SIZE",
-                   help="GEMM size (tokens x hidden x ffn / tp) at which a layer reaches half the efficiency: the "
-                        "efficiency becomes a curve of the GEMM size (default 0: one efficiency, or the calibration "
-                        "file's efficiency_half_size)")
+    g.add_argument("--efficiency-half-hidden", type=number_type(0), default=None, metavar="H",
+                   help="hidden size at which a layer reaches half the efficiency: the efficiency becomes "
+                        "efficiency x hidden / (hidden + H), the share of a layer's non-GEMM work (default 0: one "
+                        "efficiency, or the calibration file's efficiency_half_hidden)")
     g.add_argument("--calibration", default=None, metavar="FILE",
                    help="JSON with efficiency and link figures (format in docs/tune.md)")
     o = p.add_argument_group("communication overlap (modelled in docs/tune.md)")
@@ -188,9 +188,9 @@ def problem_from_args(args):
         if args.efficiency <= 0:
             raise ValueError("--efficiency must be > 0 (a fraction of peak FLOP/s, e.g. 0.5)")
         cal = dataclasses.replace(cal, efficiency=args.efficiency, source=cal.source + " + --efficiency")
-    if args.efficiency_half_size is not None:
-        cal = dataclasses.replace(cal, efficiency_half_size=float(args.efficiency_half_size),
-                                  source=cal.source + " + --efficiency-half-size")
+    if args.efficiency_half_hidden is not None:
+        cal = dataclasses.replace(cal, efficiency_half_hidden=float(args.efficiency_half_hidden),
+                                  source=cal.source + " + --efficiency-half-hidden")
     gpu = cal.apply(gpu)
     # the command-line link figures win over the calibration file's
     gpu = with_overrides(gpu, intra_bandwidth=args.intra_bw, intra_latency=args.intra_latency,

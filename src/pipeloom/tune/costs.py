@@ -20,8 +20,9 @@ Tensor parallel (Megatron with sequence parallelism)
     ring algorithm: ``all_gather(n bytes, t ranks) = (t-1)/t * n / bandwidth + (t-1) * latency``.
 
 Efficiency
-    ``peak x efficiency`` for large GEMMs; with a calibration's ``efficiency_half_size`` the saturating curve
-    :func:`shape_efficiency` of the GEMM size ``tokens x h x ffn / tp`` (:func:`gemm_shape`).
+    ``peak x efficiency`` for wide layers; with a calibration's ``efficiency_half_hidden`` the saturating curve
+    :func:`shape_efficiency` of the hidden size (the work a layer does besides its GEMMs, norms, activations,
+    residuals, is per ``tokens x h`` where the GEMMs' is per ``tokens x h^2``: its share falls as ``1/h``).
 
 Pipeline
     One send per chunk boundary: ``tokens x h x 2 / tp`` bytes (sequence-parallel shard), ``latency +
@@ -30,12 +31,14 @@ Pipeline
 
 Data parallel
     Gradients in fp32 (Megatron accumulates and reduces bf16 training's grads in fp32): ring all-reduce
-    ``2 (d-1)/d`` of the bytes; ZeRO-1 (distributed optimizer): reduce-scatter of the fp32 grads plus
-    all-gather of the bf16 parameters, ``(d-1)/d`` each. Each chunk's bucket starts when that chunk's
-    last weight gradient is done in the simulated schedule (overlap with the drain); the buckets of one
-    device run one after the other. Link: intra-node when tp * dp <= GPUs per node, else inter-node. The ring
-    formulas, the link type and the bucket queue are :mod:`pipeloom.sim.dp`'s (one DP reduction model for the
-    simulator's ``--dp`` and the tuner).
+    ``2 (d-1)/d`` of the bytes; with ZeRO reduce-scatter of the fp32 grads, and with ZeRO-1/2 all-gather of the
+    bf16 parameters, ``(d-1)/d`` each. The gradients fill buckets (Megatron-Core's ``max(40M, 1M x dp)``
+    parameters, :func:`dp_bucket_params`) through each chunk's last weight-gradient job of the simulated
+    schedule and reduce as they fill, one after another on the device's link; ZeRO-2/3 per layer after every
+    backward, ZeRO-3 gathering parameters per layer before each F and B. The model, the ring formulas and the
+    link type are :mod:`pipeloom.sim.dp`'s (one DP model for the simulator's ``--dp`` and the tuner). Link
+    (:func:`dp_link`): NVLink when the group sits in one node, else the inter-node link times the group's ranks
+    per node (one NCCL ring per NIC), at most NVLink's bandwidth.
 
 Optimizer
     Adam over the device's parameters is memory-bound: ``28 / z + 2`` bytes touched per parameter
@@ -135,9 +138,9 @@ class Calibration:
     measured: dict | None = None
     note: str = ""
     """how a measured calibration was used (set by :meth:`resolve`)"""
-    efficiency_half_size: float = 0.0
-    """the GEMM size (:func:`gemm_shape`) at which a layer reaches half of ``efficiency``
-    (:func:`shape_efficiency`); 0: one efficiency for every shape"""
+    efficiency_half_hidden: float = 0.0
+    """the hidden size at which a layer reaches half of ``efficiency`` (:func:`shape_efficiency`); 0: one
+    efficiency for every shape"""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
@@ -155,7 +158,7 @@ class Calibration:
         if not isinstance(data, dict):
             raise CalibrationError(f"{source}: a calibration is a JSON object, got {type(data).__name__}")
         allowed = {"efficiency", "intra", "inter", "hbm_bandwidth", "source", "achieved_flops", "device", "measured",
-                   "efficiency_half_size"}
+                   "efficiency_half_hidden"}
         bad = set(data) - allowed
         if bad:
             raise CalibrationError(f"{source}: unknown key(s) {', '.join(sorted(bad))}; allowed: "
@@ -177,8 +180,8 @@ class Calibration:
                     raise CalibrationError(f"{source}: {k} needs a bandwidth (bytes/s)")
         if "hbm_bandwidth" in data:
             kw["hbm_bandwidth"] = _num(data["hbm_bandwidth"], source, "hbm_bandwidth")
-        if "efficiency_half_size" in data:
-            kw["efficiency_half_size"] = _num(data["efficiency_half_size"], source, "efficiency_half_size")
+        if "efficiency_half_hidden" in data:
+            kw["efficiency_half_hidden"] = _num(data["efficiency_half_hidden"], source, "efficiency_half_hidden")
         if "achieved_flops" in data:
             kw["achieved_flops"] = _num(data["achieved_flops"], source, "achieved_flops")
             if kw["achieved_flops"] <= 0:
@@ -230,12 +233,12 @@ class Calibration:
             eff = min(1.0, self.achieved_flops / gpu.peak_flops)
             note = (f"measured on {dev['name']}: efficiency = {self.achieved_flops:.4g} FLOP/s / the {gpu.name} "
                     f"peak {gpu.peak_flops:.4g} = {eff:.4g}")
-            shape = (self.measured or {}).get("gemm_shape")
-            if self.efficiency_half_size and isinstance(shape, (int, float)) and shape > 0:
-                # the run's GEMMs reached eff at their size: the curve's large-GEMM efficiency is above it
-                eff = min(1.0, eff * (shape + self.efficiency_half_size) / shape)
-                note += (f", at the run's GEMM size {shape:.4g} on the curve of half size "
-                         f"{self.efficiency_half_size:.4g}: {eff:.4g} for large GEMMs")
+            hidden = (self.measured or {}).get("hidden")
+            if self.efficiency_half_hidden and isinstance(hidden, (int, float)) and hidden > 0:
+                # the run's layers reached eff at their width: the curve's wide-layer efficiency is above it
+                eff = min(1.0, eff * (hidden + self.efficiency_half_hidden) / hidden)
+                note += (f", at the run's hidden size {hidden:g} on the curve of half hidden size "
+                         f"{self.efficiency_half_hidden:g}: {eff:.4g} for wide layers")
             return replace(self, efficiency=eff, note=note), gpu
         note = (f"measured on {dev['type']} ({dev['name']}), not on a {gpu.name}: its {self.achieved_flops:.4g} "
                 f"FLOP/s replace the {gpu.name} peak at efficiency 1 (as --gpu-flops {self.achieved_flops:.4g} "
@@ -259,8 +262,8 @@ class Calibration:
                 out[k] = {"bandwidth": v.bandwidth, "latency": v.latency}
         if self.hbm_bandwidth is not None:
             out["hbm_bandwidth"] = self.hbm_bandwidth
-        if self.efficiency_half_size:
-            out["efficiency_half_size"] = self.efficiency_half_size
+        if self.efficiency_half_hidden:
+            out["efficiency_half_hidden"] = self.efficiency_half_hidden
         for k in ("achieved_flops", "device", "measured"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
@@ -286,21 +289,15 @@ class PassTimes:
     parts: dict = field(default_factory=dict, compare=False)
 
 
-def gemm_shape(model: ModelConfig, tokens: float, tp: int) -> float:
-    """The size a layer's GEMMs have on one TP rank: ``tokens x hidden x ffn / tp`` (for a MoE layer the routed
-    experts' ffn times the experts a token goes through): what :func:`shape_efficiency` reads."""
-    ffn = model.ffn if not model.moe else model.expert_ffn * max(1, model.experts_per_token)
-    return float(tokens) * model.hidden * ffn / tp
-
-
-def shape_efficiency(efficiency: float, half_size: float, shape: float) -> float:
-    """Fraction of peak a GEMM of size ``shape`` (:func:`gemm_shape`) reaches: the saturating curve
-    ``efficiency x shape / (shape + half_size)`` (``efficiency`` for large GEMMs, half of it at ``half_size``;
-    ``half_size`` 0: every shape alike). The form is the roofline's time = fixed overhead + work / rate
-    (Williams et al. 2009): a kernel whose fixed cost equals ``half_size`` worth of work runs at half speed."""
-    if half_size <= 0:
+def shape_efficiency(efficiency: float, half_hidden: float, hidden: float) -> float:
+    """Fraction of peak a layer of hidden size ``hidden`` reaches: ``efficiency x h / (h + half_hidden)``
+    (``efficiency`` for wide layers, half of it at ``h = half_hidden``; 0: every width alike). The form is time =
+    GEMM work / rate + a part proportional to ``tokens x h / tp`` (norms, activations, dropout, residuals: memory-
+    bound, per value of the layer's input): relative to the GEMMs' ``tokens x h^2 / tp`` it is ``half_hidden / h``
+    whatever the tokens and tp (with sequence parallelism those ops run on ``tokens / tp``)."""
+    if half_hidden <= 0:
         return efficiency
-    return efficiency * shape / (shape + half_size)
+    return efficiency * hidden / (hidden + half_hidden)
 
 
 def backward_fused(schedule: str) -> bool:
@@ -329,14 +326,14 @@ _FUSED: dict[str, bool] = {}
 
 def layer_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int,
                 recompute: str, tp_overlap: TPOverlap | str = "async", fused: bool = True,
-                half_size: float = 0.0) -> PassTimes:
+                half_hidden: float = 0.0) -> PassTimes:
     """One decoder layer on one TP rank (see the module docstring): compute at peak x
-    :func:`shape_efficiency`, plus the exposed part of each TP term of :func:`pipeloom.tune.comm_terms.tp_layer_terms`
+    :func:`shape_efficiency` (of the hidden size), plus the exposed part of each TP term of :func:`pipeloom.tune.comm_terms.tp_layer_terms`
     under ``tp_overlap``; ``fused``: the schedule runs B and W as one BW job (its wgrad GEMMs hide the dgrad
     reduce-scatter), else split. ``parts`` holds every term (total and exposed) for ``--explain``."""
     tokens = micro_batch * seq
     ov = TPOverlap.parse(tp_overlap)
-    eff = shape_efficiency(efficiency, half_size, gemm_shape(model, tokens, tp))
+    eff = shape_efficiency(efficiency, half_hidden, model.hidden)
     rate = gpu.peak_flops * eff
     f, b, w = layer_flops(model, tokens, seq)
     terms = tp_layer_terms(model, tokens, tp, gpu.intra, rate, ov, fused=fused)
@@ -348,7 +345,7 @@ def layer_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, mic
     elif recompute == "selective":
         extra = attention_core_flops(model, tokens, seq) / tp / rate
     parts = {"flops_F": f, "flops_B": b, "flops_W": w, "tokens": tokens, "rate_flops": rate, "efficiency": eff,
-             "gemm_shape": gemm_shape(model, tokens, tp), "compute_F_s": tF, "compute_B_s": tB, "compute_W_s": tW,
+             "compute_F_s": tF, "compute_B_s": tB, "compute_W_s": tW,
              "tp_overlap": str(ov), "backward": "fused BW" if fused else "split B/W",
              "tp_comm_per_pass_s": cF, "tp_exposed_s": {"F": cF, "B": cB, "W": cW},
              "tp_terms_s": {k: {n: {"total": t, "exposed": e, "hidden": t - e} for n, (t, e) in v.items()}
@@ -358,9 +355,9 @@ def layer_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, mic
 
 
 def head_times(model: ModelConfig, gpu: GPU, efficiency: float, *, tp: int, micro_batch: int, seq: int,
-               half_size: float = 0.0) -> PassTimes:
+               half_hidden: float = 0.0) -> PassTimes:
     tokens = micro_batch * seq
-    eff = shape_efficiency(efficiency, half_size, float(tokens) * model.hidden * model.vocab / tp)
+    eff = shape_efficiency(efficiency, half_hidden, model.hidden)
     t = head_flops(model, tokens) / tp / (gpu.peak_flops * eff)
     return PassTimes(t, t, t, {"flops_per_pass": head_flops(model, tokens), "efficiency": eff})
 
@@ -397,8 +394,24 @@ def comm_p2p(space, c) -> float:
     return p2p(nbytes, link)
 
 
-def dp_link(space, c):
-    return space.gpu.intra if c.tp * c.dp <= space.p.gpn else space.gpu.inter
+def dp_ranks_per_node(space, c) -> int:
+    """Ranks of one DP group inside one node: Megatron's rank order puts tp innermost, then dp, so a node of
+    ``gpn`` GPUs holds ``min(dp, gpn / tp)`` of them."""
+    return max(1, min(c.dp, space.p.gpn // c.tp))
+
+
+def dp_link(space, c) -> Link:
+    """The link a DP collective of ``c`` runs at: intra-node when the whole group sits in one node; else the
+    inter-node link with the NICs of the group's ranks in a node working together (NCCL runs one ring per
+    NIC: with ``k`` ranks per node each node sends through ``k`` NICs; every DP group of the node does the
+    same at once, so each gets its own ``k``): ``min(intra, k x inter)`` bandwidth."""
+    if c.tp * c.dp <= space.p.gpn:
+        return space.gpu.intra
+    k = dp_ranks_per_node(space, c)
+    if k == 1:
+        return space.gpu.inter
+    inter = space.gpu.inter
+    return Link(bandwidth=min(space.gpu.intra.bandwidth, k * inter.bandwidth), latency=inter.latency)
 
 
 def dp_bucket_params(space, c) -> int:

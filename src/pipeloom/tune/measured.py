@@ -50,9 +50,8 @@ def calibration_from_run(run_log, model: ModelConfig, *, microbatch_size: int, s
             flops[k] += n * lf[i] + (hf[i] if c == nc - 1 else 0.0)
     per_kind = {k: flops[k] / secs[k] for k in "FBW" if secs[k] > 0}
     total = sum(flops.values()) / sum(secs.values())
-    ffn = model.ffn if not model.moe else model.expert_ffn * max(1, model.experts_per_token)
     measured: dict = {"flops_per_s": per_kind, "seconds_per_chunk_pass": {"F": dF, "B": dB, "W": dW},
-                      "gemm_shape": float(tokens) * model.hidden * ffn,  # tune.costs.gemm_shape at tp 1
+                      "hidden": model.hidden,  # where the run sits on tune.costs.shape_efficiency's curve
                       "flops_per_chunk_pass": {k: flops[k] / nc for k in "FBW"}}
     link = None
     if costs.comm > 0:

@@ -31,7 +31,7 @@ from ..sim.dp import device_dp
 from ..sim.simulate import simulate
 from .bounds import BOUNDED, _rounded_mem, builder_limit, lower_bound, memory_bound, memory_lower_bound  # noqa: F401
 from .costs import (GRAD_BYTES, PARAM_BYTES, backward_fused, chunk_costs, comm_p2p, dp_bucket_params,  # noqa: F401
-                    dp_link, dp_time, optimizer_time, step_model_flops)
+                    dp_link, dp_ranks_per_node, dp_time, optimizer_time, step_model_flops)
 from .space import (PARTITIONS, RECOMPUTES, SLOW, SWEEP_OPTIONS, Config, Problem, TuneError,  # noqa: F401
                     _Space, builder_vpps, enumerate_space)
 
@@ -181,7 +181,8 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     if not c.fits:
         c.error = "memory: simulated peak over the GPU"
     c.detail = {"unit_bytes": U, "peak_units": peaks, "comm_p2p_s": comm, "chunk_F_s": F, "chunk_B_s": B,
-                "chunk_W_s": W, "dp_link": "intra" if dp_link(space, c) is space.gpu.intra else "inter",
+                "chunk_W_s": W, "dp_link": "intra" if dp_link(space, c) is space.gpu.intra else
+                f"inter x {dp_ranks_per_node(space, c)} NICs",
                 "dp_busy_s": max((sum(e - s for s, e, _ in ivs) * scale for ivs in dp_ivs), default=0.0),
                 "dp_collectives": max((len(ivs) for ivs in dp_ivs), default=0)}
     return c

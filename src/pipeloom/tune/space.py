@@ -227,10 +227,10 @@ class _Space:
         if k not in self.layer_t:
             p = self.p
             ov = TPOverlap.parse(p.tp_overlap, p.tp_comm_overlap)
-            half = p.calibration.efficiency_half_size
+            half = p.calibration.efficiency_half_hidden
             self.layer_t[k] = (layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r,
-                                           tp_overlap=ov, fused=fused, half_size=half),
-                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, half_size=half))
+                                           tp_overlap=ov, fused=fused, half_hidden=half),
+                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, half_hidden=half))
         return self.layer_t[k]
 
     def split(self, pp: int, vpp: int, placement: Placement, how: str, tp: int, b: int, r: str) -> tuple[int, ...]:
