@@ -60,7 +60,10 @@ TUNE_FLAGS = [("model", "tune.model", None), ("gpus", "tune.gpus", None), ("gpu"
               ("schedules", "tune.schedules", None), ("recompute", "tune.recompute_modes", None),
               ("zero", "tune.zero_modes", None), ("reserve", "tune.reserve", None), ("top", "tune.top", None),
               ("vpp", "tune.pin_vpp", None), ("dp", "tune.pin_dp", None),
-              ("microbatch_size", "tune.pin_microbatch_size", None), ("partitions", "tune.partitions", None)]
+              ("microbatch_size", "tune.pin_microbatch_size", None), ("partitions", "tune.partitions", None),
+              ("tp_overlap", "tune.tp_overlap", None), ("tp_comm_overlap", "tune.tp_comm_overlap", None),
+              ("dp_bucket_size", "tune.dp_bucket_size", None),
+              ("efficiency_half_hidden", "tune.efficiency_half_hidden", None)]
 #: the tune flags a settings file records as the question asked (argparse dest -> [tune] field)
 TUNE_QUESTION = {dest: path.split(".", 1)[1] for dest, path, _ in TUNE_FLAGS}
 #: the flags that plan a schedule: when one is on the command line, a file's schedule.plan is not used

@@ -342,12 +342,25 @@ class TuneSection:
     """the micro-batch size, fixed (--microbatch-size)"""
     partitions: str | None = None
     """layer partitions searched, comma-separated (--partitions)"""
+    tp_overlap: str | None = None
+    """how TP collectives overlap compute: off, async, chunked:K, fill (--tp-overlap)"""
+    tp_comm_overlap: bool | None = None
+    """Megatron's --tp-comm-overlap, forward collectives behind the GEMMs (--tp-comm-overlap)"""
+    dp_bucket_size: int | None = None
+    """parameters per DP gradient bucket (--dp-bucket-size)"""
+    efficiency_half_hidden: float | None = None
+    """hidden size at which a layer reaches half the efficiency (--efficiency-half-hidden)"""
 
     def __post_init__(self) -> None:
         s = self.SECTION
         for k in ("gpus", "global_batch", "seq", "tp", "gpus_per_node", "max_tp", "pin_tp", "pin_pp", "max_pp",
-                  "max_vpp", "max_microbatch_size", "top", "pin_vpp", "pin_dp", "pin_microbatch_size"):
+                  "max_vpp", "max_microbatch_size", "top", "pin_vpp", "pin_dp", "pin_microbatch_size",
+                  "dp_bucket_size"):
             _int(s, k, getattr(self, k), none=True)
+        _str(s, "tp_overlap", self.tp_overlap)
+        if self.tp_comm_overlap is not None:
+            _bool(s, "tp_comm_overlap", self.tp_comm_overlap)
+        _num(s, "efficiency_half_hidden", self.efficiency_half_hidden, strict=False, none=True)
         for k in ("gpu_flops", "intra_bw", "inter_bw"):
             _num(s, k, getattr(self, k), none=True)
         for k in ("intra_latency", "inter_latency"):
