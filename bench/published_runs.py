@@ -247,7 +247,7 @@ def main() -> None:
         try:
             predict(groups[gpu][0], 0.5, tp_overlap=a.tp_overlap)
         except TuneError as e:  # e.g. a sharding level this checkout's tuner does not search
-            skipped.append(f"{gpu}: {e}")
+            skipped.append(f"{gpu} ({len(groups[gpu])} runs): this checkout's tuner refuses them: {e}")
             del groups[gpu]
     fits = {}
     for gpu, runs in groups.items():
