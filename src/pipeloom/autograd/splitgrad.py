@@ -27,6 +27,11 @@ weight-gradient FLOPs W really takes over.
 
 A linear whose parameter is also owned by a non-linear sub-module (a head tied to the embedding)
 is not deferred: that parameter must get its whole gradient in B.
+
+A linear that runs its GEMM in an autograd function of its own (``defers_itself = True``: the
+tensor-parallel column-parallel groups of :mod:`pipeloom.models.tp_comm`, which own their input
+gradient's collective) gets no hook: while a :meth:`SplitGrad.deferring` block is open its
+``split_stash`` attribute is the stash, and the function appends the same ``[linear, x, dy]`` entries.
 """
 from __future__ import annotations
 
@@ -83,7 +88,7 @@ class SplitGrad:
 
     def _hook(self, mod: nn.Module, args: tuple, y) -> None:
         stash = self.stash
-        if stash is not None and isinstance(y, torch.Tensor) and y.requires_grad:
+        if stash is not None and not getattr(mod, "defers_itself", False) and isinstance(y, torch.Tensor) and y.requires_grad:
             # x detached: W needs its data only. The input itself would keep its autograd history
             # (nodes up to the chunk input) alive from B until W, with tensors some of those nodes
             # hold: on a last stage 0.75 MiB more at the peak than the estimate in
@@ -96,10 +101,15 @@ class SplitGrad:
     def deferring(self, stash: Stash) -> Iterator[Stash]:
         """Within the block, forwards of the linears append their entries to ``stash``."""
         self.stash = stash
+        own = [sub for sub in self.linears if getattr(sub, "defers_itself", False)]
+        for sub in own:
+            sub.split_stash = stash
         try:
             yield stash
         finally:
             self.stash = None
+            for sub in own:
+                sub.split_stash = None
 
     def kept(self, params) -> list:
         """The parameters of ``params`` that B differentiates (those not deferred to W)."""

@@ -44,14 +44,19 @@ tensor is the concatenation along ``dim`` of the shards of ranks ``0, k, 2k, ...
 
 Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models"; ``sequence_parallel=True``): between the GEMM pairs the hidden states hold this rank's
-``seq/t`` tokens (also between pipeline stages: P2P sends the shard). The norms run on the shard and
-all-gather along the sequence (:class:`SPGatherNorm`; backward reduce-scatter), the row-parallel
-outputs and the embedding's lookups are reduce-scattered (backward all-gather) instead of
-all-reduced; the replicated norm weights then have partial gradients (each rank's tokens), summed
-by the same once-per-step :func:`reduce_replicated_grads`. The collectives stay outside the
-``nn.Linear`` so the split backward's W sees the GEMM's own input and output gradient.
+``seq/t`` tokens (also between pipeline stages: P2P sends the shard). The norms run on the shard
+(:class:`SPNorm`) and the column-parallel group after each all-gathers along the sequence (backward:
+reduce-scatter of the input gradient), the row-parallel outputs and the embedding's lookups are
+reduce-scattered (backward all-gather) instead of all-reduced; the replicated norm weights then have
+partial gradients (each rank's tokens), summed by the same once-per-step :func:`reduce_replicated_grads`.
+The collectives stay outside the GEMMs' weight gradients, so the split backward's W sees each GEMM's
+own (gathered) input and output gradient.
 
-Not here yet: TP communication overlap, the Hugging Face families.
+The collectives go through :mod:`pipeloom.models.tp_comm`, which also holds the column-parallel GEMM
+groups' autograd function (its input gradient's collective overlapped with weight-gradient work:
+``pipeloom run --tp-overlap``) and the emulated link; the gradient helpers are in :mod:`pipeloom.models.tp_grads`.
+
+Not here yet: the Hugging Face families.
 """
 from __future__ import annotations
 
@@ -63,8 +68,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from types import SimpleNamespace
+
 from .llama import (Block, LlamaChunk, RMSNorm, apply_rope, build_chunk_modules, build_reference,  # noqa: F401
                     causal_attention, check_llama)
+from .tp_comm import _all_gather_1, _reduce_scatter_1, _seq_first, column_parallel  # noqa: F401
+from .tp_comm import run as _run
+from .tp_grads import gather_full, reduce_replicated_grads, replica_diff  # noqa: F401  (their home before)
 
 __all__ = [
     "check_tp",
@@ -85,6 +95,8 @@ __all__ = [
     "gather_seq",
     "reduce_scatter_seq",
     "SPGatherNorm",
+    "SPNorm",
+    "column_parallel",
     "replica_diff",
 ]
 
@@ -137,7 +149,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         g = g.contiguous().clone()
-        dist.all_reduce(g, group=ctx.group)
+        _run("all_reduce", g, None, ctx.group, what="all-reduce of an input gradient")
         return g, None
 
 
@@ -147,7 +159,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         y = x.contiguous().clone()
-        dist.all_reduce(y, group=group)
+        _run("all_reduce", y, None, group, what="all-reduce of a row-parallel output")
         return y
 
     @staticmethod
@@ -165,15 +177,6 @@ def reduce_from_tp(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
-# torch 2.13 renamed the single-tensor collectives (the old names warn); older torch has only the old ones
-_all_gather_1 = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_1 = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def _seq_first(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(0, 1).contiguous()  # (batch, seq, ...) -> (seq, batch, ...): shards are contiguous
-
-
 class _GatherSeq(torch.autograd.Function):
     """Sequence parallel's ``g-bar``: all-gather along the sequence forward, reduce-scatter backward."""
 
@@ -183,7 +186,7 @@ class _GatherSeq(torch.autograd.Function):
         _, t = _group_info(group)
         xs = _seq_first(x)
         out = xs.new_empty((xs.shape[0] * t, *xs.shape[1:]))
-        _all_gather_1(out, xs, group=group)
+        _run("all_gather", out, xs, group, what="all-gather of a sequence-parallel input")
         return out.transpose(0, 1)
 
     @staticmethod
@@ -197,7 +200,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     if xs.shape[0] % t:
         raise ValueError(f"sequence parallel: sequence length {xs.shape[0]} is not a multiple of tp={t}")
     out = xs.new_empty((xs.shape[0] // t, *xs.shape[1:]))
-    _reduce_scatter_1(out, xs, group=group)
+    _run("reduce_scatter", out, xs, group, what="reduce-scatter of a sequence-parallel output")
     return out.transpose(0, 1).contiguous()  # a chunk's output: P2P sends contiguous tensors
 
 
@@ -214,7 +217,7 @@ class _ReduceScatterSeq(torch.autograd.Function):
         _, t = _group_info(ctx.group)
         gs = _seq_first(g)
         out = gs.new_empty((gs.shape[0] * t, *gs.shape[1:]))
-        _all_gather_1(out, gs, group=ctx.group)
+        _run("all_gather", out, gs, ctx.group, what="all-gather of a sequence-parallel output gradient")
         return out.transpose(0, 1).contiguous(), None
 
 
@@ -232,20 +235,23 @@ def reduce_scatter_seq(x: torch.Tensor, group=None) -> torch.Tensor:
 class ColumnParallelLinear(nn.Linear):
     """``y_local = f(x) W_local^T``: ``W_local`` = this rank's rows of the full weight (out/t, in).
 
-    ``copy_input=False`` when the caller applied ``f`` once for several GEMMs sharing an input
-    (q, k, v; w1, w3), so their input gradients are summed by one all-reduce.
+    Called alone it is a group of one (:func:`pipeloom.models.tp_comm.column_parallel`; with
+    ``sequence_parallel`` its input is this rank's sequence shard, all-gathered); a layer whose GEMMs share
+    an input (q, k, v; w1, w3) runs them as one group, so their input gradients are summed and reduced by
+    one collective. ``defers_itself``: the group function stashes this GEMM's weight-gradient work for
+    the split backward (its forward hooks leave it alone).
     """
 
-    def __init__(self, in_features: int, out_local: int, group=None, *, copy_input: bool = True,
-                 rows_per_shard: int = 1) -> None:
+    defers_itself = True
+
+    def __init__(self, in_features: int, out_local: int, group=None, *, sequence_parallel: bool = False,
+                 rows_per_shard: int = 1, what: str = "column-parallel") -> None:
         super().__init__(in_features, out_local, bias=False)
-        self.group, self.copy_input = group, copy_input
+        self.group, self.sequence_parallel, self.what = group, sequence_parallel, what
         self.weight.tp_shard = (0, rows_per_shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.copy_input:
-            x = copy_to_tp(x, self.group)
-        return F.linear(x, self.weight)
+        return column_parallel(x, (self,), self.group, sequence_parallel=self.sequence_parallel, what=self.what)[0]
 
 
 class RowParallelLinear(nn.Linear):
@@ -285,9 +291,9 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_tp(out, self.group)
 
 
-class SPGatherNorm(RMSNorm):
-    """Sequence parallel: RMSNorm on this rank's tokens, then all-gather along the sequence (the
-    ``f`` of the column-parallel GEMMs that follow: its backward reduce-scatters the input gradient).
+class SPNorm(RMSNorm):
+    """Sequence parallel: RMSNorm on this rank's tokens; the column-parallel GEMMs that follow all-gather its
+    output along the sequence (and reduce-scatter their input gradient).
 
     The weight is replicated; its gradient is this rank's tokens' part (``tp_partial_ranks`` = t):
     :func:`reduce_replicated_grads` sums it over the TP group once per step."""
@@ -297,51 +303,52 @@ class SPGatherNorm(RMSNorm):
         self.group = group
         self.weight.tp_partial_ranks = _group_info(group)[1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gather_seq(super().forward(x), self.group)
+
+SPGatherNorm = SPNorm  # its name when it gathered itself
 
 
 class TPAttention(nn.Module):
     """Causal GQA attention on this rank's query heads (and the key/value heads they use)."""
 
-    def __init__(self, cfg: ModelConfig, group=None, *, sequence_parallel: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, group=None, *, sequence_parallel: bool = False, layer: int | None = None) -> None:
         super().__init__()
         rank, t = _group_info(group)
         self.group, self.hd, self.sp = group, cfg.head_dim, sequence_parallel
+        self.what = f"layer {layer} attention q/k/v" if layer is not None else "attention q/k/v"
         self.n_heads = cfg.heads // t
         _, self.n_kv, rep = tp_kv_layout(cfg, t, rank)
-        self.wq = ColumnParallelLinear(cfg.hidden, self.n_heads * cfg.head_dim, group, copy_input=False)
-        self.wk = ColumnParallelLinear(cfg.hidden, self.n_kv * cfg.head_dim, group, copy_input=False,
-                                       rows_per_shard=rep)
-        self.wv = ColumnParallelLinear(cfg.hidden, self.n_kv * cfg.head_dim, group, copy_input=False,
-                                       rows_per_shard=rep)
+        self.wq = ColumnParallelLinear(cfg.hidden, self.n_heads * cfg.head_dim, group)
+        self.wk = ColumnParallelLinear(cfg.hidden, self.n_kv * cfg.head_dim, group, rows_per_shard=rep)
+        self.wv = ColumnParallelLinear(cfg.hidden, self.n_kv * cfg.head_dim, group, rows_per_shard=rep)
         if rep > 1:  # each rank's query heads add their part to a replicated head's gradient
             self.wk.weight.tp_partial_ranks = self.wv.weight.tp_partial_ranks = rep
         self.wo = RowParallelLinear(self.n_heads * cfg.head_dim, cfg.hidden, group, reduce_output=not sequence_parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # sequence parallel: x is already gathered (SPGatherNorm); the local heads as the unsharded attention
-        if not self.sp:
-            x = copy_to_tp(x, self.group)
-        y = self.wo(causal_attention(self, x, cos, sin))
+        # q, k, v: one column-parallel group (sequence parallel: x is this rank's tokens, gathered there);
+        # then the local heads as the unsharded attention
+        q, k, v = column_parallel(x, (self.wq, self.wk, self.wv), self.group, sequence_parallel=self.sp, what=self.what)
+        proj = SimpleNamespace(wq=lambda _: q, wk=lambda _: k, wv=lambda _: v, n_heads=self.n_heads, n_kv=self.n_kv,
+                               hd=self.hd)
+        y = self.wo(causal_attention(proj, q, cos, sin))
         return reduce_scatter_seq(y, self.group) if self.sp else y
 
 
 class TPFeedForward(nn.Module):
     """SwiGLU with ``w1``, ``w3`` column-parallel and ``w2`` row-parallel: ``g(w2(silu(w1 f(x)) * w3 f(x)))``."""
 
-    def __init__(self, cfg: ModelConfig, group=None, *, sequence_parallel: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, group=None, *, sequence_parallel: bool = False, layer: int | None = None) -> None:
         super().__init__()
         _, t = _group_info(group)
         self.group, self.sp = group, sequence_parallel
-        self.w1 = ColumnParallelLinear(cfg.hidden, cfg.ffn // t, group, copy_input=False)
-        self.w3 = ColumnParallelLinear(cfg.hidden, cfg.ffn // t, group, copy_input=False)
+        self.what = f"layer {layer} feed-forward w1/w3" if layer is not None else "feed-forward w1/w3"
+        self.w1 = ColumnParallelLinear(cfg.hidden, cfg.ffn // t, group)
+        self.w3 = ColumnParallelLinear(cfg.hidden, cfg.ffn // t, group)
         self.w2 = RowParallelLinear(cfg.ffn // t, cfg.hidden, group, reduce_output=not sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.sp:  # sequence parallel: x is already gathered (SPGatherNorm)
-            x = copy_to_tp(x, self.group)
-        y = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        a, b = column_parallel(x, (self.w1, self.w3), self.group, sequence_parallel=self.sp, what=self.what)
+        y = self.w2(F.silu(a) * b)
         return reduce_scatter_seq(y, self.group) if self.sp else y
 
 
@@ -361,16 +368,16 @@ class _VocabParallelCE(torch.autograd.Function):
         start = rank * v_local
         z = logits.float()
         m = z.max(dim=-1).values
-        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        _run("all_reduce_max", m, None, group, what="all-reduce of the logits' maximum")
         z = z - m.unsqueeze(-1)
         local = targets - start
         outside = (local < 0) | (local >= v_local)
         local = local.masked_fill(outside, 0)
         picked = z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(picked, group=group)
+        _run("all_reduce", picked, None, group, what="all-reduce of the target logits")
         e = z.exp()
         total = e.sum(dim=-1)
-        dist.all_reduce(total, group=group)
+        _run("all_reduce", total, None, group, what="all-reduce of the sums of exponentials")
         loss = total.log() - picked
         e.div_(total.unsqueeze(-1))
         ctx.save_for_backward(e, local, outside)
@@ -422,20 +429,20 @@ def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = Fal
     def load(mod: nn.Module, w: torch.Tensor) -> None:
         mod.weight.data = w.to(device=device, dtype=dtype).contiguous()
 
-    def sp_norm(norm: RMSNorm) -> SPGatherNorm:
-        out = SPGatherNorm(norm.weight.shape[0], norm.eps, group)
+    def sp_norm(norm: RMSNorm) -> SPNorm:
+        out = SPNorm(norm.weight.shape[0], norm.eps, group)
         load(out, norm.weight.detach().clone())
         return out
 
     sp = bool(sequence_parallel)
-    for blk in chunk.layers.values():
+    for layer, blk in chunk.layers.items():
         a, f = blk.attn, blk.ffn
-        ta = TPAttention(cfg, group, sequence_parallel=sp)
+        ta = TPAttention(cfg, group, sequence_parallel=sp, layer=int(layer))
         load(ta.wq, _rows(a.wq.weight, rank * hl * hd, hl * hd))
         load(ta.wk, _rows(a.wk.weight, kv0 * hd, kvl * hd))
         load(ta.wv, _rows(a.wv.weight, kv0 * hd, kvl * hd))
         load(ta.wo, a.wo.weight[:, rank * hl * hd:(rank + 1) * hl * hd].clone())
-        tf = TPFeedForward(cfg, group, sequence_parallel=sp)
+        tf = TPFeedForward(cfg, group, sequence_parallel=sp, layer=int(layer))
         load(tf.w1, _rows(f.w1.weight, rank * fl, fl))
         load(tf.w3, _rows(f.w3.weight, rank * fl, fl))
         load(tf.w2, f.w2.weight[:, rank * fl:(rank + 1) * fl].clone())
@@ -447,7 +454,7 @@ def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = Fal
         load(emb, _rows(chunk.embed.weight, rank * vl, vl))
         chunk.embed = emb
     if chunk.head is not None:
-        head = ColumnParallelLinear(cfg.hidden, vl, group, copy_input=not sp)  # sp: the norm gathers
+        head = ColumnParallelLinear(cfg.hidden, vl, group, sequence_parallel=sp, what="head")
         load(head, _rows(chunk.head.weight, rank * vl, vl))
         chunk.head = head
         if sp:
@@ -473,83 +480,4 @@ def build_tp_chunk_modules(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence
     mods = build_chunk_modules(cfg, layers_per_chunk, seed, chunks=chunks, device=device, dtype=dtype)
     return [shard_chunk_(m, group, sequence_parallel=sequence_parallel) for m in mods]
 
-
-# --------------------------------------------------------------------------------- gradients
-@torch.no_grad()
-def reduce_replicated_grads(params: Iterable[nn.Parameter], group=None, grad_of=None) -> int:
-    """Sum the partial gradients of replicated parameters over the TP ranks that share them.
-
-    ``p.tp_partial_ranks = k``: ranks ``r`` with the same ``r // k`` hold the same tensor and each has
-    part of its gradient: a replicated key/value head (k = t/kv_heads: the ranks whose query heads use
-    it) or, with sequence parallelism, a norm weight (k = t: each rank's tokens). Call once per step,
-    after the last backward (and W) and before the optimizer or any DP reduction. One all-reduce over
-    the TP group of a buffer with ``t/k`` slots per parameter, each rank filling its slot. Returns the
-    number of parameters reduced (0: nothing to do, no collective). ``grad_of(p)``: where ``p``'s gradient
-    is (default ``p.grad``; the fp32 master gradient of a bf16 parameter in the runtime).
-    """
-    rank, t = _group_info(group)
-    grad_of = grad_of or (lambda p: p.grad)
-    todo = [(p, grad_of(p)) for p in params if getattr(p, "tp_partial_ranks", 1) > 1]
-    todo = [(p, g) for p, g in todo if g is not None]
-    if not todo:
-        return 0
-    where, off = [], 0
-    for p, g in todo:
-        k = p.tp_partial_ranks
-        where.append(off + (rank // k) * g.numel())
-        off += (t // k) * g.numel()
-    buf = torch.zeros(off, dtype=todo[0][1].dtype, device=todo[0][1].device)
-    for (_, g), at in zip(todo, where):
-        buf[at:at + g.numel()] = g.reshape(-1)
-    dist.all_reduce(buf, group=group)
-    for (_, g), at in zip(todo, where):
-        g.copy_(buf[at:at + g.numel()].view_as(g))
-    return len(todo)
-
-
-@torch.no_grad()
-def gather_full(module: nn.Module, group=None, *, grads: bool = False, value_of=None) -> dict[str, torch.Tensor]:
-    """The unsharded parameters (or their gradients, ``grads=True``) by name, on every rank.
-
-    ``value_of(p)``: the tensor to gather for parameter ``p`` instead (e.g. its fp32 master copy or that
-    copy's gradient). A parameter without a gradient gives None. Collective: every rank of ``group`` calls it.
-    """
-    _, t = _group_info(group)
-    out: dict[str, torch.Tensor | None] = {}
-    for name, p in module.named_parameters():
-        val = value_of(p) if value_of is not None else p.grad if grads else p.data
-        val = None if val is None else val.detach()
-        have = torch.tensor([0.0 if val is None else 1.0])
-        dist.all_reduce(have, op=dist.ReduceOp.MIN, group=group)
-        if have.item() == 0.0:
-            out[name] = None
-            continue
-        spec = getattr(p, "tp_shard", None)
-        if spec is None:
-            out[name] = val.detach().clone()
-            continue
-        dim, k = spec
-        parts = [torch.empty_like(val) for _ in range(t)]
-        dist.all_gather(parts, val.contiguous(), group=group)
-        out[name] = torch.cat(parts[::k], dim=dim)
-    return out
-
-
-@torch.no_grad()
-def replica_diff(module: nn.Module, group=None) -> float:
-    """Largest difference between the copies of a replicated parameter on the TP ranks that should hold the
-    same values (norm weights on every rank; a replicated key/value head on the ranks sharing it); 0.0 when
-    every copy agrees bitwise. Collective: every rank of ``group`` calls it."""
-    _, t = _group_info(group)
-    worst = 0.0
-    for _, p in module.named_parameters():
-        spec = getattr(p, "tp_shard", None)
-        k = t if spec is None else spec[1]
-        if k == 1:
-            continue  # a true shard: nothing to agree with
-        parts = [torch.empty_like(p.data) for _ in range(t)]
-        dist.all_gather(parts, p.data.contiguous(), group=group)
-        for r in range(t):
-            worst = max(worst, (parts[r] - parts[r - r % k]).abs().max().item())
-    return worst
 

@@ -14,6 +14,7 @@ from ..core.costs import Costs
 from ..core.errors import ScheduleError
 from ..core.ir import Schedule
 from ..models.slicing import even_layer_split
+from ..models.tp_modes import parse_overlap
 from ..schedule import io as schedule_io
 from ..schedule import planning
 from ..schedule.registry import PlanSpec
@@ -124,6 +125,16 @@ class RunConfig:
     measure_links: bool = False
     """after the steps, time an all-reduce of this rank's gradient bytes over its dp group (dp > 1) and put
     it, the device and the layers of every chunk in the result (``pipeloom run --calibrate``)"""
+    tp_overlap: str = "off"
+    """with tp > 1: what a column-parallel layer's input-gradient collective overlaps in the backward: ``off``,
+    ``async`` (the layer's weight-gradient GEMMs, where the plan fuses B and W or a W follows its own B),
+    ``chunked:K`` (the split B's dgrad in K token pieces), ``fill`` (queued W work of an earlier microbatch);
+    see :mod:`pipeloom.runtime.tp_overlap`. Every mode gives bitwise the same result"""
+    tp_link_delay_ms: float = 0.0
+    """with tp > 1: an emulated link (tests, benches): every TP collective lands this many milliseconds late
+    (a piece of a chunked one its share), waiting on a communication thread, no CPU used"""
+    tp_link_jitter: bool = False
+    """testing: each TP collective's link delay is drawn at random in [0, tp_link_delay_ms] (the race detector)"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "tp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
@@ -151,6 +162,12 @@ class RunConfig:
             if other:
                 raise ValueError(f"--tp {self.tp} runs pp x dp x tp with the built-in Llama only; "
                                  f"not yet with {', '.join(other)}")
+        parse_overlap(self.tp_overlap)
+        if not (0 <= self.tp_link_delay_ms < float("inf")):
+            raise ValueError(f"--tp-link-delay must be a finite number of milliseconds >= 0, got {self.tp_link_delay_ms}")
+        if self.tp == 1 and (self.tp_overlap != "off" or self.tp_link_delay_ms):
+            what = "--tp-overlap" if self.tp_overlap != "off" else "--tp-link-delay"
+            raise ValueError(f"{what} is about tensor-parallel collectives: it needs --tp > 1")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
         window = parse_profile_steps(self.profile_steps)

@@ -129,6 +129,8 @@ def worker(cfg: RunConfig) -> dict:
                              "supported: ZeRO-1 keeps the reduced gradients in shards; use --zero 0")
     elif tp_group is not None:
         from ..models.tp import build_tp_chunk_modules
+        from ..models.tp_comm import set_link
+        set_link(cfg.tp_link_delay_ms / 1e3, jitter_seed=cfg.seed * 7919 + rank if cfg.tp_link_jitter else None)
         mods = build_tp_chunk_modules(mcfg, split, cfg.seed, group=tp_group, chunks=mine, device=device,
                                       sequence_parallel=cfg.sequence_parallel)
     else:
@@ -153,7 +155,7 @@ def worker(cfg: RunConfig) -> dict:
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,
                           log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False,
-                          strict_p2p=cfg.strict_p2p, reducer=reducer, loss_replicas=tp)
+                          strict_p2p=cfg.strict_p2p, reducer=reducer, loss_replicas=tp, tp_overlap=cfg.tp_overlap)
     if cfg.fault_nan_mb is not None:
         def poisoned(out, target, _lf=ex.loss_fn):
             loss = _lf(out, target)
@@ -167,15 +169,17 @@ def worker(cfg: RunConfig) -> dict:
         _hang_before_reduction(ex)
     _bound_world_waits(cfg.timeout_s)
     opt = make_optimizer(cfg, ex)
-    losses, times, waits = [], [], []
+    c0 = _tp_counts()
+    losses, times, waits, tp_waits = [], [], [], []
     verify = params = None
     tied_diff = tp_diff = 0.0
     try:
         for step in range(cfg.steps):
             x, y = _batch(mcfg, cfg, sched, step, dp_rank)
-            t0 = time.perf_counter()
+            t0, w0 = time.perf_counter(), _tp_exposed()
             loss = ex.step(x, y)
             times.append(time.perf_counter() - t0)
+            tp_waits.append(_tp_exposed() - w0)
             waits.append(ex.last_stats.wait_s)
             losses.append(loss)
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
@@ -184,6 +188,8 @@ def worker(cfg: RunConfig) -> dict:
                 from ..models.tp import reduce_replicated_grads
                 reduce_replicated_grads([p for m in mods for p in m.parameters()], tp_group,
                                         grad_of=lambda p: ex.master.get(p, p).grad)
+            if cfg.return_params and step == 0:  # testing: the step's exact gradients, for bitwise comparisons
+                digest = _grad_digest(ex)
             if cfg.verify and step == 0:
                 xs, ys = [], []  # the global batch of the first step: every replica's microbatches
                 for r in range(cfg.dp):
@@ -214,7 +220,9 @@ def worker(cfg: RunConfig) -> dict:
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static))
+    dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static,
+                                       **({"grad_digest": digest} if cfg.return_params else {}),
+                                       **(_tp_counts(c0) if tp_group is not None else {})))
     ts = t.tolist()
     timed = ts[1:] if len(ts) > 1 else ts
     out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "tp": tp, "sequence_parallel": cfg.sequence_parallel, "microbatches": sched.microbatches,
@@ -231,9 +239,12 @@ def worker(cfg: RunConfig) -> dict:
         out["tied_across_stages"] = len(tied.cross)
         out["tied_weight_diff"] = d.item()
     if tp_group is not None:
-        d = torch.tensor([tp_diff], dtype=torch.float64)
+        d = torch.tensor([tp_diff, statistics.median(tp_waits[1:] if len(tp_waits) > 1 else tp_waits)],
+                         dtype=torch.float64)
         dist.all_reduce(d, op=dist.ReduceOp.MAX)
-        out["tp_replica_param_diff"] = d.item()
+        out["tp_replica_param_diff"] = d[0].item()
+        out["tp_overlap"], out["tp_link_delay_ms"] = cfg.tp_overlap, cfg.tp_link_delay_ms
+        out["tp_comm_wait_s"] = d[1].item()  # per step (median), the slowest rank: TP collectives not hidden
     out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
     if cfg.measure_links:
         out.update(_measure_links(mods, dp_group, dp, device))
@@ -241,6 +252,32 @@ def worker(cfg: RunConfig) -> dict:
     if cfg.return_params:
         out.update(params or {})
     return out if rank == 0 else None
+
+
+def _grad_digest(ex: PipelineExecutor) -> str:
+    """sha256 of this rank's gradients (the optimizer's: fp32, or the fp32 master copies' with bf16) in
+    parameter order: equal digests = bitwise equal gradients."""
+    import hashlib
+    h = hashlib.sha256()
+    for p in ex.parameters():
+        if p.grad is not None:
+            h.update(p.grad.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _tp_counts(since: dict | None = None) -> dict:
+    """This rank's TP overlap counters (``tp_comm.comm_stats``) since ``since``: collectives, fused and filled
+    weight-gradient GEMMs, chunked pieces."""
+    from ..models.tp_comm import comm_stats
+    st = comm_stats()
+    now = {"tp_collectives": st.count, "tp_fused_gemms": st.fused, "tp_filled_gemms": st.filled,
+           "tp_chunked_pieces": st.pieces}
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
+
+
+def _tp_exposed() -> float:
+    from ..models.tp_comm import comm_stats
+    return comm_stats().exposed_s
 
 
 def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, dp_rank: int) -> dict | None:

@@ -30,7 +30,6 @@ the gradients equal those of one full-batch step of the same model.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -44,6 +43,8 @@ from ..trace.writer import JobLog
 from .p2p import P2P, PeerError
 from .grads import GradBuffer, GradReducer, barrier, make_reducer
 from ..autograd.splitgrad import SplitGrad, weight_grads
+from .timing import StepStats, _After, _Timer
+from .tp_overlap import TPOverlap
 
 
 class NonFiniteLossError(RuntimeError):
@@ -52,64 +53,6 @@ class NonFiniteLossError(RuntimeError):
 
 class ScheduleRuntimeError(RuntimeError):
     """The executor met a job it cannot run (unknown kind, missing input, wrong rank)."""
-
-
-# ------------------------------------------------------------------------ timers
-class _Timer:
-    """Wall-clock start/end of a job's compute; CUDA events on GPU, resolved at step end."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.pending: list = []
-
-    def start(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.time()
-
-    def stop(self, started, record: Callable[[float, float], None]) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.pending.append((started, ev, record))
-        else:
-            record(started, time.time())
-
-    def resolve(self) -> None:
-        if not self.pending:
-            return
-        torch.cuda.synchronize()
-        ref = torch.cuda.Event(enable_timing=True)
-        ref.record()
-        ref.synchronize()
-        t_ref = time.time()
-        for s, e, record in self.pending:
-            record(t_ref - s.elapsed_time(ref) / 1e3, t_ref - e.elapsed_time(ref) / 1e3)
-        self.pending = []
-
-
-class _After:
-    """``step S, after job X`` for P2P errors, formatted only if one happens (no string per job)."""
-
-    __slots__ = ("step", "job")
-
-    def __init__(self, step: int, job: Job) -> None:
-        self.step, self.job = step, job
-
-    def __str__(self) -> str:
-        return f"step {self.step}, after job {self.job}"
-
-
-@dataclass(slots=True)
-class StepStats:
-    step: int
-    loss: float
-    losses: list[float]
-    time_s: float
-    wait_s: float
-    compute_s: float
 
 
 # ------------------------------------------------------------------------ executor
@@ -142,6 +85,8 @@ class PipelineExecutor:
             not call it). Also settable later as the ``on_job`` attribute.
         loss_replicas: how many ranks of the last stage compute the same losses (its tensor-parallel
             ranks; 1 without TP): the world all-reduce of the losses is divided by ``dp * loss_replicas``.
+        tp_overlap: what the tensor-parallel column-parallel GEMMs overlap with their input gradient's
+            collective: ``off | async | chunked:K | fill`` (:mod:`pipeloom.runtime.tp_overlap`).
     """
 
     def __init__(self, schedule: Schedule, modules: dict[int, nn.Module], loss_fn: Callable, *, pp_rank: int,
@@ -150,7 +95,7 @@ class PipelineExecutor:
                  log: JobLog | None = None, check: bool = True, strict_p2p: bool | None = None,
                  recv_lookahead: int = 4, reducer: str | GradReducer = "allreduce",
                  on_job: Callable[[Job, Callable[[Job], None]], None] | None = None,
-                 loss_replicas: int = 1) -> None:
+                 loss_replicas: int = 1, tp_overlap: str = "off") -> None:
         if check:
             v = validate(schedule)
             if v:
@@ -185,6 +130,11 @@ class PipelineExecutor:
         self._needs = {j: needed(j, schedule) for j in self.jobs}
         self._makes = {j: produced(j, schedule) for j in self.jobs}
         self._split = split
+        # tensor-parallel chunks: every pair defers (a BW computes its stash at once), so that every overlap
+        # mode computes the weight gradients with the same arithmetic (runtime/tp_overlap.py)
+        self.tp = TPOverlap(self.jobs, self.modules, tp_overlap)
+        self._defer = split | self.tp.defer_bw
+        self._job_i = -1
         self._handlers: dict[Kind, Callable[[Job], None]] = {
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
         }
@@ -192,7 +142,7 @@ class PipelineExecutor:
         # deferred linears (autograd/splitgrad.py): forward hooks on the nn.Linear instances of the chunks that
         # some W job of this rank splits (the other chunks' modules run exactly as given)
         self._splitgrad: dict[int, SplitGrad] = {k: SplitGrad(m) for k, m in self.modules.items()
-                                                 if any(c == k for _, c in split)}
+                                                 if any(c == k for _, c in self._defer)}
         # parameters, master copies, flat fp32 grad buffer
         self.params: dict[int, list[nn.Parameter]] = {k: [p for p in m.parameters() if p.requires_grad]
                                                       for k, m in self.modules.items()}
@@ -347,7 +297,7 @@ class PipelineExecutor:
             if handler is None:
                 raise ScheduleRuntimeError(f"rank {dist.get_rank()}: no handler for job {job} (kind {job.kind!r}); "
                                            f"known kinds: {', '.join(str(k) for k in handlers)}")
-            self.current_job = job
+            self.current_job, self._job_i = job, i
             # Job boundaries (docs/bench/runtime.md): the job is READY when its network input is in
             # hand (the blocking wait for a peer ends here: that wait is bubble, not the job's time);
             # it is DONE when its outputs are handed to the transport and the receives they unblock
@@ -392,7 +342,7 @@ class PipelineExecutor:
             x = self._take(Msg("act", m, k - 1), job).detach()
             if x.is_floating_point():
                 x.requires_grad_(True)
-        if (m, k) in self._split:
+        if (m, k) in self._defer:
             with self._splitgrad[k].deferring(self._stash.setdefault((m, k), [])):
                 y = self.modules[k](x)
         else:
@@ -412,7 +362,8 @@ class PipelineExecutor:
 
     def _run_b(self, job: Job) -> None:
         """B (input grads + non-deferred parameter grads) and BW (everything) share this code:
-        what differs is whether F ran with deferred linears."""
+        what differs is whether F ran with deferred linears (a BW of a tensor-parallel chunk also defers:
+        its stash is computed right after the backward, see runtime/tp_overlap.py)."""
         m, k = job.mb, job.chunk
         if job.kind is Kind.B and (m, k) not in self._split:
             raise ScheduleRuntimeError(f"job {job} has no matching W on this rank")
@@ -423,17 +374,27 @@ class PipelineExecutor:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} runs before F{m}.{k}") from None
         dy = None if k == self.nc - 1 else self._take(Msg("grad", m, k + 1), job)
         want_dx = k > 0 and x.requires_grad
-        split = job.kind is Kind.B
+        split = (m, k) in self._defer
         params = self._b_params[k] if split else self.params[k]
         wrt = ([x] if want_dx else []) + params
+        with self.tp.backward(self._job_i, job, self._stash, self._out, self.grads.views.get):
+            grads = self._backward(k, y, dy, x, wrt, params, split, want_dx)
+        del y, dy
+        if job.kind is Kind.BW and split:  # a deferring BW: its weight gradients now
+            weight_grads(self._stash.pop((m, k)), self.grads.views.get)
+        if k > 0:
+            dx = grads[0] if want_dx and grads[0] is not None else torch.zeros_like(x)
+            self._give(Msg("grad", m, k), dx, job)
+
+    def _backward(self, k: int, y, dy, x, wrt: list, params: list, split: bool, want_dx: bool) -> list:
         if split and not wrt and y.requires_grad:
             # nothing but deferred weights to differentiate: still run the backward so that the
             # stash hooks see every dy (the weight grads it computes here are dropped; W adds them)
             deferred = [p for p in self.params[k] if p.requires_grad]
             if deferred:
                 torch.autograd.grad(y, deferred, grad_outputs=dy, allow_unused=True)
-            grads = []
-        elif wrt and y.requires_grad and self._direct:
+            return []
+        if wrt and y.requires_grad and self._direct:
             # parameter grads accumulate into their .grad (views of the step buffer) by autograd.
             # BW: every leaf of the chunk's graph wants its grad, so no ``inputs=`` (naming them
             # costs the engine a graph walk, ~0.3 ms a call at the benchmark's size); B names the
@@ -444,17 +405,14 @@ class PipelineExecutor:
                 torch.autograd.backward(y, grad_tensors=dy)
             grads = [x.grad] if want_dx else []
             x.grad = None
-        elif wrt and y.requires_grad:
+            return grads
+        if wrt and y.requires_grad:
             grads = torch.autograd.grad(y, wrt, grad_outputs=dy, allow_unused=True)
             for p, g in zip(params, grads[1 if want_dx else 0:]):
                 if g is not None:
                     self.grads[p].add_(g)
-        else:
-            grads = [None] * len(wrt)
-        del y, dy
-        if k > 0:
-            dx = grads[0] if want_dx and grads[0] is not None else torch.zeros_like(x)
-            self._give(Msg("grad", m, k), dx, job)
+            return list(grads)
+        return [None] * len(wrt)
 
     @torch.no_grad()
     def _run_w(self, job: Job) -> None:
