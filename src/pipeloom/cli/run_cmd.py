@@ -43,6 +43,25 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _tp_overlap(text: str) -> str:
+    from ..models.tp_modes import parse_overlap
+    try:
+        parse_overlap(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _millis(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number of milliseconds >= 0, got {text}")
+    return v
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
@@ -98,6 +117,16 @@ def add_parser(sub) -> None:
     p.add_argument("--sequence-parallel", action="store_true", default=False,
                    help="with --tp > 1: norms and the activations between stages on seq_len/tp tokens per rank "
                         "(all-gather before, reduce-scatter after the tensor-parallel GEMMs)")
+    p.add_argument("--tp-overlap", type=_tp_overlap, default="off", metavar="MODE",
+                   help="with --tp > 1: what a column-parallel layer's input-gradient collective overlaps in the "
+                        "backward: off; async (its own weight-gradient GEMMs, where the plan fuses B and W or a W "
+                        "follows its own B); chunked:K (a split B's input gradient in K token pieces, each piece's "
+                        "collective under the next piece's GEMMs); fill (queued W work of an earlier microbatch); "
+                        "every mode gives bitwise the same result (default: %(default)s)")
+    p.add_argument("--tp-link-delay", type=_millis, default=0.0, metavar="MS",
+                   help="with --tp > 1: an emulated link for tests and benchmarks: every tensor-parallel collective "
+                        "lands MS milliseconds late (a piece of a chunked one its share), waiting on a "
+                        "communication thread, no CPU used (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (default: %(default)s)")
     g = p.add_argument_group("data parallel", "How the dp replicas' gradients are reduced (docs/runtime.md).")
     g.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action="store_true", default=False,
@@ -227,7 +256,8 @@ def run(args) -> int:
                        "max_param_diff": res["max_param_diff"], "verified": ok} if args.verify else {})
                    | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
                    | ({"calibration_file": args.calibrate} if args.calibrate else {})
-                   | ({"tp": res["tp"], "sequence_parallel": res["sequence_parallel"]} if res.get("tp", 1) > 1 else {})
+                   | ({k: res[k] for k in ("tp", "sequence_parallel", "tp_overlap", "tp_link_delay_ms", "tp_comm_wait_s")}
+                      if res.get("tp", 1) > 1 else {})
                    | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
                       if k in res})
     else:
@@ -283,7 +313,8 @@ def run_config(args):
                   dim=args.dim or 64, seed=args.seed, lr=args.lr, verify=args.verify, log_dir=args.log_dir,
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
                   dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype,
-                  overlap_grad_reduce=args.overlap_grad_reduce, zero=args.zero, rank_order=args.rank_order)
+                  overlap_grad_reduce=args.overlap_grad_reduce, zero=args.zero, rank_order=args.rank_order,
+                  tp_overlap=args.tp_overlap, tp_link_delay_ms=args.tp_link_delay)
     if sched is not None:
         split = getattr(args, "layers_per_chunk", None)  # the layer split of the plan (e.g. the tuner's)
         if split:
@@ -423,6 +454,9 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
     if res.get("tp", 1) > 1:
         t.add_row("pp x vpp x dp x tp", f"{res['pp']} x {res['vpp']} x {res['dp']} x {res['tp']}"
                   + (" (sequence parallel)" if res.get("sequence_parallel") else ""))
+        t.add_row("tp overlap", res["tp_overlap"] + (f" (emulated link: {res['tp_link_delay_ms']:g} ms per collective)"
+                                                      if res["tp_link_delay_ms"] else ""))
+        t.add_row("tp collectives waited (s/step)", fmt(res["tp_comm_wait_s"]))
     else:
         t.add_row("pp x vpp x dp", f"{res['pp']} x {res['vpp']} x {res['dp']}")
     t.add_row("microbatches", str(res["microbatches"]))
