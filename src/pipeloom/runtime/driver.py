@@ -147,15 +147,23 @@ def worker(cfg: RunConfig) -> dict:
         if cfg.log_dir else None
     delay = cfg.inject_delay[1] if cfg.inject_delay and cfg.inject_delay[0] == rank else 0.0
     reducer = make_dp_reducer(cfg, dp_group)
+    pre_reduce = None
     if tp_group is not None:  # the loss from this rank's vocabulary slice of the logits (never gathered)
         import functools
 
-        from ..models.tp import vocab_parallel_loss
+        from ..models.tp import reduce_replicated_grads, vocab_parallel_loss
         loss_fn = functools.partial(vocab_parallel_loss, group=tp_group)
+        by_chunk = dict(zip(mine, mods))
+
+        def pre_reduce(k: int) -> None:
+            # partial gradients (replicated key/value heads, SP norms) summed over the TP ranks once per step, after
+            # the chunk's last W/BW and before its DP reduction (ZeRO-1 then shards whole gradients)
+            reduce_replicated_grads(by_chunk[k].parameters(), tp_group, grad_of=ex.grads.views.get)
     ex = PipelineExecutor(sched, dict(zip(mine, mods)), loss_fn, pp_rank=pp_rank, pp_ranks=pp_ranks,
                           dp_group=dp_group, device=device, timeout_s=cfg.timeout_s, inject_delay_s=delay,
                           log=log, param_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, check=False,
-                          strict_p2p=cfg.strict_p2p, reducer=reducer, loss_replicas=tp, tp_overlap=cfg.tp_overlap)
+                          strict_p2p=cfg.strict_p2p, reducer=reducer, loss_replicas=tp, tp_overlap=cfg.tp_overlap,
+                          pre_reduce=pre_reduce)
     if cfg.fault_nan_mb is not None:
         def poisoned(out, target, _lf=ex.loss_fn):
             loss = _lf(out, target)
@@ -184,10 +192,6 @@ def worker(cfg: RunConfig) -> dict:
             losses.append(loss)
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
-            if tp_group is not None:  # partial gradients (replicated key/value heads, SP norms): summed once per step
-                from ..models.tp import reduce_replicated_grads
-                reduce_replicated_grads([p for m in mods for p in m.parameters()], tp_group,
-                                        grad_of=lambda p: ex.master.get(p, p).grad)
             if cfg.return_params and step == 0:  # testing: the step's exact gradients, for bitwise comparisons
                 digest = _grad_digest(ex)
             if cfg.verify and step == 0:

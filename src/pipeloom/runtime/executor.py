@@ -87,6 +87,9 @@ class PipelineExecutor:
             ranks; 1 without TP): the world all-reduce of the losses is divided by ``dp * loss_replicas``.
         tp_overlap: what the tensor-parallel column-parallel GEMMs overlap with their input gradient's
             collective: ``off | async | chunked:K | fill`` (:mod:`pipeloom.runtime.tp_overlap`).
+        pre_reduce: called with a chunk id after the chunk's last W/BW on this rank, before the reducer is told
+            (the tensor-parallel sum of replicated parameters' partial gradients: before any DP reduction, so
+            that ZeRO-1's shards get whole gradients).
     """
 
     def __init__(self, schedule: Schedule, modules: dict[int, nn.Module], loss_fn: Callable, *, pp_rank: int,
@@ -95,7 +98,8 @@ class PipelineExecutor:
                  log: JobLog | None = None, check: bool = True, strict_p2p: bool | None = None,
                  recv_lookahead: int = 4, reducer: str | GradReducer = "allreduce",
                  on_job: Callable[[Job, Callable[[Job], None]], None] | None = None,
-                 loss_replicas: int = 1, tp_overlap: str = "off") -> None:
+                 loss_replicas: int = 1, tp_overlap: str = "off",
+                 pre_reduce: Callable[[int], None] | None = None) -> None:
         if check:
             v = validate(schedule)
             if v:
@@ -139,6 +143,7 @@ class PipelineExecutor:
             Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w, Kind.BW: self._run_b,
         }
         self.on_job = on_job
+        self.pre_reduce = pre_reduce
         # deferred linears (autograd/splitgrad.py): forward hooks on the nn.Linear instances of the chunks that
         # some W job of this rank splits (the other chunks' modules run exactly as given)
         self._splitgrad: dict[int, SplitGrad] = {k: SplitGrad(m) for k, m in self.modules.items()
@@ -314,6 +319,8 @@ class PipelineExecutor:
                 on_job(job, handler)
             compute += time.perf_counter() - c0
             if i in chunk_done:
+                if self.pre_reduce is not None:
+                    self.pre_reduce(chunk_done[i])
                 self.reducer.chunk_done(chunk_done[i])
             if profiled:
                 self._timer.stop(ts, lambda s, e, j=job, r=ready: records.append((j, s, e, r)))

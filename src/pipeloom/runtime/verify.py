@@ -61,6 +61,8 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, loss: float, build_refer
     gd, missing = 0.0, 0
     if isinstance(ex.reducer, ZeroReduceScatter):
         names = {p: canon(n) for k in sorted(ex.modules) for n, p in ex.modules[k].named_parameters()}
+        if tp_group is not None:  # the reference's gradients cut to this rank's tensor-parallel shards
+            ref_grads = _tp_slices(ref_grads, names, tp_group)
         buf = ex.grads
         flat = torch.zeros(buf.flat.numel(), dtype=torch.float32)
         for seg in buf.segments:
@@ -97,6 +99,21 @@ def _verify(ex: PipelineExecutor, cfg: RunConfig, mcfg, loss: float, build_refer
     ropt.step()
     return {"max_loss_diff": t[0].item(), "max_grad_diff": t[1].item(), "reference_loss": ref_loss,
             "params_missing_grad": int(t[2].item())}, (ref, canon)
+
+
+def _tp_slices(ref_grads: dict, names: dict, tp_group) -> dict:
+    """Reference gradients by parameter name, each cut to the shard of it this TP rank holds (``p.tp_shard =
+    (dim, ranks_per_shard)``: shard ``tp_rank // ranks_per_shard`` along ``dim``; replicated: whole)."""
+    rank = dist.get_rank(tp_group)
+    out = dict(ref_grads)
+    for p, name in names.items():
+        spec, g = getattr(p, "tp_shard", None), ref_grads.get(name)
+        if spec is None or g is None:
+            continue
+        dim, k = spec
+        n = p.shape[dim]
+        out[name] = g.narrow(dim, (rank // k) * n, n)
+    return out
 
 
 def _verify_params(named: list, ref_and_names) -> dict:

@@ -1,0 +1,246 @@
+"""Tensor-parallel communication overlap (``pipeloom run --tp-overlap``): the backward of tensor-parallel
+decoder layers on tp 2 (2 gloo CPU ranks), each mode against its blocking control, on the emulated link
+(``--tp-link-delay``: a collective lands D ms late, no CPU used) and on real gloo.
+
+    python bench/tp_overlap.py [--pairs 12] [--dim 512] [--layers 2] [--tokens 512] [--chunks 2] [--out TABLE.md]
+
+One middle pipeline chunk (no embedding, no head) of the built-in Llama, sharded tp 2
+(:mod:`pipeloom.models.tp`); its column-parallel groups (q/k/v, w1/w3) each all-reduce an input gradient.
+Three comparisons, each a pair of entries timed alternately (A B, B A, ...; a barrier before each entry;
+the slowest rank's time), medians and the median of the per-pair ratios:
+
+* fused BW: the backward with weight gradients, ``async`` (each group's wgrad GEMMs while its all-reduce is in
+  flight) against blocking (all-reduce, then the wgrad GEMMs);
+* split B: the input-gradient backward alone (weight gradients deferred to W), ``chunked:K`` (the dgrad in K
+  token pieces, piece i's all-reduce under piece i+1's GEMMs) against blocking;
+* fill: B of microbatch 1 and W of microbatch 0, ``fill`` (B runs W(0)'s GEMMs while its all-reduces are in
+  flight, W(0) does the rest) against B then W.
+
+The emulated link's delay D is the measured wgrad GEMM time of one w1/w3 group (so that the collective and
+the work under it are of one size, where overlap can gain most); "ideal" = what a perfect overlap saves:
+per group min(collective, work under it). Real gloo runs the reduction on the same 2 cores as the compute.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from _harness import median, paired_ratios, round_orders, write_text  # noqa: E402
+
+
+def bench_worker(a: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from pipeloom.autograd.splitgrad import SplitGrad, weight_grads
+    from pipeloom.models import tp_comm
+    from pipeloom.models.llama import LlamaConfig
+    from pipeloom.models.tp import build_tp_chunk_modules
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tokens, dim = a["tokens"], a["dim"]
+    seq = 128 if tokens % 128 == 0 else tokens
+    cfg = LlamaConfig(n_layers=a["layers"] + 2, dim=dim, n_heads=8, n_kv_heads=4, max_seq_len=seq, vocab_size=256)
+    split = [[0], list(range(1, a["layers"] + 1)), [a["layers"] + 1]]
+    chunk = build_tp_chunk_modules(cfg, split, 0, chunks=[1], group=dist.group.WORLD)[0]
+    params = [p for p in chunk.parameters()]
+    grads = {p: torch.zeros_like(p) for p in params}
+    sg = SplitGrad(chunk)
+    kept = sg.kept(params)
+    st = tp_comm.STATE
+    x0 = torch.randn(tokens // seq, seq, dim)
+    dy = torch.randn(tokens // seq, seq, dim) * 1e-2
+
+    def forward():
+        x = x0.clone().requires_grad_(True)
+        stash: list = []
+        with sg.deferring(stash):
+            y = chunk(x)
+        return x, y, stash
+
+    def backward(x, y, mode="off", chunks=1, fuse=False, fill=None):
+        st.mode, st.chunks, st.fuse, st.fill = mode, chunks, fuse, fill
+        st.wgrad = lambda e: weight_grads(list(e), grads.get)
+        try:
+            torch.autograd.backward(y, dy, inputs=[x] + kept)
+        finally:
+            st.mode, st.chunks, st.fuse, st.wgrad, st.fill = "off", 1, False, None, None
+
+    def fill_from(stash):
+        def run(done):
+            for e in stash:
+                if e[2] is None:
+                    continue
+                if done():
+                    return
+                weight_grads([e], grads.get)
+                e[1] = e[2] = None
+        return run
+
+    # ---- the work: one w1/w3 group's wgrad GEMMs, and a collective of one input gradient on real gloo
+    x, y, stash = forward()
+    backward(x, y)
+    groups = [e for e in stash if type(e[0]).__name__ == "ColumnParallelLinear"]
+    ffn = [e for e in groups if e[0] is chunk.layers["1"].ffn.w1 or e[0] is chunk.layers["1"].ffn.w3]
+    ts = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        weight_grads(list(ffn), grads.get)
+        ts.append(time.perf_counter() - t0)
+    wgrad_ffn = median(ts)
+    qkv = [e for e in groups if e[0] in (chunk.layers["1"].attn.wq, chunk.layers["1"].attn.wk, chunk.layers["1"].attn.wv)]
+    ts = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        weight_grads(list(qkv), grads.get)
+        ts.append(time.perf_counter() - t0)
+    wgrad_qkv = median(ts)
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        weight_grads(list(stash), grads.get)  # every GEMM of one W (column and row-parallel)
+        ts.append(time.perf_counter() - t0)
+    wgrad_all = median(ts)
+    buf = torch.randn(tokens, dim)
+    ts = []
+    for _ in range(7):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        ts.append(time.perf_counter() - t0)
+    coll = torch.tensor([wgrad_ffn, wgrad_qkv, wgrad_all, median(ts)], dtype=torch.float64)
+    dist.all_reduce(coll, op=dist.ReduceOp.MAX)
+    wgrad_ffn, wgrad_qkv, wgrad_all, real_coll = coll.tolist()
+    delay_ms = round(wgrad_ffn * 1e3, 1)
+
+    # ---- the entries: (name, setup untimed, timed)
+    def fused(mode):
+        def setup():
+            return forward()
+
+        def timed(s):
+            x, y, stash = s
+            backward(x, y, mode=mode, fuse=True)
+            weight_grads(stash, grads.get)  # the rest (row-parallel GEMMs), as the executor does after a BW
+        return setup, timed
+
+    def split_b(mode, k):
+        def setup():
+            return forward()
+
+        def timed(s):
+            x, y, stash = s
+            backward(x, y, mode=mode, chunks=k)
+        return setup, timed
+
+    def fill(mode):
+        def setup():
+            x0_, y0_, stash0 = forward()
+            backward(x0_, y0_)  # B(0): W(0) queued
+            return forward() + (stash0,)
+
+        def timed(s):
+            x, y, stash, stash0 = s
+            if mode == "fill":
+                backward(x, y, mode="fill", fill=fill_from(stash0))
+            else:
+                backward(x, y)
+            weight_grads(stash0, grads.get)  # W(0): what fill left
+        return setup, timed
+
+    comparisons = {
+        "fused": {"async": fused("async"), "blocking": fused("off")},
+        "split": {f"chunked:{a['chunks']}": split_b("chunked", a["chunks"]), "blocking": split_b("off", 1)},
+        "fill": {"fill": fill("fill"), "B then W": fill("off")},
+    }
+    out = {"delay_ms": delay_ms, "wgrad_ffn_s": wgrad_ffn, "wgrad_qkv_s": wgrad_qkv, "wgrad_all_s": wgrad_all,
+           "real_collective_s": real_coll,
+           "times": {}, "params": sum(p.numel() for p in params)}
+    for link in ("emulated", "real"):
+        tp_comm.set_link(delay_ms / 1e3 if link == "emulated" else 0.0)
+        for comp, entries in comparisons.items():
+            for _, (setup, timed) in entries.items():  # warm-up
+                timed(setup())
+            times = {name: [] for name in entries}
+            for order in round_orders(list(entries), a["pairs"], mirror=True):
+                for name in order:
+                    setup, timed = entries[name]
+                    s = setup()
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    timed(s)
+                    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    times[name].append(t.item())
+            out["times"][(link, comp)] = times
+    tp_comm.set_link(0.0)
+    sg.close()
+    out["groups"] = {"qkv": a["layers"], "ffn": a["layers"]}
+    return out if dist.get_rank() == 0 else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=12, help="timed pairs per comparison and link")
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=512, help="tokens per microbatch (sequences of 128)")
+    ap.add_argument("--chunks", type=int, default=2, help="K of chunked:K")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from pipeloom.runtime.launch import spawn
+
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    res = spawn(bench_worker, 2, (vars(args),), timeout_s=600)
+    wall = time.time() - t0
+    load1 = os.getloadavg()[0]
+    ms = lambda v: f"{1e3 * v:.1f}"  # noqa: E731
+    d = res["delay_ms"] / 1e3
+    L = args.layers
+    # what a perfect overlap saves, per backward: per group min(collective, the work under it)
+    ideal = {
+        "fused": L * (min(d, res["wgrad_ffn_s"]) + min(d, res["wgrad_qkv_s"])),
+        # chunked: piece i's collective (d/K) under piece i+1's dgrad: at best (K-1)/K of each collective
+        "split": 2 * L * d * (args.chunks - 1) / args.chunks,
+        # fill: W(0)'s GEMMs (column and row-parallel) under B(1)'s collectives
+        "fill": min(2 * L * d, res["wgrad_all_s"]),
+    }
+    names = {"fused": ("async", "blocking"), "split": (f"chunked:{args.chunks}", "blocking"), "fill": ("fill", "B then W")}
+    what = {"fused": "fused BW (backward + weight gradients)", "split": "split B (input gradients only)",
+            "fill": "B(1) + W(0)"}
+    lines = ["| comparison | link | overlap (ms) | control (ms) | overlap/control (median of pairs) | saved (ms) | "
+             "ideal saving (ms) | saved / ideal |", "|---|---|---|---|---|---|---|---|"]
+    for comp in ("fused", "split", "fill"):
+        for link in ("emulated", "real"):
+            a_name, b_name = names[comp]
+            ta, tb = res["times"][(link, comp)][a_name], res["times"][(link, comp)][b_name]
+            ratio = median(paired_ratios(ta, tb))
+            saved = median(tb) - median(ta)
+            lk = f"emulated, {res['delay_ms']:g} ms" if link == "emulated" else "real gloo"
+            idl = ideal[comp] if link == "emulated" else None
+            lines.append(f"| {what[comp]}: {a_name} vs {b_name} | {lk} | {ms(median(ta))} | {ms(median(tb))} | "
+                         f"{ratio:.3f} | {ms(saved)} | {ms(idl) if idl else '-'} | "
+                         f"{f'{saved / idl:.2f}' if idl else '-'} |")
+    lines.append("")
+    lines.append(f"Model: one middle chunk of {L} decoder layers, dim {args.dim}, 8 heads (4 key/value heads), "
+                 f"{args.tokens} tokens per microbatch, tp 2 ({res['params'] / 1e6:.2f} M parameters per rank). "
+                 f"Measured: one w1/w3 group's wgrad GEMMs {ms(res['wgrad_ffn_s'])} ms, one q/k/v group's "
+                 f"{ms(res['wgrad_qkv_s'])} ms, one W (every GEMM) {ms(res['wgrad_all_s'])} ms, a real gloo all-reduce of one input gradient "
+                 f"({args.tokens} x {args.dim} fp32) {ms(res['real_collective_s'])} ms. {args.pairs} pairs per row; "
+                 f"{platform.machine()}, load average {load0:.1f} before, {load1:.1f} after ({os.cpu_count()} CPUs); "
+                 f"bench wall time {wall:.0f} s.")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        write_text(args.out, table)
+
+
+if __name__ == "__main__":
+    main()
