@@ -45,6 +45,7 @@ from .grads import GradBuffer, GradReducer, barrier, make_reducer
 from ..autograd.splitgrad import SplitGrad, weight_grads
 from .timing import StepStats, _After, _Timer
 from .tp_overlap import TPOverlap
+from ..models.tp_comm import comm_stats
 
 
 class NonFiniteLossError(RuntimeError):
@@ -281,9 +282,11 @@ class PipelineExecutor:
         self.grads.install(self.master)
         loss = sum(losses) / M
         if self.log is not None:
-            for j, s, e, *rd in records:
+            tp_wait = self._tp_wait or {}
+            for i, (j, s, e, *rd) in enumerate(records):
                 self.log.job(step, j.kind.value, j.mb, j.chunk, self.me, s, e,
-                             ready=rd[0] if len(rd) == 2 else None, done=rd[1] if len(rd) == 2 else None)
+                             ready=rd[0] if len(rd) == 2 else None, done=rd[1] if len(rd) == 2 else None,
+                             tp_comm=tp_wait.get(i))
             self.log.end_step(step, loss)
         self.last_stats = StepStats(step, loss, losses, time.perf_counter() - t0, self.p2p.wait_s, compute)
         self.step_count += 1
@@ -297,6 +300,8 @@ class PipelineExecutor:
             self._loss_work = dist.all_reduce(self._losses, async_op=True)
         self.p2p.advance(where=f"step {self.step_count}, before the first job")  # post the first receives
         handlers, on_job, chunk_done = self._handlers, self.on_job, self._chunk_done_after
+        tp_log = self._tp_wait = {} if profiled and self.tp.tp else None
+        stats = comm_stats()
         for i, job in enumerate(self.jobs):
             handler = handlers.get(job.kind)
             if handler is None:
@@ -311,6 +316,7 @@ class PipelineExecutor:
             ready = time.time() if cpu_log else 0.0
             ts = self._timer.start()
             c0 = time.perf_counter()
+            w0 = stats.exposed_s
             if self.delay:  # straggler injection: the job's outputs come late by this much
                 time.sleep(self.delay)
             if on_job is None:
@@ -318,6 +324,8 @@ class PipelineExecutor:
             else:
                 on_job(job, handler)
             compute += time.perf_counter() - c0
+            if tp_log is not None:
+                tp_log[i] = stats.exposed_s - w0
             if i in chunk_done:
                 if self.pre_reduce is not None:
                     self.pre_reduce(chunk_done[i])

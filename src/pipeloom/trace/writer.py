@@ -99,11 +99,13 @@ class JobLog:
         self._write({"event": "sync", "step": step, "t": time.time()})
 
     def job(self, step: int, kind: str, mb: int, chunk: int, device: int, start: float, end: float, *,
-            ready: float | None = None, done: float | None = None) -> None:
+            ready: float | None = None, done: float | None = None, tp_comm: float | None = None) -> None:
         ev = {"event": "job", "step": step, "kind": kind, "mb": mb, "chunk": chunk, "device": device,
               "start": start, "end": end}
         if ready is not None and done is not None:
             ev["ready"], ev["done"] = ready, done
+        if tp_comm is not None:  # seconds the job waited for tensor-parallel collectives
+            ev["tp_comm"] = tp_comm
         self._write(ev)
 
     def end_step(self, step: int, loss: float) -> None:
