@@ -119,25 +119,47 @@ def bench_worker(a: dict) -> dict:
     wgrad_ffn, wgrad_qkv, wgrad_all, real_coll = coll.tolist()
     delay_ms = round(wgrad_ffn * 1e3, 1)
 
-    # ---- the entries: (name, setup untimed, timed)
-    def fused(mode):
-        def setup():
-            return forward()
+    # ---- the entries: setup (untimed) and run -> (seconds, what a perfect overlap would save or None).
+    # The controls time each column-parallel group's GEMMs in the same round, so the ideal saving is that
+    # round's: per group min(collective, the GEMMs that could run under it).
+    col_groups = [g for blk in chunk.layers.values() for g in ((blk.attn.wq, blk.attn.wk, blk.attn.wv),
+                                                               (blk.ffn.w1, blk.ffn.w3))]
+    n_coll = len(col_groups)
 
-        def timed(s):
+    def group_times(stash) -> list[float]:
+        out = []
+        for g in col_groups:
+            ents = [e for e in stash if any(e[0] is m for m in g) and e[2] is not None]
+            t0 = time.perf_counter()
+            weight_grads(list(ents), grads.get)
+            out.append(time.perf_counter() - t0)
+            for e in ents:
+                e[1] = e[2] = None
+        return out
+
+    def fused(mode):
+        def run(s):
             x, y, stash = s
+            t0 = time.perf_counter()
             backward(x, y, mode=mode, fuse=True)
+            gs = group_times(stash) if mode == "off" else None  # blocking: the wgrad GEMMs after the backward
             weight_grads(stash, grads.get)  # the rest (row-parallel GEMMs), as the executor does after a BW
-        return setup, timed
+            el = time.perf_counter() - t0
+            return el, (sum(min(link_s(), g) for g in gs) if gs else None)
+        return forward, run
 
     def split_b(mode, k):
-        def setup():
-            return forward()
-
-        def timed(s):
+        def run(s):
             x, y, stash = s
+            t0 = time.perf_counter()
             backward(x, y, mode=mode, chunks=k)
-        return setup, timed
+            el = time.perf_counter() - t0
+            # the dgrad GEMMs of a group cost what its wgrad GEMMs cost (the same FLOPs): piece i's collective
+            # can hide under piece i+1's dgrad, at most (K-1)/K of both
+            gs = group_times(stash) if mode == "off" else None
+            weight_grads(stash, grads.get)
+            return el, (sum(min(link_s(), g) for g in gs) * (a["chunks"] - 1) / a["chunks"] if gs else None)
+        return forward, run
 
     def fill(mode):
         def setup():
@@ -145,14 +167,24 @@ def bench_worker(a: dict) -> dict:
             backward(x0_, y0_)  # B(0): W(0) queued
             return forward() + (stash0,)
 
-        def timed(s):
+        def run(s):
             x, y, stash, stash0 = s
+            t0 = time.perf_counter()
             if mode == "fill":
                 backward(x, y, mode="fill", fill=fill_from(stash0))
-            else:
-                backward(x, y)
-            weight_grads(stash0, grads.get)  # W(0): what fill left
-        return setup, timed
+                weight_grads(stash0, grads.get)  # W(0): what fill left
+                return time.perf_counter() - t0, None
+            backward(x, y)
+            t1 = time.perf_counter()
+            weight_grads(stash0, grads.get)  # W(0)
+            w = time.perf_counter() - t1
+            return time.perf_counter() - t0, min(n_coll * link_s(), w)
+        return setup, run
+
+    link = {"s": 0.0}
+
+    def link_s() -> float:
+        return link["s"]
 
     comparisons = {
         "fused": {"async": fused("async"), "blocking": fused("off")},
@@ -160,25 +192,28 @@ def bench_worker(a: dict) -> dict:
         "fill": {"fill": fill("fill"), "B then W": fill("off")},
     }
     out = {"delay_ms": delay_ms, "wgrad_ffn_s": wgrad_ffn, "wgrad_qkv_s": wgrad_qkv, "wgrad_all_s": wgrad_all,
-           "real_collective_s": real_coll,
-           "times": {}, "params": sum(p.numel() for p in params)}
-    for link in ("emulated", "real"):
-        tp_comm.set_link(delay_ms / 1e3 if link == "emulated" else 0.0)
+           "real_collective_s": real_coll, "times": {}, "ideal": {}, "params": sum(p.numel() for p in params)}
+    for name in ("emulated", "real"):
+        link["s"] = delay_ms / 1e3 if name == "emulated" else real_coll
+        tp_comm.set_link(delay_ms / 1e3 if name == "emulated" else 0.0)
         for comp, entries in comparisons.items():
-            for _, (setup, timed) in entries.items():  # warm-up
-                timed(setup())
-            times = {name: [] for name in entries}
+            for _, (setup, run) in entries.items():  # warm-up
+                run(setup())
+            times = {e: [] for e in entries}
+            ideal = []
             for order in round_orders(list(entries), a["pairs"], mirror=True):
-                for name in order:
-                    setup, timed = entries[name]
+                for e in order:
+                    setup, run = entries[e]
                     s = setup()
                     dist.barrier()
-                    t0 = time.perf_counter()
-                    timed(s)
-                    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    el, idl = run(s)
+                    t = torch.tensor([el, idl or 0.0], dtype=torch.float64)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    times[name].append(t.item())
-            out["times"][(link, comp)] = times
+                    times[e].append(t[0].item())
+                    if idl is not None:
+                        ideal.append(t[1].item())
+            out["times"][(name, comp)] = times
+            out["ideal"][(name, comp)] = median(ideal)
     tp_comm.set_link(0.0)
     sg.close()
     out["groups"] = {"qkv": a["layers"], "ffn": a["layers"]}
@@ -202,16 +237,7 @@ def main() -> None:
     wall = time.time() - t0
     load1 = os.getloadavg()[0]
     ms = lambda v: f"{1e3 * v:.1f}"  # noqa: E731
-    d = res["delay_ms"] / 1e3
     L = args.layers
-    # what a perfect overlap saves, per backward: per group min(collective, the work under it)
-    ideal = {
-        "fused": L * (min(d, res["wgrad_ffn_s"]) + min(d, res["wgrad_qkv_s"])),
-        # chunked: piece i's collective (d/K) under piece i+1's dgrad: at best (K-1)/K of each collective
-        "split": 2 * L * d * (args.chunks - 1) / args.chunks,
-        # fill: W(0)'s GEMMs (column and row-parallel) under B(1)'s collectives
-        "fill": min(2 * L * d, res["wgrad_all_s"]),
-    }
     names = {"fused": ("async", "blocking"), "split": (f"chunked:{args.chunks}", "blocking"), "fill": ("fill", "B then W")}
     what = {"fused": "fused BW (backward + weight gradients)", "split": "split B (input gradients only)",
             "fill": "B(1) + W(0)"}
@@ -224,10 +250,9 @@ def main() -> None:
             ratio = median(paired_ratios(ta, tb))
             saved = median(tb) - median(ta)
             lk = f"emulated, {res['delay_ms']:g} ms" if link == "emulated" else "real gloo"
-            idl = ideal[comp] if link == "emulated" else None
+            idl = res["ideal"][(link, comp)]
             lines.append(f"| {what[comp]}: {a_name} vs {b_name} | {lk} | {ms(median(ta))} | {ms(median(tb))} | "
-                         f"{ratio:.3f} | {ms(saved)} | {ms(idl) if idl else '-'} | "
-                         f"{f'{saved / idl:.2f}' if idl else '-'} |")
+                         f"{ratio:.3f} | {ms(saved)} | {ms(idl)} | {saved / idl:.2f} |")
     lines.append("")
     lines.append(f"Model: one middle chunk of {L} decoder layers, dim {args.dim}, 8 heads (4 key/value heads), "
                  f"{args.tokens} tokens per microbatch, tp 2 ({res['params'] / 1e6:.2f} M parameters per rank). "

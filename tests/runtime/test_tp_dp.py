@@ -10,6 +10,8 @@ import pytest
 from pipeloom.runtime.driver import cases_worker
 from pipeloom.runtime.launch import spawn
 
+from test_tp_overlap import tp_static  # noqa: E402  (this folder is on sys.path: pytest prepend mode)
+
 pytestmark = pytest.mark.dist
 
 TOL = 1e-5
@@ -35,3 +37,6 @@ def test_pp2_dp2_tp2_match_one_process():
     # partial gradients runs before it): same parameters after the step as the replicated optimizer
     c = res[3]["params"]
     assert max(abs(x - y) for n in a for x, y in zip(a[n], c[n])) <= TOL
+    # each rank's bytes: 'pipeloom memory --tp 2 --sequence-parallel --dp 2 --zero 1'
+    for measured, want in tp_static(cases[3], res[3], dp=2, zero=1):
+        assert measured == want, (measured, want)

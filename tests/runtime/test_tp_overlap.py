@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeloom.runtime.driver import RunConfig, cases_worker, run
+from pipeloom.memory.analytic import TrainConfig, estimate
+from pipeloom.runtime.driver import RunConfig, cases_worker, model_config, run
 from pipeloom.runtime.launch import spawn
 
 SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=2, seq_len=8, return_params=True, steps=1)
@@ -21,6 +22,22 @@ SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=2, seq_len=8, return_pa
 def _same(a: dict, b: dict) -> bool:
     return (a["losses"] == b["losses"] and a["params"] == b["params"]
             and [r["grad_digest"] for r in a["rank_bytes"]] == [r["grad_digest"] for r in b["rank_bytes"]])
+
+
+def tp_static(c: dict, r: dict, dp: int = 1, zero: int = 0):
+    """(measured, estimated) per-rank (params, grads, optimizer) bytes: a TP rank of the run against
+    ``pipeloom memory --tp 2 [--sequence-parallel] --dtype D [--dp N --zero Z]``."""
+    cfg = RunConfig(**{k: v for k, v in c.items() if k not in ("dtype", "steps")})
+    sched = cfg.schedule if isinstance(cfg.schedule, str) else cfg.schedule.name
+    mcfg = model_config(cfg, 2 * (1 if sched == "1f1b" else 2))
+    rep = estimate(mcfg, TrainConfig(dtype=c.get("dtype", "fp32"), tp=c["tp"], dp=dp, zero=zero,
+                                     sequence_parallel=c.get("sequence_parallel", False), seq=c["seq_len"],
+                                     micro_batch=c["microbatch_size"], impl="eager"),
+                   schedule=sched, pp=c["pp"], microbatches=c["microbatches"])
+    for b in r["rank_bytes"]:
+        d = rep.devices[b["pp_rank"]]
+        yield (b["params_bytes"], b["grads_bytes"], b["optimizer_bytes"]), (d.params_bytes, d.grads_bytes,
+                                                                              d.optimizer_bytes)
 
 
 def _count(r: dict, what: str) -> int:
@@ -62,6 +79,11 @@ def test_overlap_modes_and_delayed_link_are_bitwise_equal_to_off():
     # bf16 with fp32 master gradients: really bf16, within the runtime's bf16 tolerance of the fp32 reference
     bf = out["bf16"][0]
     assert bf["dtype"] == "bf16" and 0.0 < bf["max_grad_diff"] <= 5e-2 and bf["max_loss_diff"] <= 5e-2
+    # what a TP rank holds (parameters, fp32 gradients, AdamW states and fp32 master weights) is exactly what
+    # 'pipeloom memory --tp 2' estimates per device (fp32; bf16 with sequence parallelism)
+    for name in ("zbv", "bf16"):
+        for measured, want in tp_static(groups[name][0], out[name][0]):
+            assert measured == want, (name, measured, want)
 
 
 @pytest.mark.parametrize("kw,msg", [

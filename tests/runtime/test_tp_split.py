@@ -68,3 +68,21 @@ def test_no_tp_weight_gradient_after_b_and_tp_wait_in_the_logs(tmp_path):
     assert jobs and all("tp_comm" in ev and ev["tp_comm"] >= 0.0 for ev in jobs)
     # every collective of the delayed link lands >= 3 ms late (a chunked piece 1.5 ms): B jobs wait for them
     assert max(ev["tp_comm"] for ev in jobs if ev["kind"] == "B") >= 1.5e-3
+
+
+def test_a_tp_peer_that_never_arrives_is_named_within_the_timeout():
+    from pipeloom.runtime.driver import RunConfig, run
+    from pipeloom.runtime.launch import RankFailure
+
+    # rank 3 (pp stage 1, TP rank 1) stops before its first backward; its TP peer, rank 2, waits in the head's
+    # input-gradient all-reduce (the last stage's first collective of the backward) and names it
+    cfg = RunConfig(schedule="1f1b", pp=2, tp=2, microbatches=2, microbatch_size=1, seq_len=8, timeout_s=3.0,
+                    fault_hang_rank=3)
+    t0 = __import__("time").monotonic()
+    with pytest.raises(RankFailure) as e:
+        run(cfg)
+    msgs = [e.value.message] + [m for _, m in e.value.others]
+    assert "\n" not in str(e.value)
+    want = "rank 2: tensor-parallel all-reduce of head input gradient: timed out after 3s: rank 3 did not arrive"
+    assert any(want in m for m in msgs), msgs
+    assert __import__("time").monotonic() - t0 < 60

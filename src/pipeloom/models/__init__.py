@@ -14,6 +14,10 @@
     slicing  cut a model's layers into the schedule's chunks (even_layer_split: no torch;
              chunk_modules: torch)
     llama    the built-in tiny Llama used by the demo, the tests and the benchmarks (torch)
+    tp       its tensor-parallel shards: column/row-parallel linears, vocab-parallel embedding and cross
+             entropy, sequence parallelism (torch); tp_comm the TP collectives, the column-parallel groups'
+             autograd function with its overlap and the emulated link (torch); tp_grads the shards' gradient
+             and gather helpers (torch); tp_modes the overlap modes' names (no torch)
 
 Importing this package imports nothing heavy; the modules are imported by name.
 """

@@ -3,7 +3,8 @@
 Every collective of a tensor-parallel layer (:mod:`pipeloom.models.tp`) goes through :func:`start` /
 :func:`run` here, so that one switch (:func:`set_link`) can put all of them on an *emulated link*: a
 collective runs on a communication thread after a delay (``time.sleep``: no CPU used), and its result
-lands only then. A read of a result before its wait therefore sees the unreduced values: with random
+lands only then; the link carries one collective at a time (one started while another is in flight lands
+its delay after that one: the pieces of a chunked collective share the link as bandwidth would). A read of a result before its wait therefore sees the unreduced values: with random
 delays per collective (``jitter``) a run that is bitwise equal to the undelayed run has no such race
 (``tests/runtime/test_tp_overlap.py``). Without a link the collectives are torch's own asynchronous
 ones (``async_op=True`` work handles; gloo runs all_reduce, reduce_scatter and all_gather asynchronously).
@@ -50,7 +51,11 @@ import torch.nn.functional as F
 from .tp_modes import OVERLAP_MODES, parse_overlap  # noqa: F401  (re-exported)
 
 __all__ = ["set_link", "link_delay", "start", "run", "Handle", "STATE", "OverlapState", "parse_overlap",
-           "column_parallel", "ColumnSpec", "comm_stats", "OVERLAP_MODES"]
+           "column_parallel", "ColumnSpec", "comm_stats", "OVERLAP_MODES", "TPPeerError"]
+
+
+class TPPeerError(RuntimeError):
+    """A tensor-parallel collective did not complete within the timeout: names the collective and the peer."""
 
 # torch 2.13 renamed the single-tensor collectives (the old names warn); older torch has only the old ones
 _all_gather_1 = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -87,7 +92,7 @@ class _Pending:
         self.fn, self.ready_at, self.event, self.error = fn, ready_at, threading.Event(), None
 
 
-_LINK: dict = {"delay_s": 0.0, "rng": None, "wire": None}
+_LINK: dict = {"delay_s": 0.0, "rng": None, "wire": None, "timeout_s": None}
 
 
 @dataclass(slots=True)
@@ -109,13 +114,15 @@ def comm_stats() -> _Stats:
     return _STATS
 
 
-def set_link(delay_s: float = 0.0, *, jitter_seed: int | None = None) -> None:
+def set_link(delay_s: float = 0.0, *, jitter_seed: int | None = None, timeout_s: float | None = None) -> None:
     """Put this process's TP collectives on the emulated link: each is held ``delay_s`` seconds (a piece of a
     chunked collective its share), or, with ``jitter_seed``, a random ``uniform(0, delay_s)`` drawn per
-    collective. ``delay_s = 0``: torch's own asynchronous collectives (the default)."""
+    collective. ``delay_s = 0``: torch's own asynchronous collectives (the default). ``timeout_s``: a wait
+    that fails raises :class:`TPPeerError` naming the collective and the peers (gloo gives up after the
+    group's timeout; the emulated link after ``timeout_s``)."""
     if not delay_s >= 0:
         raise ValueError(f"tensor-parallel link delay must be >= 0 seconds, got {delay_s}")
-    _LINK["delay_s"] = float(delay_s)
+    _LINK["delay_s"], _LINK["timeout_s"] = float(delay_s), timeout_s
     _LINK["rng"] = random.Random(jitter_seed) if jitter_seed is not None else None
     if delay_s > 0 and _LINK["wire"] is None:
         _LINK["wire"] = _Wire()
@@ -129,10 +136,10 @@ def link_delay() -> float:
 class Handle:
     """A started collective: :meth:`wait` once before reading its result; :meth:`done` polls."""
 
-    __slots__ = ("_work", "_pending", "what", "finish")
+    __slots__ = ("_work", "_pending", "what", "finish", "group")
 
-    def __init__(self, work=None, pending: _Pending | None = None, what: str = "", finish=None) -> None:
-        self._work, self._pending, self.what, self.finish = work, pending, what, finish
+    def __init__(self, work=None, pending: _Pending | None = None, what: str = "", finish=None, group=None) -> None:
+        self._work, self._pending, self.what, self.finish, self.group = work, pending, what, finish, group
 
     def done(self) -> bool:
         if self._pending is not None:
@@ -142,15 +149,32 @@ class Handle:
     def wait(self):
         t0 = time.perf_counter()
         if self._pending is not None:
-            self._pending.event.wait()
+            if not self._pending.event.wait(_LINK["timeout_s"]):
+                self._fail("timed out")
             if self._pending.error is not None:
-                raise RuntimeError(f"tensor-parallel {self.what}: {self._pending.error}") from self._pending.error
+                self._fail(self._pending.error)
         elif self._work is not None:
-            self._work.wait()
+            try:
+                self._work.wait()
+            except Exception as e:  # gloo: the group's timeout, or a peer that closed its connection
+                self._fail(e)
         _STATS.exposed_s += time.perf_counter() - t0
         out = self.finish() if self.finish is not None else None
         self.finish = None
         return out
+
+
+    def _fail(self, err) -> None:
+        """Raise one line: this rank, the collective, and the peers of its group that did not complete it."""
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        me = dist.get_rank()
+        peers = [r for r in dist.get_process_group_ranks(self.group or dist.group.WORLD) if r != me]
+        who = (f"rank {peers[0]} did not arrive" if len(peers) == 1
+               else f"one of ranks {', '.join(map(str, peers))} did not arrive")
+        timed = "imeout" in text or "imed out" in text
+        after = f" after {_LINK['timeout_s']:g}s" if timed and _LINK["timeout_s"] else ""
+        raise TPPeerError(f"rank {me}: tensor-parallel {self.what}: {'timed out' if timed else 'failed'}{after}: {who}"
+                          + ("" if timed else f" ({text})"))
 
 
 def _op(kind: str, out: torch.Tensor, inp: torch.Tensor | None, group, async_op: bool):
@@ -174,10 +198,12 @@ def start(kind: str, out: torch.Tensor, inp: torch.Tensor | None = None, group=N
     if delay > 0:
         rng = _LINK["rng"]
         d = (rng.uniform(0.0, delay) if rng is not None else delay) * share
-        p = _Pending(lambda: _op(kind, out, inp, group, False), time.perf_counter() + d)
+        ready = max(time.perf_counter(), _LINK.get("busy_until", 0.0)) + d  # one collective at a time on the link
+        _LINK["busy_until"] = ready
+        p = _Pending(lambda: _op(kind, out, inp, group, False), ready)
         _LINK["wire"].q.put(p)
-        return Handle(pending=p, what=what)
-    return Handle(work=_op(kind, out, inp, group, True), what=what)
+        return Handle(pending=p, what=what, group=group)
+    return Handle(work=_op(kind, out, inp, group, True), what=what, group=group)
 
 
 def run(kind: str, out: torch.Tensor, inp: torch.Tensor | None = None, group=None, *, what: str = "") -> torch.Tensor:

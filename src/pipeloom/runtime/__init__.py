@@ -19,6 +19,9 @@ Importing this package imports torch. Main pieces:
 * :mod:`.driver`: the orchestration behind ``pipeloom run``: spawn or join the ranks, build each rank's chunks
   (the built-in ``llama-tiny`` example or a model of your own), run the steps, gather the result.
 * :mod:`.verify`: ``--verify``, the first step against a single-process reference.
+* :mod:`.tp_overlap`: per B/BW job, what a tensor-parallel layer's input-gradient collective overlaps
+  (``pipeloom run --tp-overlap off|async|chunked:K|fill``).
+* :mod:`.timing`: job timers (wall clock or CUDA events) and a step's statistics.
 """
 from .commplan import build_comm_plan
 from .executor import NonFiniteLossError, PipelineExecutor, ScheduleRuntimeError, reference_step

@@ -120,7 +120,8 @@ class RunConfig:
     """testing: rank 0's result carries every parameter after the first optimizer step (``params``, name ->
     flat list of floats, from dp replica 0) and the largest difference between dp replicas (``replica_param_diff``)"""
     fault_hang_rank: int | None = None
-    """testing: this global rank stops (sleeps) before its first gradient reduction in the first step"""
+    """testing: this global rank stops (sleeps) before its first gradient reduction in the first step (with tp > 1: before its
+    first backward job)"""
     measure_links: bool = False
     """after the steps, time an all-reduce of this rank's gradient bytes over its dp group (dp > 1) and put
     it, the device and the layers of every chunk in the result (``pipeloom run --calibrate``)"""

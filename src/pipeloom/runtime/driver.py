@@ -24,6 +24,7 @@ from ..trace.writer import JobLog, parse_profile_steps
 from .config import EXAMPLES, RunConfig, _check_shape, _split, model_config, prepare, resolve_schedule
 from .executor import PipelineExecutor
 from .launch import RankFailure, default_device, init_process_group, one_line, spawn, under_torchrun
+from .tp_run import grad_digest, tp_counts, tp_exposed, tp_groups
 from .verify import _gather_params, _named_fp32, _verify, _verify_params
 
 
@@ -61,25 +62,6 @@ def _groups(pp: int, dp: int, timeout_s: float | None = None, order: str = "dp-p
     return pp_ranks, dp_group, mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
 
 
-def _tp_groups(pp: int, dp: int, tp: int):
-    """(pp global ranks of my pipeline, dp group or None, tp group, pp_rank, dp_rank, tp_rank) on a DeviceMesh of
-    shape (dp, pp, tp), tp innermost: a stage's TP ranks are consecutive global ranks (one node), P2P goes
-    between the equal TP indices of adjacent stages (the mesh's pp group of this rank) and the DP group of a
-    rank holds the same shard of the same stage in every replica (one group per (pp, tp))."""
-    world = dist.get_world_size()
-    if world != pp * dp * tp:
-        raise ValueError(f"world size {world} != pp*dp*tp = {pp}*{dp}*{tp}")
-    key = ("tp", dp, pp, tp)
-    if key not in _MESHES:
-        from torch.distributed.device_mesh import init_device_mesh
-        _MESHES[key] = init_device_mesh(default_device().type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    mesh = _MESHES[key]
-    pp_ranks = dist.get_process_group_ranks(mesh.get_group("pp"))
-    dp_group = mesh.get_group("dp") if dp > 1 else None
-    return (pp_ranks, dp_group, mesh.get_group("tp"), mesh.get_local_rank("pp"), mesh.get_local_rank("dp"),
-            mesh.get_local_rank("tp"))
-
-
 def _dp_group(mesh, pp: int, dp: int, timeout_s: float | None, order: str):
     """The mesh's dp group of this rank, or (with ``timeout_s``) the same ranks in a group whose
     collectives give up after ``timeout_s`` (gloo ignores a collective's wait timeout and uses its
@@ -109,7 +91,7 @@ def worker(cfg: RunConfig) -> dict:
     pp, dp, tp = sched.pp, cfg.dp, cfg.tp
     tp_group = None
     if tp > 1:
-        pp_ranks, dp_group, tp_group, pp_rank, dp_rank, tp_rank = _tp_groups(pp, dp, tp)
+        pp_ranks, dp_group, tp_group, pp_rank, dp_rank, tp_rank = tp_groups(pp, dp, tp, cfg.timeout_s)
     else:
         pp_ranks, dp_group, pp_rank, dp_rank = _groups(pp, dp, cfg.timeout_s, cfg.rank_order)
     rank = dist.get_rank()
@@ -130,7 +112,8 @@ def worker(cfg: RunConfig) -> dict:
     elif tp_group is not None:
         from ..models.tp import build_tp_chunk_modules
         from ..models.tp_comm import set_link
-        set_link(cfg.tp_link_delay_ms / 1e3, jitter_seed=cfg.seed * 7919 + rank if cfg.tp_link_jitter else None)
+        set_link(cfg.tp_link_delay_ms / 1e3, jitter_seed=cfg.seed * 7919 + rank if cfg.tp_link_jitter else None,
+                 timeout_s=cfg.timeout_s)
         mods = build_tp_chunk_modules(mcfg, split, cfg.seed, group=tp_group, chunks=mine, device=device,
                                       sequence_parallel=cfg.sequence_parallel)
     else:
@@ -173,27 +156,33 @@ def worker(cfg: RunConfig) -> dict:
         def dead(job, run):
             os._exit(3)  # a crash without any report, like a killed process
         ex.on_job = dead
-    if cfg.fault_hang_rank == rank:
+    if cfg.fault_hang_rank == rank and tp_group is not None:  # stops for good in its first backward
+        def hang(job, run):
+            if job.kind.value in ("B", "BW"):
+                time.sleep(3600)
+            run(job)
+        ex.on_job = hang
+    elif cfg.fault_hang_rank == rank:
         _hang_before_reduction(ex)
     _bound_world_waits(cfg.timeout_s)
     opt = make_optimizer(cfg, ex)
-    c0 = _tp_counts()
+    c0 = tp_counts()
     losses, times, waits, tp_waits = [], [], [], []
     verify = params = None
     tied_diff = tp_diff = 0.0
     try:
         for step in range(cfg.steps):
             x, y = _batch(mcfg, cfg, sched, step, dp_rank)
-            t0, w0 = time.perf_counter(), _tp_exposed()
+            t0, w0 = time.perf_counter(), tp_exposed()
             loss = ex.step(x, y)
             times.append(time.perf_counter() - t0)
-            tp_waits.append(_tp_exposed() - w0)
+            tp_waits.append(tp_exposed() - w0)
             waits.append(ex.last_stats.wait_s)
             losses.append(loss)
             if tied:  # the one point between the step's gradients and the optimizer: sum the tied copies
                 tied.reduce(lambda p: ex.master.get(p, p).grad)
             if cfg.return_params and step == 0:  # testing: the step's exact gradients, for bitwise comparisons
-                digest = _grad_digest(ex)
+                digest = grad_digest(ex)
             if cfg.verify and step == 0:
                 xs, ys = [], []  # the global batch of the first step: every replica's microbatches
                 for r in range(cfg.dp):
@@ -226,7 +215,7 @@ def worker(cfg: RunConfig) -> dict:
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, dict(rank=rank, pp_rank=pp_rank, dp_rank=dp_rank, **static,
                                        **({"grad_digest": digest} if cfg.return_params else {}),
-                                       **(_tp_counts(c0) if tp_group is not None else {})))
+                                       **(tp_counts(c0) if tp_group is not None else {})))
     ts = t.tolist()
     timed = ts[1:] if len(ts) > 1 else ts
     out = {"schedule": sched.name, "pp": pp, "vpp": sched.vpp, "dp": dp, "tp": tp, "sequence_parallel": cfg.sequence_parallel, "microbatches": sched.microbatches,
@@ -256,32 +245,6 @@ def worker(cfg: RunConfig) -> dict:
     if cfg.return_params:
         out.update(params or {})
     return out if rank == 0 else None
-
-
-def _grad_digest(ex: PipelineExecutor) -> str:
-    """sha256 of this rank's gradients (the optimizer's: fp32, or the fp32 master copies' with bf16) in
-    parameter order: equal digests = bitwise equal gradients."""
-    import hashlib
-    h = hashlib.sha256()
-    for p in ex.parameters():
-        if p.grad is not None:
-            h.update(p.grad.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _tp_counts(since: dict | None = None) -> dict:
-    """This rank's TP overlap counters (``tp_comm.comm_stats``) since ``since``: collectives, fused and filled
-    weight-gradient GEMMs, chunked pieces."""
-    from ..models.tp_comm import comm_stats
-    st = comm_stats()
-    now = {"tp_collectives": st.count, "tp_fused_gemms": st.fused, "tp_filled_gemms": st.filled,
-           "tp_chunked_pieces": st.pieces}
-    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
-
-
-def _tp_exposed() -> float:
-    from ..models.tp_comm import comm_stats
-    return comm_stats().exposed_s
 
 
 def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule, dp_rank: int) -> dict | None:

@@ -45,6 +45,7 @@ from .grads import GradBuffer, GradReducer, barrier, make_reducer
 from ..autograd.splitgrad import SplitGrad, weight_grads
 from .timing import StepStats, _After, _Timer
 from .tp_overlap import TPOverlap
+from .reference import reference_step
 from ..models.tp_comm import comm_stats
 
 
@@ -501,19 +502,6 @@ class PipelineExecutor:
         if len(x) != M:
             raise ValueError(f"{what} has {len(x)} microbatches; the schedule has {M}")
         return x
-
-
-def reference_step(model: nn.Module, loss_fn: Callable, inputs: Sequence[torch.Tensor],
-                   targets: Sequence[torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
-    """Single-process reference: mean loss over the microbatches and the gradients by name."""
-    model.zero_grad(set_to_none=True)
-    n = len(inputs)
-    total = 0.0
-    for x, t in zip(inputs, targets):
-        loss = loss_fn(model(x), t)
-        (loss / n).backward()
-        total += loss.item()
-    return total / n, {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
 __all__ = ["PipelineExecutor", "NonFiniteLossError", "ScheduleRuntimeError", "PeerError", "StepStats", "reference_step"]
