@@ -2,7 +2,7 @@
 decoder layers on tp 2 (2 gloo CPU ranks), each mode against its blocking control, on the emulated link
 (``--tp-link-delay``: a collective lands D ms late, no CPU used) and on real gloo.
 
-    python bench/tp_overlap.py [--pairs 12] [--dim 512] [--layers 2] [--tokens 512] [--chunks 2] [--out TABLE.md]
+    python bench/tp_overlap.py [--pairs 14] [--dim 512] [--layers 1] [--tokens 512] [--chunks 2] [--out TABLE.md]
 
 One middle pipeline chunk (no embedding, no head) of the built-in Llama, sharded tp 2
 (:mod:`pipeloom.models.tp`); its column-parallel groups (q/k/v, w1/w3) each all-reduce an input gradient.
@@ -16,9 +16,13 @@ the slowest rank's time), medians and the median of the per-pair ratios:
 * fill: B of microbatch 1 and W of microbatch 0, ``fill`` (B runs W(0)'s GEMMs while its all-reduces are in
   flight, W(0) does the rest) against B then W.
 
-The emulated link's delay D is the measured wgrad GEMM time of one w1/w3 group (so that the collective and
-the work under it are of one size, where overlap can gain most); "ideal" = what a perfect overlap saves:
-per group min(collective, work under it). Real gloo runs the reduction on the same 2 cores as the compute.
+The emulated link's delay D is the wgrad GEMM time of one w1/w3 group measured at the start (so that the
+collective and the work under it are of one size, where overlap can gain most); the link carries one
+collective at a time. "ideal" = what a perfect overlap would save, from the GEMM times the control entry
+measures in the same round (median over the rounds): fused, per group min(collective, its wgrad GEMMs);
+chunked, per group (K-1)/K of min(collective, its dgrad GEMMs, which cost what the wgrad ones do); fill,
+min(B's collectives, W(0)). The collective is D on the emulated link and a timed blocking all-reduce on real
+gloo, which runs the reduction on the same 2 cores as the compute.
 """
 from __future__ import annotations
 
@@ -222,9 +226,9 @@ def bench_worker(a: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=12, help="timed pairs per comparison and link")
+    ap.add_argument("--pairs", type=int, default=14, help="timed pairs per comparison and link")
     ap.add_argument("--dim", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per microbatch (sequences of 128)")
     ap.add_argument("--chunks", type=int, default=2, help="K of chunked:K")
     ap.add_argument("--out", default=None)

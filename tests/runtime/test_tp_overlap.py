@@ -1,7 +1,7 @@
 """The tensor-parallel overlap modes (``pipeloom run --tp-overlap off|async|chunked:K|fill``) on real processes
 (gloo, 127.0.0.1), pp 2 x tp 2: every mode gives BITWISE the same losses and gradients (sha256 of every rank's
 gradients) and parameters after one AdamW step as ``off``, with and without sequence parallelism, for 1f1b
-(every backward fused) and zbv (split backward); bf16 with fp32 master gradients likewise (the pitfall of
+(every backward fused), zbv and zbh1 (split backward) and dualpipev (both); bf16 with fp32 master gradients likewise (the pitfall of
 the original overlap: a gradient read before its collective had landed). The race detector: on the emulated
 link (``tp_link_delay_ms``) with a random delay per collective (``tp_link_jitter``) every result equals the
 undelayed run bitwise, so nothing reads a collective's result before its wait. The counters show that each
@@ -58,6 +58,8 @@ def test_overlap_modes_and_delayed_link_are_bitwise_equal_to_off():
         "1f1b-sp": [dict(schedule="1f1b", sequence_parallel=True, tp_overlap=m, **SMALL) for m in ("off", "async")]
         + [dict(schedule="1f1b", sequence_parallel=True, tp_overlap="async", tp_link_delay_ms=4.0,
                 tp_link_jitter=True, **SMALL)],
+        "zbh1-sp": [dict(schedule="zbh1", sequence_parallel=True, tp_overlap=m, **SMALL) for m in ("off", "fill")],
+        "dualpipev": [dict(schedule="dualpipev", tp_overlap=m, **SMALL) for m in ("off", "chunked:2", "fill")],
         "bf16": [dict(schedule="zbv", sequence_parallel=True, dtype="bf16", tp_overlap=m, verify=m == "off", **SMALL)
                  for m in ("off", "async", "fill")],
     }
