@@ -141,6 +141,9 @@ def weight_grads(stash: Stash, grad_of: Callable[[nn.Parameter], torch.Tensor | 
             continue
         w = grad_of(mod.weight) if mod.weight.requires_grad else None
         b = grad_of(mod.bias) if mod.bias is not None and mod.bias.requires_grad else None
+        # DTensor modules (torch's parallelize_module): the products on the local shards, into the local
+        # shards of the gradients (a Shard(0)/Shard(1) weight's local dW = dy_local^T x_local)
+        w, b, x, dy = (_local(t) for t in (w, b, x, dy))
         if w is None and b is None:
             continue
         acc = (w if w is not None else b).dtype
@@ -154,6 +157,11 @@ def weight_grads(stash: Stash, grad_of: Callable[[nn.Parameter], torch.Tensor | 
         if b is not None:
             b.add_(dy2.sum(0))
     stash.clear()
+
+
+def _local(t):
+    """A DTensor's local tensor (in no-grad mode the very storage, so in-place adds reach it); else ``t``."""
+    return t.to_local() if t is not None and hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
 
 
 def _grouped_mm_flops(a_shape, b_shape, *args, **kwargs) -> int:

@@ -51,6 +51,11 @@ class Segment:
     params: tuple = field(compare=False)
 
 
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A DTensor parameter's local shard (torch ``parallelize_module``); any other tensor itself."""
+    return p.to_local() if hasattr(p, "device_mesh") and hasattr(p, "to_local") else p
+
+
 def chunk_segments(params: Sequence[nn.Parameter], chunks: dict[int, Sequence[nn.Parameter]],
                    multiple: int = 1) -> list[Segment]:
     """Group ``params`` (each once) by the first chunk listing them, in chunk order; pad every group to a
@@ -70,7 +75,7 @@ def chunk_segments(params: Sequence[nn.Parameter], chunks: dict[int, Sequence[nn
         ps = groups[k]
         if not ps:
             continue
-        n = sum(p.numel() for p in ps)
+        n = sum(_local(p).numel() for p in ps)
         waits = frozenset(c for p in ps for c in users.get(id(p), chunks))
         end = off + -(-n // multiple) * multiple
         out.append(Segment(k, off, n, end, waits, tuple(ps)))
@@ -112,8 +117,13 @@ class GradBuffer:
         for seg in self.segments:
             off = seg.start
             for p in seg.params:
-                self.views[p] = self.flat[off:off + p.numel()].view(p.shape)
-                off += p.numel()
+                loc = _local(p)
+                view = self.flat[off:off + loc.numel()].view(loc.shape)
+                if loc is not p:  # a DTensor parameter: its gradient is a DTensor whose local shard is the view
+                    from torch.distributed.tensor import DTensor
+                    view = DTensor.from_local(view, p.device_mesh, p.placements, run_check=False)
+                self.views[p] = view
+                off += loc.numel()
 
     def __getitem__(self, p: nn.Parameter) -> torch.Tensor:
         return self.views[p]
