@@ -4,6 +4,7 @@
            (imports torch; import it by name)
     hf     Hugging Face transformers decoders cut into pipeline chunks (pipeline_chunks), their tied
            weights, and the model behind ``pipeloom run --model PATH`` (imports torch and transformers)
+    hf_tp  tensor-parallel shards of those chunks (Llama-shaped families) for ``run --model PATH --tp N``
     torchtitan  a plan as what torchtitan 0.3 loads through its own config machinery: a config module and
            command-line overrides (placement, layer split, schedule CSV, version check; no torch)
     megatron    a plan as Megatron-LM arguments that Megatron's own checks accept (no torch)

@@ -336,6 +336,21 @@ class HFRunModel:
             mods = [m.to(device) for m in mods]
         return mods, ties
 
+    def check_tp(self, tp: int) -> None:
+        """One-line ValueError unless this model can run with ``tp`` tensor-parallel ranks
+        (:mod:`pipeloom.integrations.hf_tp`)."""
+        from .hf_tp import check_hf_tp
+        check_hf_tp(load_config(self.spec), tp)
+
+    def tp_chunks(self, split: Sequence[Sequence[int]], which: Sequence[int], seed: int, group,
+                  device=None) -> list[nn.Module]:
+        """This rank's chunk modules sharded for its rank of the tensor-parallel ``group``
+        (:func:`pipeloom.integrations.hf_tp.shard_hf_chunk_`)."""
+        from .hf_tp import shard_hf_chunk_
+        mods, _ = self.chunks(split, which, seed)
+        mods = [shard_hf_chunk_(m, group) for m in mods]
+        return [m.to(device) for m in mods] if device is not None else mods
+
     def reference_step(self, seed: int, loss_fn, xs, ys) -> tuple[float, dict[str, torch.Tensor]]:
         """The unsplit model (its own ``forward``): mean microbatch loss and grads by canonical name."""
         model = self.build(seed)

@@ -38,7 +38,8 @@ class RunConfig:
     """data-parallel replicas (world size = pp * dp * tp)"""
     tp: int = 1
     """tensor-parallel ranks per stage (:mod:`pipeloom.models.tp`; the innermost mesh dimension: a stage's TP
-    ranks are consecutive global ranks). tp > 1 runs the built-in Llama only, without measured costs"""
+    ranks are consecutive global ranks). tp > 1 runs the built-in Llama, or a transformers Llama/Mistral
+    (``model``, :mod:`pipeloom.integrations.hf_tp`, without sequence parallelism), without measured costs"""
     sequence_parallel: bool = False
     """with tp > 1: the hidden states between the GEMM pairs and between stages hold seq_len/tp tokens per rank"""
     microbatches: int = 4
@@ -156,8 +157,9 @@ class RunConfig:
             raise ValueError(f"--sequence-parallel: --seq-len {self.seq_len} must be a multiple of --tp {self.tp} "
                              f"(each TP rank holds seq_len/tp tokens)")
         if self.tp != 1:
-            other = [what for what, on in (("--model", self.model is not None), ("measured costs", self.measure_costs))
-                     if on]
+            other = [what for what, on in (("measured costs", self.measure_costs),
+                                           ("--model and --sequence-parallel",
+                                            self.model is not None and self.sequence_parallel)) if on]
             if other:
                 raise ValueError(f"--tp {self.tp} runs pp x dp x tp with the built-in Llama only; "
                                  f"not yet with {', '.join(other)}")

@@ -100,7 +100,9 @@ def worker(cfg: RunConfig) -> dict:
     split = _split(cfg, mcfg, sched.num_chunks)
     mine = sched.chunks_of(pp_rank)
     tied = None
-    if cfg.model is not None:
+    if cfg.model is not None and tp_group is not None:  # a transformers model's chunks, sharded (untied: no ties)
+        mods = cfg.model.tp_chunks(split, mine, cfg.seed, tp_group, device)
+    elif cfg.model is not None:
         from .tied import TiedGrads
         mods, ties = cfg.model.chunks(split, mine, cfg.seed, device)
         mesh = _MESHES[(dp, pp, cfg.rank_order)].mesh.tolist()  # global ranks as [dp][pp], whatever the order
@@ -382,7 +384,9 @@ def run(cfg: RunConfig, *, example: str = "llama-tiny") -> dict:
         from .data import TokenFile
         TokenFile(cfg.data, cfg.data_dtype).check(mcfg.vocab, cfg.seq_len)
     world = sched.pp * cfg.dp * cfg.tp
-    if cfg.tp > 1:  # a tp that does not divide heads/kv_heads/ffn/vocab: one line before any process starts
+    if cfg.tp > 1 and cfg.model is not None:  # a model that cannot be split: one line before any process starts
+        cfg.model.check_tp(cfg.tp)
+    elif cfg.tp > 1:  # a tp that does not divide heads/kv_heads/ffn/vocab: one line before any process starts
         from ..models.tp import check_tp
         check_tp(mcfg, cfg.tp)
     if cfg.inject_delay and not 0 <= cfg.inject_delay[0] < world:
