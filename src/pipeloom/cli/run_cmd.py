@@ -112,8 +112,8 @@ def add_parser(sub) -> None:
                    help="data-parallel replicas; world size = pp*dp (default: %(default)s)")
     p.add_argument("--tp", type=positive_int, default=1,
                    help="tensor-parallel ranks per stage (Megatron-style column/row-parallel layers of the built-in "
-                        "Llama; tp must divide heads, ffn and vocab, and kv_heads or be a multiple of it); world "
-                        "size = pp*dp*tp (default: %(default)s)")
+                        "Llama, or of a transformers llama/mistral --model; tp must divide heads, ffn and vocab, and "
+                        "kv_heads or be a multiple of it); world size = pp*dp*tp (default: %(default)s)")
     p.add_argument("--sequence-parallel", action="store_true", default=False,
                    help="with --tp > 1: norms and the activations between stages on seq_len/tp tokens per rank "
                         "(all-gather before, reduce-scatter after the tensor-parallel GEMMs)")
