@@ -75,6 +75,7 @@ from .llama import (Block, LlamaChunk, RMSNorm, apply_rope, build_chunk_modules,
 from .tp_comm import _all_gather_1, _reduce_scatter_1, _seq_first, column_parallel  # noqa: F401
 from .tp_comm import run as _run
 from .tp_grads import gather_full, reduce_replicated_grads, replica_diff  # noqa: F401  (their home before)
+from .tp_loss import vocab_parallel_cross_entropy, vocab_parallel_loss  # noqa: F401  (their home before)
 
 __all__ = [
     "check_tp",
@@ -352,70 +353,21 @@ class TPFeedForward(nn.Module):
         return reduce_scatter_seq(y, self.group) if self.sp else y
 
 
-# --------------------------------------------------------------------------------- loss
-class _VocabParallelCE(torch.autograd.Function):
-    """Per-token cross entropy from vocab-sharded logits (Megatron-LM ``_VocabParallelCrossEntropy``).
-
-    ``loss = log(sum_v exp(z_v - m)) - (z_target - m)`` with ``m`` the global max; three all-reduces
-    of (tokens,)-sized tensors: max, target logit (only its owner contributes), sum of exponentials.
-    Backward: ``softmax - onehot(target)`` on the local shard, times the incoming gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, targets, group):
-        rank, _ = _group_info(group)
-        v_local = logits.shape[-1]
-        start = rank * v_local
-        z = logits.float()
-        m = z.max(dim=-1).values
-        _run("all_reduce_max", m, None, group, what="all-reduce of the logits' maximum")
-        z = z - m.unsqueeze(-1)
-        local = targets - start
-        outside = (local < 0) | (local >= v_local)
-        local = local.masked_fill(outside, 0)
-        picked = z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        _run("all_reduce", picked, None, group, what="all-reduce of the target logits")
-        e = z.exp()
-        total = e.sum(dim=-1)
-        _run("all_reduce", total, None, group, what="all-reduce of the sums of exponentials")
-        loss = total.log() - picked
-        e.div_(total.unsqueeze(-1))
-        ctx.save_for_backward(e, local, outside)
-        ctx.in_dtype = logits.dtype
-        return loss
-
-    @staticmethod
-    def backward(ctx, g):
-        soft, local, outside = ctx.saved_tensors
-        grad = soft.clone()
-        grad.scatter_add_(-1, local.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
-        grad.mul_(g.unsqueeze(-1))
-        return grad.to(ctx.in_dtype), None, None
-
-
-def vocab_parallel_cross_entropy(logits_local: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
-    """Per-token cross entropy (fp32, shape of ``targets``) from this rank's vocabulary slice of the logits."""
-    return _VocabParallelCE.apply(logits_local, targets, group)
-
-
-def vocab_parallel_loss(logits_local: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
-    """Mean token cross entropy, as :func:`pipeloom.models.llama.loss_fn` on the full logits."""
-    return vocab_parallel_cross_entropy(logits_local, targets, group).mean()
-
-
 # --------------------------------------------------------------------------------- building
 def _rows(w: torch.Tensor, start: int, n: int) -> torch.Tensor:
     return w[start:start + n].clone()
 
 
 @torch.no_grad()
-def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = False) -> LlamaChunk:
+def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = False,
+                 blocks: Sequence[str] | None = None, ends: bool = True) -> LlamaChunk:
     """Replace, in place, the layers of a full :class:`LlamaChunk` by this TP rank's shards of them.
 
     Parameter names stay those of the full chunk (``layers.3.attn.wq.weight``...), each holding its
     shard (see the module docstring for which). ``sequence_parallel``: the chunk's input (unless it
     holds the embedding) and output (unless it holds the head) are this rank's ``seq/t`` tokens.
-    Returns ``chunk``.
+    ``blocks``: only these layers (keys of ``chunk.layers``; default all); ``ends``: also the embedding,
+    head and final norm, and mark the chunk sharded (do it once, last). Returns ``chunk``.
     """
     cfg = chunk.cfg
     rank, t = _group_info(group)
@@ -423,8 +375,9 @@ def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = Fal
     hd = cfg.head_dim
     hl, fl, vl = cfg.heads // t, cfg.ffn // t, cfg.vocab // t
     kv0, kvl, _ = tp_kv_layout(cfg, t, rank)
-    dtype = next(chunk.parameters()).dtype
-    device = next(chunk.parameters()).device
+    first = next(chunk.parameters(), None)
+    dtype = first.dtype if first is not None else torch.float32
+    device = first.device if first is not None else torch.device("cpu")
 
     def load(mod: nn.Module, w: torch.Tensor) -> None:
         mod.weight.data = w.to(device=device, dtype=dtype).contiguous()
@@ -436,6 +389,8 @@ def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = Fal
 
     sp = bool(sequence_parallel)
     for layer, blk in chunk.layers.items():
+        if blocks is not None and layer not in blocks:
+            continue
         a, f = blk.attn, blk.ffn
         ta = TPAttention(cfg, group, sequence_parallel=sp, layer=int(layer))
         load(ta.wq, _rows(a.wq.weight, rank * hl * hd, hl * hd))
@@ -449,6 +404,8 @@ def shard_chunk_(chunk: LlamaChunk, group=None, *, sequence_parallel: bool = Fal
         blk.attn, blk.ffn = ta, tf
         if sp:
             blk.attn_norm, blk.ffn_norm = sp_norm(blk.attn_norm), sp_norm(blk.ffn_norm)
+    if not ends:
+        return chunk
     if chunk.embed is not None:
         emb = VocabParallelEmbedding(cfg.vocab, cfg.hidden, group, sequence_parallel=sp)
         load(emb, _rows(chunk.embed.weight, rank * vl, vl))
@@ -472,12 +429,43 @@ def build_tp_chunk_modules(cfg: ModelConfig, layers_per_chunk: Sequence[Sequence
                            dtype: torch.dtype | None = None, sequence_parallel: bool = False) -> list[LlamaChunk]:
     """:func:`pipeloom.models.llama.build_chunk_modules`, each chunk sharded for this rank of ``group``.
 
-    The shards are slices of exactly the weights the unsharded build makes (the full chunk is built,
-    then sliced), so a TP run can be compared with :func:`pipeloom.models.llama.build_reference`.
+    The shards are slices of exactly the weights the unsharded build makes (each full tensor is drawn from
+    its own seeded generator, then sliced), so a TP run can be compared with
+    :func:`pipeloom.models.llama.build_reference`. The full chunk is never held: its layers are made,
+    initialised and sliced one at a time (the peak is the full embedding, head and one full layer).
     ``check_tp`` runs first, before anything is built.
     """
+    from .llama import _TAG_EMBED, _TAG_HEAD, _TAG_LAYER0, _check_split, _generator, _init_
+
     check_tp(cfg, dist.get_world_size(group))
-    mods = build_chunk_modules(cfg, layers_per_chunk, seed, chunks=chunks, device=device, dtype=dtype)
-    return [shard_chunk_(m, group, sequence_parallel=sequence_parallel) for m in mods]
+    split = _check_split(cfg, layers_per_chunk)
+    n = len(split)
+    which = list(range(n)) if chunks is None else [int(c) for c in chunks]
+    for c in which:
+        if not 0 <= c < n:
+            raise ValueError(f"chunk {c} out of range: layers_per_chunk has {n} chunks")
+    out = []
+    for c in which:
+        with torch.device("cpu"):
+            m = LlamaChunk(cfg, [], first=c == 0, last=c == n - 1)  # no layers yet: they come one at a time
+        if m.embed is not None:
+            _init_(m.embed, _generator(seed, _TAG_EMBED), cfg)
+        if m.head is not None:
+            gen = _generator(seed, _TAG_HEAD)
+            _init_(m.head, gen, cfg)
+            _init_(m.norm, gen, cfg)
+        m.layer_ids = list(split[c])
+        for i in split[c]:
+            with torch.device("cpu"):
+                blk = Block(cfg)
+            _init_(blk, _generator(seed, _TAG_LAYER0 + i), cfg)
+            m.layers[str(i)] = blk
+            shard_chunk_(m, group, sequence_parallel=sequence_parallel, blocks=[str(i)], ends=False)
+        shard_chunk_(m, group, sequence_parallel=sequence_parallel, blocks=[])
+        if dtype is not None:  # as build_chunk_modules: cast after the fp32 init (slicing commutes with rounding)
+            m = m.to(dtype=dtype)
+            m.rope_cos, m.rope_sin = m.rope_cos.float(), m.rope_sin.float()
+        out.append(m.to(device) if device is not None else m)
+    return out
 
 

@@ -2,7 +2,6 @@
 the TP overlap counters and wait time of a run, and the gradient digest the bitwise tests compare."""
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from .executor import PipelineExecutor
