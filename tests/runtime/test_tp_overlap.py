@@ -1,7 +1,7 @@
 """The tensor-parallel overlap modes (``pipeloom run --tp-overlap off|async|chunked:K|fill``) on real processes
 (gloo, 127.0.0.1), pp 2 x tp 2: every mode gives BITWISE the same losses and gradients (sha256 of every rank's
 gradients) and parameters after one AdamW step as ``off``, with and without sequence parallelism, for 1f1b
-(every backward fused), zbv and zbh1 (split backward) and dualpipev (both); bf16 with fp32 master gradients likewise (the pitfall of
+(every backward fused), zbv and zbh1 (split backward), dualpipev and a random valid plan (both mixed); bf16 with fp32 master gradients likewise (the pitfall of
 the original overlap: a gradient read before its collective had landed). The race detector: on the emulated
 link (``tp_link_delay_ms``) with a random delay per collective (``tp_link_jitter``) every result equals the
 undelayed run bitwise, so nothing reads a collective's result before its wait. The counters show that each
@@ -16,7 +16,10 @@ from pipeloom.memory.analytic import TrainConfig, estimate
 from pipeloom.runtime.driver import RunConfig, cases_worker, model_config, run
 from pipeloom.runtime.launch import spawn
 
+from fuzzplans import random_plan  # noqa: E402  (tests/: pytest puts it on sys.path)
+
 SMALL = dict(pp=2, tp=2, microbatches=4, microbatch_size=2, seq_len=8, return_params=True, steps=1)
+RANDOM = random_plan(2, 2, 4, seed=3, split=0.6)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -60,6 +63,8 @@ def test_overlap_modes_and_delayed_link_are_bitwise_equal_to_off():
                 tp_link_jitter=True, **SMALL)],
         "zbh1-sp": [dict(schedule="zbh1", sequence_parallel=True, tp_overlap=m, **SMALL) for m in ("off", "fill")],
         "dualpipev": [dict(schedule="dualpipev", tp_overlap=m, **SMALL) for m in ("off", "chunked:2", "fill")],
+        # a random valid plan: microbatches out of order, B/W splits and BW mixed, W far from its B
+        "random-sp": [dict(schedule=RANDOM, sequence_parallel=True, tp_overlap=m, **SMALL) for m in ("off", "fill", "async")],
         "bf16": [dict(schedule="zbv", sequence_parallel=True, dtype="bf16", tp_overlap=m, verify=m == "off", **SMALL)
                  for m in ("off", "async", "fill")],
     }
