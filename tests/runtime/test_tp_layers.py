@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipeloom.autograd.splitgrad import SplitGrad, weight_grads
-from pipeloom.models.llama import LlamaConfig, build_reference, loss_fn, synthetic_batch
+from pipeloom.autograd.splitgrad import SplitGrad, deferred_share, weight_grads
+from pipeloom.models.llama import LlamaConfig, build_chunk_modules, build_reference, loss_fn, synthetic_batch
 from pipeloom.models.tp import (build_tp_chunk_modules, check_tp, gather_full, reduce_replicated_grads,
                                 vocab_parallel_cross_entropy)
 from pipeloom.runtime.launch import spawn
@@ -90,11 +90,14 @@ def _run_tp(cfg, tp: int, group, split: bool, pipeline: bool, seed: int, sp: boo
             gdiff = max(gdiff, (full_g[n] - ref_grads[n]).abs().max().item())
             pdiff = max(pdiff, (full_p[n] - ref_params[n]).abs().max().item())
             seen.add(n)
+    # the weight-gradient FLOPs the split backward defers: a shard's are 1/tp of the unsharded chunk's (the
+    # column-parallel groups' GEMMs, which run in an autograd function of their own, counted too)
+    shares = (deferred_share(chunks[0], x), deferred_share(build_chunk_modules(cfg, layers, seed, chunks=[0])[0], x))
     out = torch.tensor([abs(loss.item() - ref_loss.item()), gdiff, pdiff])
     dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank's worst, not only rank 0's
     return dict(loss_diff=out[0].item(), grad_diff=out[1].item(), param_diff=out[2].item(),
                 missing=sorted(set(ref_grads) - seen), logits_shape=logits_shape, between=between, reduced=reduced,
-                shard_shapes=shard_shapes, ref_grad_max=max(g.abs().max().item() for g in ref_grads.values()))
+                shard_shapes=shard_shapes, shares=shares, ref_grad_max=max(g.abs().max().item() for g in ref_grads.values()))
 
 
 def tp_cases_worker(cases):
@@ -133,6 +136,10 @@ def test_tp2_tp4_layers_loss_and_every_gradient_equal_one_process():
         # partial gradients: replicated key/value heads (gqa at tp 4: 2 layers x (wk, wv)) and, with sequence
         # parallelism, the norm weights (2 per layer and the final one)
         assert r["reduced"] == (4 if cfg.kv_heads < tp else 0) + (5 if sp else 0), key
+        tp_share, full_share = r["shares"]
+        assert tp_share["share"] == full_share["share"] == 1.0, key  # B defers every GEMM's weight gradient
+        if cfg.kv_heads % tp == 0:  # no replicated key/value head: exactly 1/tp of the work per rank
+            assert tp_share["wgrad_flops"] * tp == full_share["wgrad_flops"], key
         if pipeline:  # what goes between the stages: this rank's seq/t tokens with sequence parallelism
             assert r["between"][0] == (3, 8 // tp if sp else 8, cfg.hidden), key
 

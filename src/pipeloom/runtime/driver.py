@@ -256,7 +256,7 @@ def _deferred_shares(ex: PipelineExecutor, cfg: RunConfig, mcfg, sched: Schedule
     mine = {}
     if dp_rank == 0:
         g = torch.Generator().manual_seed(cfg.seed)
-        for k in sorted(ex._splitgrad):
+        for k in sorted({c for _, c in ex._split}):  # chunks with W jobs (a TP chunk defers also for BW)
             if k == 0:
                 x = _batch(mcfg, cfg, sched, 0, 0)[0][0].to(ex.device)
             else:
