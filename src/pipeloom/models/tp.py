@@ -56,7 +56,7 @@ The collectives go through :mod:`pipeloom.models.tp_comm`, which also holds the 
 groups' autograd function (its input gradient's collective overlapped with weight-gradient work:
 ``pipeloom run --tp-overlap``) and the emulated link; the gradient helpers are in :mod:`pipeloom.models.tp_grads`.
 
-Not here yet: the Hugging Face families.
+The transformers Llama-shaped families are sharded the same way by :mod:`pipeloom.integrations.hf_tp`.
 """
 from __future__ import annotations
 

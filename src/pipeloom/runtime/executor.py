@@ -12,7 +12,8 @@ job list with a dispatch table ``Kind -> handler`` (F, B, W, BW). Per (microbatc
              embeddings) get their grads here. The graph is freed; the input grad goes to chunk k-1.
     W(m,k)   for each stashed (x, dy): dW += dy^T x, db += sum(dy)   (the weight grads of B, later);
              the stash is freed.
-    BW(m,k)  = B with nothing deferred: input and all weight grads in one pass.
+    BW(m,k)  = B with nothing deferred: input and all weight grads in one pass (on a tensor-parallel
+             chunk: F defers, then B and W at once, so every --tp-overlap mode shares W's arithmetic).
 
 Gradients accumulate in one flat fp32 buffer per rank (:class:`~.grads.GradBuffer`; so bf16
 parameters get fp32 "master" grads: products are computed from upcast operands and summed in
