@@ -9,7 +9,7 @@ import pytest
 
 from pipeloom.runtime.launch import spawn
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 TOL = 1e-5
 

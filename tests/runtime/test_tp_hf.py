@@ -38,6 +38,7 @@ def models(tmp_path_factory):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_hf_llama_and_mistral_tp2_match_the_unsplit_model(models):
     common = dict(pp=2, tp=2, microbatches=4, microbatch_size=2, seq_len=8, verify=True, steps=1)
     cases = [dict(schedule="zbv", model=models["llama"], tp_overlap="fill", **common),

@@ -12,7 +12,7 @@ import pytest
 
 from pipeloom.runtime.launch import spawn
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def _checked_run(log_dir: str) -> dict | None:
