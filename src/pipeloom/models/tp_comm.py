@@ -313,37 +313,49 @@ def _wanted(ctx, edge: int) -> bool:
 
 
 def _dgrad_start(dys, weights, spec: ColumnSpec, pieces: int):
-    """dx = sum_i dy_i W_i in ``pieces`` token pieces (seq-first), each piece's collective started as soon as
-    it is computed. Returns (handles, finish) where ``finish()`` assembles dx (batch, seq[/t], in)."""
-    group = spec.group
-    dsf = [_seq_first(dy) for dy in dys]                      # (s, b, out_i)
+    """dx = sum_i dy_i W_i in ``pieces`` token pieces, each piece's collective started as soon as it is
+    computed. Returns (handles, finish) where ``finish()`` gives dx (batch, seq[/t], in). Every mode runs the
+    same per-token products (a piece is a block of rows of the same GEMMs), so the pieces change no bit."""
     if spec.sequence_parallel:
-        t = dist.get_world_size(group)
-        s = dsf[0].shape[0]
-        if s % t:
-            raise ValueError(f"sequence parallel: sequence length {s} is not a multiple of tp={t}")
-        dsf = [d.view(t, s // t, *d.shape[1:]) for d in dsf]  # rank r's tokens: [r]
-        axis = 1
-    else:
-        axis = 0
-    n = dsf[0].shape[axis]
-    parts = [list(d.tensor_split(min(pieces, n), dim=axis)) for d in dsf]
+        return _dgrad_start_sp(dys, weights, spec, pieces)
+    group, what = spec.group, f"all-reduce of {spec.what} input gradient"
+    rows = [dy.reshape(-1, dy.shape[-1]) for dy in dys]       # (tokens, out_i): a view when dy is contiguous
+    n = rows[0].shape[0]
+    dx = rows[0].new_empty((n, weights[0].shape[1]))
+    handles = []
+    for blk in torch.arange(n).tensor_split(min(pieces, n)):
+        lo, hi = int(blk[0]), int(blk[-1]) + 1
+        out = dx[lo:hi]                                       # contiguous rows: all-reduced in place
+        torch.mm(rows[0][lo:hi], weights[0], out=out)
+        for r, w in zip(rows[1:], weights[1:]):
+            out.addmm_(r[lo:hi], w)
+        if pieces > 1:
+            _STATS.pieces += 1
+        handles.append(start("all_reduce", out, None, group, share=(hi - lo) / n, what=what))
+    return handles, lambda: dx.view(*dys[0].shape[:-1], dx.shape[-1])
+
+
+def _dgrad_start_sp(dys, weights, spec: ColumnSpec, pieces: int):
+    """Sequence parallel: the pieces are token blocks of every rank's shard (seq-first), each reduce-scattered."""
+    group = spec.group
+    t = dist.get_world_size(group)
+    dsf = [_seq_first(dy) for dy in dys]                      # (s, b, out_i)
+    s = dsf[0].shape[0]
+    if s % t:
+        raise ValueError(f"sequence parallel: sequence length {s} is not a multiple of tp={t}")
+    dsf = [d.view(t, s // t, *d.shape[1:]) for d in dsf]      # rank r's tokens: [r]
+    n = dsf[0].shape[1]
+    parts = [list(d.tensor_split(min(pieces, n), dim=1)) for d in dsf]
     outs, handles = [], []
     for c in range(len(parts[0])):
         dx = torch.matmul(parts[0][c], weights[0])
         for i in range(1, len(weights)):
             dx += torch.matmul(parts[i][c], weights[i])
-        share = dx.shape[axis] / n
         if pieces > 1:
             _STATS.pieces += 1
-        what = f"{spec.what} input gradient"
-        if spec.sequence_parallel:
-            out = dx.new_empty(dx.shape[1:])
-            handles.append(start("reduce_scatter", out, dx.reshape(-1, *dx.shape[2:]), group, share=share,
-                                 what=f"reduce-scatter of {what}"))
-        else:
-            out = dx
-            handles.append(start("all_reduce", out, None, group, share=share, what=f"all-reduce of {what}"))
+        out = dx.new_empty(dx.shape[1:])
+        handles.append(start("reduce_scatter", out, dx.reshape(-1, *dx.shape[2:]), group, share=dx.shape[1] / n,
+                             what=f"reduce-scatter of {spec.what} input gradient"))
         outs.append(out)
 
     def finish() -> torch.Tensor:
