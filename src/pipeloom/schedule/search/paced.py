@@ -1,0 +1,233 @@
+"""Paced list scheduling: a periodic timetable as the priority of a memory-aware list scheduler (no torch).
+
+A candidate of the portfolio (:mod:`.portfolio`) for the shapes where the greedy's rules fail: deep V
+pipelines with uneven costs (B about 2F, comm) at memory limits below 1F1B's.
+
+The timetable. Microbatch 0 runs as soon as possible along its dependency chain (forwards down and up the
+V, then the backwards back): ``base(k, c)`` is the start of its job of kind ``k`` on chunk ``c``.
+Microbatch ``j`` follows the same timetable ``j * P`` later, with ``P`` the *period* (at least the work of
+one microbatch on the busiest device). Every job gets the target ``base + j * P``.
+
+The pass. As in :mod:`.greedy`, the device with the earliest clock decides next; its candidates are, per
+local chunk, the next forward and the next input-grad backward (microbatch order per chunk) and the pending
+weight-grad jobs W. Among the ready F and B it starts the one with the smallest target (a backward that
+the timetable wants earlier is on the critical path of a microbatch further down the V; a forward wanted
+earlier feeds one), where
+
+* a job may not start before ``target - slack`` (the timetable paces the pipeline: no device runs far
+  ahead and fills its memory with forwards nothing downstream waits for);
+* a forward fits the memory limit, and a forward that starts a new microbatch on the device (its first
+  local chunk) also leaves room for ``head`` forwards of the device's *other* chunks: memory kept for the
+  V's return leg of the microbatches in flight, so that a full device cannot block the backward chain;
+* a W runs when nothing else may start and it ends before the next candidate is due, or when memory blocks
+  a ready forward (oldest B first).
+
+A pass may deadlock (None); the candidates are a small grid of (period, slack, head) (:func:`candidates`).
+The result is a plain job list per device, timed and checked by the caller
+(:func:`.localsearch.result_of`).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+from ...core.ir import Job, Kind, Placement
+
+INF = math.inf
+_EPS = 1e-9
+_new = tuple.__new__
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """One paced pass (recorded as the schedule's policy)."""
+
+    period: float
+    """time between the timetables of consecutive microbatches"""
+    slack: float | None = None
+    """a job may start at most this long before its target (None: any time)"""
+    head: float = 1.0
+    """forwards of the return leg kept free when a new microbatch starts on a device"""
+    b_bias: float = 0.0
+    """a backward's target is this many periods earlier (prefer B over F at equal targets)"""
+    builder: str = "paced"
+
+
+def applies(prob) -> bool:
+    """Any V placement (vpp >= 2) with a finite memory limit."""
+    return prob.placement is Placement.V and prob.vpp >= 2 and prob.limit < INF
+
+
+def timetable(prob) -> tuple[list[float], list[float]]:
+    """Microbatch 0's earliest starts of F and B per chunk (the chain down and up the V and back)."""
+    nc = prob.nc
+    tf = [0.0] * nc
+    for c in range(1, nc):
+        tf[c] = tf[c - 1] + prob.dF[c - 1] + prob.fcomm[c]
+    tb = [0.0] * nc
+    tb[nc - 1] = tf[nc - 1] + prob.dF[nc - 1]
+    for c in range(nc - 2, -1, -1):
+        tb[c] = tb[c + 1] + prob.dB[c + 1] + prob.bcomm[c]
+    return tf, tb
+
+
+def work_period(prob) -> float:
+    """Work of one microbatch on the busiest device (the shortest period a timetable can keep)."""
+    return max(sum(prob.dF[c] + prob.dB[c] + prob.dW[c] for c in loc) for loc in prob.local)
+
+
+def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) -> list[list[Job]] | None:
+    """One paced pass (see the module docstring): per-device job lists, or None on deadlock. ``table``:
+    microbatch 0's (F, B) start per chunk (default :func:`timetable`)."""
+    pp, m, nc = prob.pp, prob.m, prob.nc
+    dF, dB, dW = prob.dF, prob.dB, prob.dW
+    fcomm, bcomm, dev = prob.fcomm, prob.bcomm, prob.dev
+    aF, mB, mW = prob.mF, prob.mB, prob.mW
+    limit = prob.limit + _EPS
+    P = pace.period
+    slack = INF if pace.slack is None else pace.slack
+    tf, tb = table or timetable(prob)
+    bb = pace.b_bias * P
+    last = nc - 1
+    local = prob.local
+    first = [loc[0] for loc in local]
+    # room kept for the return leg when a new microbatch starts: head forwards of the largest other chunk
+    keep = [pace.head * max((aF[c] for c in loc[1:]), default=0.0) for loc in local]
+    fe = [[-1.0] * m for _ in range(nc)]
+    be = [[-1.0] * m for _ in range(nc)]
+    nf = [0] * nc
+    nb = [0] * nc
+    mem = [0.0] * pp
+    t = [0.0] * pp
+    pend: list[deque] = [deque() for _ in range(pp)]
+    seqs: list[list[Job]] = [[] for _ in range(pp)]
+    key = [0.0] * pp
+    heap = [(0.0, d) for d in range(pp)]
+    total = 3 * m * nc
+    done = 0
+    KF, KB, KW = Kind.F, Kind.B, Kind.W
+    push, pop = heapq.heappush, heapq.heappop
+    while heap:
+        T, d = pop(heap)
+        if T != key[d]:
+            continue
+        best = None  # (target, kind, chunk)
+        due = INF    # earliest time a candidate becomes startable (ready and released)
+        blocked = False
+        md = mem[d]
+        for c in local[d]:
+            mb = nb[c]
+            if mb < nf[c]:  # backward
+                r = fe[c][mb]
+                if c != last:
+                    e = be[c + 1][mb]
+                    r = INF if e < 0 else max(r, e + bcomm[c])
+                if r < INF:
+                    tg = tb[c] + mb * P - bb
+                    s = max(r, tg - slack)
+                    if s <= T + _EPS:
+                        if best is None or tg < best[0]:
+                            best = (tg, 1, c)
+                    elif s < due:
+                        due = s
+            mb = nf[c]
+            if mb < m:  # forward
+                if c == 0:
+                    r = 0.0
+                else:
+                    e = fe[c - 1][mb]
+                    r = INF if e < 0 else e + fcomm[c]
+                if r < INF:
+                    tg = tf[c] + mb * P
+                    s = max(r, tg - slack)
+                    need = aF[c] + (keep[d] if c == first[d] else 0.0)
+                    if md + need > limit:
+                        if s <= T + _EPS:
+                            blocked = True
+                    elif s <= T + _EPS:
+                        if best is None or tg < best[0]:
+                            best = (tg, 0, c)
+                    elif s < due:
+                        due = s
+        if best is None:
+            pw = pend[d]
+            if pw and (blocked or due == INF or due - T >= dW[pw[0][1]] - _EPS):
+                kind, c = 2, -1
+            elif due < INF:
+                key[d] = due
+                push(heap, (due, d))
+                continue
+            elif pw:
+                kind, c = 2, -1
+            else:
+                key[d] = INF  # asleep until a dependency is scheduled
+                continue
+        else:
+            kind, c = best[1], best[2]
+        if kind == 0:
+            mb = nf[c]
+            nf[c] = mb + 1
+            e = T + dF[c]
+            fe[c][mb] = e
+            mem[d] += aF[c]
+            if c != last:
+                d2 = dev[c + 1]
+                if d2 != d:
+                    k = max(e + fcomm[c + 1], t[d2])
+                    if k < key[d2]:
+                        key[d2] = k
+                        push(heap, (k, d2))
+            job = _new(Job, (KF, mb, c))
+        elif kind == 1:
+            mb = nb[c]
+            nb[c] = mb + 1
+            e = T + dB[c]
+            be[c][mb] = e
+            mem[d] += mB[c]
+            pend[d].append((mb, c))
+            if c:
+                d2 = dev[c - 1]
+                if d2 != d:
+                    k = max(e + bcomm[c - 1], t[d2])
+                    if k < key[d2]:
+                        key[d2] = k
+                        push(heap, (k, d2))
+            job = _new(Job, (KB, mb, c))
+        else:
+            mb, c = pend[d].popleft()
+            e = T + dW[c]
+            mem[d] += mW[c]
+            job = _new(Job, (KW, mb, c))
+        seqs[d].append(job)
+        done += 1
+        t[d] = e
+        key[d] = e
+        push(heap, (e, d))
+    if done != total:
+        return None
+    return seqs
+
+
+def grid(prob) -> list[Pace]:
+    """The passes tried, most useful first: the work period with half a period of slack (the best on most
+    deep shapes with the Zero Bubble paper's costs at 0.5p, e.g. pp 32, m 128: 1563 against the greedy's
+    1929), then longer periods, other slacks and return-leg headroom."""
+    w = work_period(prob)
+    out = []
+    for f in (1.0, 1.125, 1.25, 1.5):
+        for slack in (0.5 * w, 0.0, None):
+            for head in (1.0, 0.0, 2.0):
+                out.append(Pace(period=f * w, slack=slack, head=head))
+    return out
+
+
+def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Pace]]:
+    """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements (deadlocks skipped)."""
+    njobs = 3 * prob.m * prob.nc
+    for pace in grid(prob)[:max(1, max_jobs // max(njobs, 1))]:
+        seqs = run(prob, pace)
+        if seqs is not None:
+            yield seqs, pace
