@@ -125,3 +125,17 @@ def test_deep_low_memory_plans_valid_within_limit_and_1f1b_at_its_memory(pp, k, 
     if limit == "1p":  # 1F1B's memory: never slower than 1F1B
         stage = ",".join(f"{k}={2 * float(v) if k != 'comm' else v}" for k, v in (x.split("=") for x in costs.split(",")))
         assert r.makespan <= _plan("1f1b", pp, m, stage, vpp=1)[1].makespan + 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(pp=st.integers(2, 12), k=st.sampled_from([1, 2, 4, 8]), costs=_SHAPES["costs"],
+       f=st.sampled_from(modulo.FACTORS))
+def test_pattern_peak_is_the_peak_of_the_built_order(pp, k, costs, f):
+    # the steady-state count of the candidates' period choice against the memory walked along the whole order
+    spec, prob = _prob(pp, 2, k * pp, costs, None)
+    mod = modulo.Modulo(period=f * modulo.work_period(prob))
+    x = modulo.pattern(prob, mod)
+    if x is None:
+        return
+    walked = max(localsearch._peaks(prob, modulo.build(prob, mod)))
+    assert modulo.pattern_peak(prob, mod, x) == pytest.approx(walked)

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
+from ...core import rules
 from ...core.ir import Job, Kind, Placement
 
 _EPS = 1e-9
@@ -35,8 +36,6 @@ class Modulo:
 
     period: float
     """time between consecutive microbatches' timetables"""
-    order: str = "chain"
-    """'chain': place jobs along microbatch 0's path; 'late': backwards first from the V's tip"""
     builder: str = "modulo"
 
 
@@ -127,36 +126,75 @@ def pattern(prob, mod: Modulo) -> dict | None:
     return x
 
 
-def build(prob, mod: Modulo) -> list[list[Job]] | None:
-    """Per-device job lists of ``m`` microbatches repeating the pattern (sorted by planned start)."""
-    x = pattern(prob, mod)
+def build(prob, mod: Modulo, m: int | None = None, x: dict | None = None) -> list[list[Job]] | None:
+    """Per-device job lists of ``m`` (default ``prob.m``) microbatches repeating the pattern, sorted by planned
+    start (``x``: the pattern, if already made)."""
+    x = x or pattern(prob, mod)
     if x is None:
         return None
+    m = prob.m if m is None else m
     P = mod.period
     ev: list[list[tuple]] = [[] for _ in range(prob.pp)]
     rank = {Kind.F: 0, Kind.B: 1, Kind.W: 2}
     for (k, c), t in x.items():
         lst = ev[prob.dev[c]]
-        for j in range(prob.m):
-            lst.append((t + j * P, rank[k], j, k, c))
+        r = rank[k]
+        for j in range(m):
+            lst.append((t + j * P, r, j, k, c))
     seqs = []
+    new = tuple.__new__
     for lst in ev:
         lst.sort()
-        seqs.append([Job(k, j, c) for _, _, j, k, c in lst])
+        seqs.append([new(Job, (k, j, c)) for _, _, j, k, c in lst])
     return seqs
 
 
-#: periods tried, as multiples of the work period (the smallest whose pattern fits the limit wins, mostly)
+def pattern_peak(prob, mod: Modulo, x: dict) -> float:
+    """Peak memory of the pattern repeated for ``prob.m`` microbatches, in the order :func:`build` gives.
+
+    Memory follows the order only, and the order is the pattern's start times, so the level right after a
+    job that starts at ``tau`` is the sum over the device's pattern jobs ``(k, c)`` of their memory change
+    times the number of microbatches whose copy has started by ``tau`` (no two jobs of a device start at
+    the same time: the pattern has no collisions). The warm-up and the cool-down hold fewer microbatches
+    than the steady state, so once ``m`` reaches it, its peak (taken one period after every job has started
+    once) is the peak; for fewer microbatches the job lists are built and walked."""
+    P = mod.period
+    t0, t1 = min(x.values()), max(x.values())
+    k = int(math.ceil((t1 - t0) / P)) + 1  # copies in flight at most (the steady state)
+    if prob.m <= k:
+        seqs = build(prob, mod, None, x)
+        table = rules.memory_deltas(prob.nc, prob.a, prob.b)
+        return max(rules.peak_memory(seq, prob.a, prob.b, table)[0] for seq in seqs)
+    delta = {Kind.F: prob.mF, Kind.B: prob.mB, Kind.W: prob.mW}
+    on: list[list[tuple[float, float]]] = [[] for _ in range(prob.pp)]
+    for (kind, c), t in x.items():
+        on[prob.dev[c]].append((t, delta[kind][c]))
+    peak = 0.0
+    base = t1 + P  # every job has started at least once before base
+    for jobs in on:
+        for te, _ in jobs:
+            tau = base + ((te - base) % P)
+            level = sum(dm * (math.floor((tau - t) / P + 1e-9) + 1) for t, dm in jobs)
+            peak = max(peak, level)
+    return peak
+
+
+#: periods tried, as multiples of the work period: the shortest whose pattern fits the limit, then the next
 FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.6, 1.75, 2.0, 2.25, 2.5, 3.0)
 
 
 def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Modulo]]:
-    """Job lists of the patterns at the periods of :data:`FACTORS` times the work period, shortest first,
-    within ``max_jobs`` placements."""
+    """Job lists of the patterns at the shortest periods of :data:`FACTORS` times the work period whose
+    pattern fits the memory limit (:func:`pattern_peak`), within ``max_jobs`` placements (at least one)."""
     njobs = 3 * prob.m * prob.nc
     n = max(1, max_jobs // max(njobs, 1))
     w = work_period(prob)
-    for f in FACTORS[:n]:
-        seqs = build(prob, Modulo(period=f * w))
-        if seqs is not None:
-            yield seqs, Modulo(period=f * w)
+    for f in FACTORS:
+        if n <= 0:
+            return
+        mod = Modulo(period=f * w)
+        x = pattern(prob, mod)
+        if x is None or pattern_peak(prob, mod, x) > prob.limit + _EPS:
+            continue
+        n -= 1
+        yield build(prob, mod, None, x), mod

@@ -100,6 +100,12 @@ def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) 
     be = [[-1.0] * m for _ in range(nc)]
     nf = [0] * nc
     nb = [0] * nc
+    # per device, per local chunk what its two candidates read (no index arithmetic in the loop):
+    # (chunk, own F ends, next chunk's B ends or None, comm on that edge, B's base target,
+    #  previous chunk's F ends or None, comm on that edge, F's base target, memory an F must find free)
+    cand = [tuple((c, fe[c], be[c + 1] if c != last else None, bcomm[c], tb[c] - bb,
+                   fe[c - 1] if c else None, fcomm[c], tf[c], aF[c] + (keep[d] if c == first[d] else 0.0))
+                  for c in loc) for d, loc in enumerate(local)]
     mem = [0.0] * pp
     t = [0.0] * pp
     pend: list[deque] = [deque() for _ in range(pp)]
@@ -110,63 +116,73 @@ def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) 
     done = 0
     KF, KB, KW = Kind.F, Kind.B, Kind.W
     push, pop = heapq.heappush, heapq.heappop
+    new = _new
     while heap:
         T, d = pop(heap)
         if T != key[d]:
             continue
-        best = None  # (target, kind, chunk)
+        now = T + _EPS
+        bt = INF     # the smallest target among the startable candidates ...
+        kind = -1    # ... its kind (0 F, 1 B) and chunk
+        c = -1
         due = INF    # earliest time a candidate becomes startable (ready and released)
         blocked = False
         md = mem[d]
-        for c in local[d]:
-            mb = nb[c]
-            if mb < nf[c]:  # backward
-                r = fe[c][mb]
-                if c != last:
-                    e = be[c + 1][mb]
-                    r = INF if e < 0 else max(r, e + bcomm[c])
+        for ch, fec, ben, bcm, tb0, fep, fcm, tf0, need in cand[d]:
+            mb = nb[ch]
+            if mb < nf[ch]:  # backward
+                r = fec[mb]
+                if ben is not None:
+                    e = ben[mb]
+                    if e < 0:
+                        r = INF
+                    else:
+                        e += bcm
+                        if e > r:
+                            r = e
                 if r < INF:
-                    tg = tb[c] + mb * P - bb
-                    s = max(r, tg - slack)
-                    if s <= T + _EPS:
-                        if best is None or tg < best[0]:
-                            best = (tg, 1, c)
+                    tg = tb0 + mb * P
+                    s = tg - slack
+                    if r > s:
+                        s = r
+                    if s <= now:
+                        if tg < bt:
+                            bt, kind, c = tg, 1, ch
                     elif s < due:
                         due = s
-            mb = nf[c]
+            mb = nf[ch]
             if mb < m:  # forward
-                if c == 0:
+                if fep is None:
                     r = 0.0
                 else:
-                    e = fe[c - 1][mb]
-                    r = INF if e < 0 else e + fcomm[c]
+                    r = fep[mb]
+                    r = INF if r < 0 else r + fcm
                 if r < INF:
-                    tg = tf[c] + mb * P
-                    s = max(r, tg - slack)
-                    need = aF[c] + (keep[d] if c == first[d] else 0.0)
+                    tg = tf0 + mb * P
+                    s = tg - slack
+                    if r > s:
+                        s = r
                     if md + need > limit:
-                        if s <= T + _EPS:
+                        if s <= now:
                             blocked = True
-                    elif s <= T + _EPS:
-                        if best is None or tg < best[0]:
-                            best = (tg, 0, c)
+                    elif s <= now:
+                        if tg < bt:
+                            bt, kind, c = tg, 0, ch
                     elif s < due:
                         due = s
-        if best is None:
+        if kind < 0:
             pw = pend[d]
             if pw and (blocked or due == INF or due - T >= dW[pw[0][1]] - _EPS):
-                kind, c = 2, -1
+                kind = 2
             elif due < INF:
                 key[d] = due
                 push(heap, (due, d))
                 continue
             elif pw:
-                kind, c = 2, -1
+                kind = 2
             else:
                 key[d] = INF  # asleep until a dependency is scheduled
                 continue
-        else:
-            kind, c = best[1], best[2]
         if kind == 0:
             mb = nf[c]
             nf[c] = mb + 1
@@ -176,11 +192,13 @@ def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) 
             if c != last:
                 d2 = dev[c + 1]
                 if d2 != d:
-                    k = max(e + fcomm[c + 1], t[d2])
+                    k = e + fcomm[c + 1]
+                    if t[d2] > k:
+                        k = t[d2]
                     if k < key[d2]:
                         key[d2] = k
                         push(heap, (k, d2))
-            job = _new(Job, (KF, mb, c))
+            job = new(Job, (KF, mb, c))
         elif kind == 1:
             mb = nb[c]
             nb[c] = mb + 1
@@ -191,16 +209,18 @@ def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) 
             if c:
                 d2 = dev[c - 1]
                 if d2 != d:
-                    k = max(e + bcomm[c - 1], t[d2])
+                    k = e + bcomm[c - 1]
+                    if t[d2] > k:
+                        k = t[d2]
                     if k < key[d2]:
                         key[d2] = k
                         push(heap, (k, d2))
-            job = _new(Job, (KB, mb, c))
+            job = new(Job, (KB, mb, c))
         else:
             mb, c = pend[d].popleft()
             e = T + dW[c]
             mem[d] += mW[c]
-            job = _new(Job, (KW, mb, c))
+            job = new(Job, (KW, mb, c))
         seqs[d].append(job)
         done += 1
         t[d] = e

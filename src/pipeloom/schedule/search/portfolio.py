@@ -256,9 +256,9 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
             vbest = polish_result(prob, vbest, ls_budget if big else 2 * ls_budget)
             if best is None or _better(vbest, best, prob):
                 best = vbest
-    for extra in EXTRA_CANDIDATES:  # the candidate modules below, each polished like the others
-        if extra.applies(prob) and prob.limit < INF and not done():
-            best = _best_of(prob, extra.candidates(prob, budget_jobs // 4), best, ls_budget)
+    for extra in EXTRA_CANDIDATES:  # the candidate modules below, each polished like the others (skipped where the
+        if extra.applies(prob) and prob.limit < INF and not done() and not roomy:  # building blocks are)
+            best = _best_of(prob, extra.candidates(prob, budget_jobs // 8), best, ls_budget)
     if best is None:
         return None
     evals = insert_budget // max(njobs, 1)
