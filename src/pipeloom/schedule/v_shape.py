@@ -54,6 +54,16 @@ with fixed lifespans, over a family of block shapes whose repeated pattern fits 
 squeezed in the warm-up and cool-down and re-timed with the real costs. Such a candidate is kept
 only when it beats the greedy / lock-step ones; below 1p it usually does (pp 4, m 16, V-Min
 budget: 107 instead of 126, the proven optimum).
+
+Uneven costs at low memory (:data:`pipeloom.schedule.search.portfolio.EXTRA_CANDIDATES`): the blocks are laid
+out in unit slots, which fits F = B = W; with B about 2F and comm a microbatch's way down and up the V is
+longer than the slots assume. Two more candidates run under any memory limit below 1p (at every size) and at
+any limit on shapes of at most 12 288 jobs: a *paced* list scheduler (:mod:`pipeloom.schedule.search.paced`:
+one microbatch's earliest timetable repeated every period gives each job a target; a device starts the ready
+job with the smallest target, not much before it, and keeps room for the V's return leg) and *modulo*
+patterns (:mod:`pipeloom.schedule.search.modulo`: one microbatch's timetable with real costs, repeated every
+period without two jobs of a device colliding, at the shortest period whose memory fits). With F/B/W 1/2/1,
+comm 0.5: ``zbv`` pp 32, m 128 at 0.5p 1929 -> 1570 (bound 1275), ``vmin`` pp 16, m 32 585 -> 553.
 """
 from __future__ import annotations
 

@@ -244,10 +244,15 @@ def grid(prob) -> list[Pace]:
     return out
 
 
+#: passes always tried (the first of :func:`grid`: return-leg headroom 1 and 0 win about equally often)
+MIN_PASSES = 2
+
+
 def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Pace]]:
-    """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements (deadlocks skipped)."""
+    """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements, at least
+    :data:`MIN_PASSES` (deadlocks skipped)."""
     njobs = 3 * prob.m * prob.nc
-    for pace in grid(prob)[:max(1, max_jobs // max(njobs, 1))]:
+    for pace in grid(prob)[:max(MIN_PASSES, max_jobs // max(njobs, 1))]:
         seqs = run(prob, pace)
         if seqs is not None:
             yield seqs, pace

@@ -18,6 +18,7 @@ from itertools import product
 from . import lockstep as _vlockstep
 from . import modulo as _modulo
 from . import paced as _paced
+from . import paper_blocks as _paper_blocks
 from . import vblock as _vblock
 from .greedy import INF, _EPS, PassResult, Policy, Problem, _better, min_feasible_limit, run_pass
 from .localsearch import insertion_search, polish_result, result_of
@@ -276,6 +277,7 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
 EXTRA_CANDIDATES = (
     _paced,   # a periodic timetable as the priority of a memory-aware list scheduler
     _modulo,  # one microbatch's timetable repeated every period without collisions (modulo scheduling)
+    _paper_blocks,  # the paper's V-Half / V-Min blocks squeezed under its own memory count
 )
 
 
