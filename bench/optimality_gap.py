@@ -124,7 +124,7 @@ def run_low_case(pp, m, units, label, cs, time_limit, workers, effort=None, opti
 def low_summary(rows) -> dict:
     """Mean and max gap over all cases and over the proven ones, cases within 1%."""
     proven = [r for r in rows if r["proven"]]
-    out = {"cases": len(rows), "proven": len(proven)}
+    out = {"cases": len(rows), "proven_cases": len(proven)}
     for key, rs in (("all", rows), ("proven", proven)):
         if rs:
             gaps = [r["gap"] for r in rs]
@@ -154,7 +154,7 @@ def low_main(args) -> int:
         sys.stdout.write("\n")
         return 0
     print(f"### low-memory V grid: best of {', '.join(LOW_NAMES)} vs the CP-SAT optimum ({summ['cases']} cases, "
-          f"{summ['proven']} proven; effort {args.effort or 'fast'})\n")
+          f"{summ['proven_cases']} proven; effort {args.effort or 'fast'})\n")
     for key in ("proven", "all"):
         if key in summ:
             v = summ[key]

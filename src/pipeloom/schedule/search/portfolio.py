@@ -257,8 +257,10 @@ def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
             vbest = polish_result(prob, vbest, ls_budget if big else 2 * ls_budget)
             if best is None or _better(vbest, best, prob):
                 best = vbest
-    for extra in EXTRA_CANDIDATES:  # the candidate modules below, each polished like the others (skipped where the
-        if extra.applies(prob) and prob.limit < INF and not done() and not roomy:  # building blocks are)
+    # the candidate modules below, each polished like the others; skipped where the building blocks are, and on
+    # shapes above an eighth of an explicit small budget (the tuner's sweep), as the lock-step passes
+    for extra in EXTRA_CANDIDATES:
+        if extra.applies(prob) and prob.limit < INF and njobs <= budget_jobs // 8 and not done() and not roomy:
             best = _best_of(prob, extra.candidates(prob, budget_jobs // 8), best, ls_budget)
     if best is None:
         return None
