@@ -25,7 +25,7 @@ the memory trimming, lock-step and building-block candidates, while the policy g
 the policy space from its best (:func:`pipeloom.schedule.search.portfolio.default_grid_jobs`) get up to
 1 000 000 placements on shapes of at most 12 288 jobs: the whole grid up to about 1 250 jobs; an
 explicit ``budget`` is the budget of all of them, as before) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
-default 2 000 000 on shapes of at most 400 jobs, else 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W
+default 2 000 000 on shapes of at most 400 jobs at the fast effort without ``polish``, else 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W
 4/6/3, comm 1 at 1p from 240 to 238 in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (unlike the official generator, which
 caps that count).
@@ -111,8 +111,10 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         raise infeasible_limit(name, pp, vpp, limit, lo)
     njobs = 3 * m * pp * vpp
     budget = int_option(spec.options, "budget", default_budget(njobs))
-    insert_budget = int_option(spec.options, "insert_budget", DEFAULT_FAST_INSERT if njobs <= DEFAULT_LNS_MAX_JOBS else 0)
     high = effort_option(spec) == "high"
+    # (effort=high and an explicit polish run their own insertion step between two polishes instead)
+    insert_budget = int_option(spec.options, "insert_budget", DEFAULT_FAST_INSERT if (
+        njobs <= DEFAULT_LNS_MAX_JOBS and not high and "polish" not in spec.options) else 0)
     polish_det = _polish_option(spec, njobs, high or (njobs <= FAST_POLISH_MAX_JOBS and limit is not None
                                                      and limit < pp - 1e-9))
     grid = None if "budget" in spec.options else _portfolio.default_grid_jobs(prob, budget)
@@ -181,7 +183,7 @@ BOUND_MAX_CHUNKS = 4096
 DEFAULT_POLISH = 0.1
 #: job re-timings of the insertion search run before a default polish on shapes the bound does not settle
 DEFAULT_INSERT_BUDGET = 2_000_000
-#: ... and by default (any effort) on shapes of at most DEFAULT_LNS_MAX_JOBS jobs: about 0.1-0.2 s there; it moves
+#: ... and by the default fast effort (no ``polish`` option) on shapes of at most DEFAULT_LNS_MAX_JOBS jobs: about 0.1-0.2 s there; it moves
 #: jobs past each other, a later microbatch past an earlier one on a chunk included, which the greedy never does
 #: (low-memory grid of bench/optimality_gap.py --low-memory: pp 2, m 2, F/B/W 1/2/1 at 0.75p 21 -> 20, the optimum)
 DEFAULT_FAST_INSERT = 2_000_000
@@ -206,7 +208,7 @@ V_OPTIONS = (
                 f"{_portfolio.GRID_MAX_SHAPE} jobs)"),
     Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=None,
            help=f"job re-timings for the insertion local search (0 = off; default {DEFAULT_FAST_INSERT} on shapes of "
-                f"at most {DEFAULT_LNS_MAX_JOBS} jobs, else 0)"),
+                f"at most {DEFAULT_LNS_MAX_JOBS} jobs at effort=fast without polish, else 0)"),
     Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
            help=f"CP-SAT deterministic seconds of polish (0 = off; default with effort=high {DEFAULT_POLISH:g} up "
                 f"to {DEFAULT_POLISH_MAX_JOBS} jobs, with effort=fast 0)"),
