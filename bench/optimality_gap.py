@@ -18,6 +18,7 @@ A (F=B=W=1, comm=1), B (F=B=W=1, comm=0), D (F=1, B=2, W=1, comm=0), E (F=4, B=6
     python bench/optimality_gap.py            # full set (< 5 min on 2 cores)
     python bench/optimality_gap.py --quick    # a subset (about 1 min)
     python bench/optimality_gap.py --json     # machine-readable rows and summary
+    python bench/optimality_gap.py --low-memory --markdown   # the low-memory V grid (see low_memory_cases)
 """
 from __future__ import annotations
 
@@ -53,6 +54,123 @@ def cases(quick: bool) -> list[tuple[int, int, int, str, str]]:
                 for cs in (("A", "D") if quick else tuple(COST_SETS)):
                     out.append((pp, m, vpp, limit, cs))
     return out
+
+
+#: cost sets of the low-memory grid: equal costs, B = 2F, and the Zero Bubble paper's profiled ratios with comm
+LOW_COST_SETS = {"B": "F=1,B=1,W=1,comm=0", "D": "F=1,B=2,W=1,comm=0", "Z": "F=1,B=2,W=1,comm=0.5"}
+#: the V builders whose best plan at a limit is compared with the optimum under that limit
+LOW_NAMES = ("zbv", "vhalf", "vmin")
+
+
+def low_memory_cases(quick: bool = False) -> list[tuple[int, int, float, str, str]]:
+    """(pp, m, limit units, limit label, cost set) of the low-memory grid: V placement, vpp 2, pp 2-6, m pp, 2pp
+    and 3pp, limits 1p, 0.75p, 0.5p and V-Min's own (p+4)//3, each raised to the smallest feasible limit
+    (1 unit) and taken once per shape where two coincide."""
+    out = []
+    for pp in ((2, 4) if quick else range(2, 7)):
+        for m in (pp, 2 * pp, 3 * pp):
+            seen = set()
+            for label, units in (("1p", pp), ("0.75p", 0.75 * pp), ("0.5p", 0.5 * pp), ("vmin", (pp + 4) // 3)):
+                units = max(1.0, float(units))
+                if units in seen:
+                    continue
+                seen.add(units)
+                for cs in LOW_COST_SETS:
+                    out.append((pp, m, units, label, cs))
+    return out
+
+
+def run_low_case(pp, m, units, label, cs, time_limit, workers, effort=None, optima=None) -> dict:
+    """Best of :data:`LOW_NAMES` planned at ``units`` against the CP-SAT optimum (V, split backward) at that limit.
+    ``optima``: earlier rows by case id; their optimum is reused (no solve) when present."""
+    costs = LOW_COST_SETS[cs]
+    spec = make_spec(pp=pp, microbatches=m, vpp=2, costs=costs, mem_limit=units)
+    row = {"id": f"pp{pp} m{m} {label} {cs}", "pp": pp, "microbatches": m, "limit_units": units, "limit": label,
+           "cost_set": cs, "costs": costs, "heuristics": {}}
+    built = []
+    for name in LOW_NAMES:
+        own = spec if effort is None else replace(spec, options={"effort": effort})
+        t0 = time.process_time()
+        sched = registry.build(name, own)
+        cpu = time.process_time() - t0
+        ev = evaluate(sched, spec)
+        if ev["valid"]:
+            built.append(sched)
+            row["heuristics"][name] = {"makespan": ev["makespan"], "peak": max(ev["peak_memory"]), "cpu_s": cpu}
+    best = min(row["heuristics"].items(), key=lambda kv: kv[1]["makespan"])
+    row["best"], row["makespan"] = best[0], best[1]["makespan"]
+    old = (optima or {}).get(row["id"])
+    if old is not None:
+        row["optimum"] = old["optimum"]
+    else:
+        opt_spec = make_spec(pp=pp, microbatches=m, vpp=2, costs=costs, mem_limit=units,
+                             options={"time_limit": time_limit, "workers": workers, "placement": "v",
+                                      "backward": "split", "hints": False, "start_from": built, "allow_large": True})
+        t0 = time.perf_counter()
+        s = registry.build("optimal", opt_spec)
+        row["optimum"] = {"status": s.meta["status"], "makespan": s.meta["makespan"], "bound": s.meta["best_bound"],
+                          "wall_s": round(time.perf_counter() - t0, 2)}
+    opt = row["optimum"]
+    row["gap"] = row["makespan"] / opt["makespan"] - 1.0
+    row["proven"] = opt["status"] == "OPTIMAL"
+    from pipeloom.core.ir import Placement
+    from pipeloom.schedule.search.bounds import lower_bound
+
+    row["bound"] = lower_bound(spec, Placement.V).value  # pipeloom's analytic bound: how loose is it here?
+    row["bound_gap"] = opt["makespan"] / row["bound"] - 1.0 if row["bound"] > 0 else None
+    return row
+
+
+def low_summary(rows) -> dict:
+    """Mean and max gap over all cases and over the proven ones, cases within 1%."""
+    proven = [r for r in rows if r["proven"]]
+    out = {"cases": len(rows), "proven_cases": len(proven)}
+    for key, rs in (("all", rows), ("proven", proven)):
+        if rs:
+            gaps = [r["gap"] for r in rs]
+            out[key] = {"mean_gap": sum(gaps) / len(gaps), "max_gap": max(gaps),
+                        "within_1pct": sum(1 for g in gaps if g <= 0.01 + 1e-12),
+                        "worst": max(rs, key=lambda r: r["gap"])["id"]}
+    loose = [r["bound_gap"] for r in proven if r.get("bound_gap") is not None]
+    if loose:
+        out["bound_vs_optimum"] = {"mean": sum(loose) / len(loose), "max": max(loose),
+                                   "exact": sum(1 for g in loose if g <= 1e-9)}
+    out["max_cpu_s"] = max(h["cpu_s"] for r in rows for h in r["heuristics"].values())
+    return out
+
+
+def low_main(args) -> int:
+    """``--low-memory``: the low-memory grid (:func:`low_memory_cases`), as JSON or a markdown table."""
+    optima = None
+    if args.optima:
+        with open(args.optima) as f:
+            optima = {r["id"]: r for r in json.load(f)["rows"]}
+    t0 = time.perf_counter()
+    rows = [run_low_case(*c, args.time_limit, args.workers, args.effort, optima) for c in low_memory_cases(args.quick)]
+    summ = low_summary(rows)
+    if args.json:
+        json.dump({"rows": rows, "summary": summ, "wall_s": time.perf_counter() - t0, "time_limit": args.time_limit,
+                   "workers": args.workers, "effort": args.effort or "fast"}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(f"### low-memory V grid: best of {', '.join(LOW_NAMES)} vs the CP-SAT optimum ({summ['cases']} cases, "
+          f"{summ['proven_cases']} proven; effort {args.effort or 'fast'})\n")
+    for key in ("proven", "all"):
+        if key in summ:
+            v = summ[key]
+            print(f"- {key} cases: mean gap {v['mean_gap'] * 100:.2f}%, max {v['max_gap'] * 100:.1f}% ({v['worst']}), "
+                  f"{v['within_1pct']} within 1%")
+    if "bound_vs_optimum" in summ:
+        b = summ["bound_vs_optimum"]
+        print(f"- the analytic lower bound against the proven optima: the optimum is {b['mean'] * 100:.2f}% above it on "
+              f"average, {b['max'] * 100:.1f}% at most, equal in {b['exact']} cases")
+    print(f"- plan CPU at most {summ['max_cpu_s']:.2f} s\n")
+    header = ["case", "limit (units)", "costs", "best", "makespan", "optimum", "gap", "bound"]
+    body = [[r["id"], f"{r['limit_units']:g}", r["costs"], r["best"], f"{r['makespan']:g}",
+             f"{r['optimum']['makespan']:g}" + ("" if r["proven"] else f"* [{r['optimum']['bound']:g}]"),
+             f"{r['gap'] * 100:.1f}%", f"{r['bound']:g}"] for r in rows]
+    _md(header, body)
+    return 0
 
 
 def schedule_class(sched) -> tuple[str, str]:
@@ -167,7 +285,14 @@ def main(argv=None) -> int:
                          "default, fast)")
     ap.add_argument("--render", metavar="FILE.json", default=None,
                     help="do not solve: print the tables of an earlier --json run")
+    ap.add_argument("--low-memory", action="store_true",
+                    help="the low-memory V grid instead: pp 2-6, m pp..3pp, limits 1p/0.75p/0.5p/V-Min's, "
+                         "best of zbv/vhalf/vmin vs the optimum at that limit")
+    ap.add_argument("--optima", metavar="FILE.json", default=None,
+                    help="with --low-memory: reuse the optima of an earlier --json run (no CP-SAT solves)")
     args = ap.parse_args(argv)
+    if args.low_memory:
+        return low_main(args)
     names = [n for n in registry.names() if n != "optimal"]
     if args.schedules:
         want = [s.strip() for s in args.schedules.split(",") if s.strip()]

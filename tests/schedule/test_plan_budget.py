@@ -10,6 +10,7 @@ import pytest
 from pipeloom.core.costs import runtime_mem_model
 from pipeloom.core.errors import ScheduleError
 from pipeloom.schedule.planning import make_spec, plan
+from pipeloom.schedule.v_shape import FAST_POLISH_MAX_JOBS
 from pipeloom.sim.simulate import simulate
 
 COSTS = ("F=1,B=1,W=1,comm=0", "F=4,B=6,W=3,comm=1", "F=.5,B=2,W=.5,comm=0")
@@ -57,8 +58,10 @@ def test_default_plan_is_fast(name, pp, m, costs, lim, runtime):
     dt = time.process_time() - t
     assert dt < CPU_LIMIT, f"{name} pp {pp} m {m} {costs} limit {lim} {runtime}: {dt:.2f} s CPU"
     if s is not None:
-        assert s.meta.get("polished") in (None, "off", "proven optimal", "skipped (costs rounded)",
-                                          "skipped (zero durations)")
+        ok = [None, "off", "proven optimal", "skipped (costs rounded)", "skipped (zero durations)"]
+        if 6 * m * pp <= FAST_POLISH_MAX_JOBS and s.meta.get("mem_limit") is not None and s.meta["mem_limit"] < pp:
+            ok += ["optimal", "improved", "no improvement"]  # tiny shapes below 1p: the fast default polishes too
+        assert s.meta.get("polished") in ok
 
 
 #: shapes where effort=high runs its searches in a few seconds at most (it may take a minute on 201-400 jobs)

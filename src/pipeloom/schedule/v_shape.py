@@ -25,13 +25,14 @@ the memory trimming, lock-step and building-block candidates, while the policy g
 the policy space from its best (:func:`pipeloom.schedule.search.portfolio.default_grid_jobs`) get up to
 1 000 000 placements on shapes of at most 12 288 jobs: the whole grid up to about 1 250 jobs; an
 explicit ``budget`` is the budget of all of them, as before) and ``insert_budget`` (job re-timings for an extra, slower insertion local search,
-default 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W 4/6/3, comm 1 at 1p from 240 to 238
-in about 1 s). Where memory allows, a device
+default 2 000 000 on shapes of at most 400 jobs at the fast effort without ``polish``, else 0 = off; e.g. 3 000 000 takes pp 4, m 8, F/B/W
+4/6/3, comm 1 at 1p from 240 to 238 in about 1 s). Where memory allows, a device
 runs as many forwards before its first B as fit (unlike the official generator, which
 caps that count).
 
 Lower bound and polish (:mod:`pipeloom.schedule.search.polish`; option ``effort``: ``high`` only, unless
-``polish`` is given; the default ``fast`` computes the bound and runs no search): the result carries
+``polish`` is given; the default ``fast`` computes the bound and runs no search, except on shapes of at most
+:data:`FAST_POLISH_MAX_JOBS` jobs under a limit below 1p): the result carries
 ``meta['lower_bound']``, a proven makespan lower bound under the memory limit (critical path, device load
 and two memory terms; every shape up to :data:`BOUND_MAX_CHUNKS` chunks, where it also stops the search
 from adding candidates once met), and for shapes of at most 400 jobs ``meta['polished']``. When the
@@ -54,6 +55,16 @@ with fixed lifespans, over a family of block shapes whose repeated pattern fits 
 squeezed in the warm-up and cool-down and re-timed with the real costs. Such a candidate is kept
 only when it beats the greedy / lock-step ones; below 1p it usually does (pp 4, m 16, V-Min
 budget: 107 instead of 126, the proven optimum).
+
+Uneven costs at low memory (:data:`pipeloom.schedule.search.portfolio.EXTRA_CANDIDATES`): the blocks are laid
+out in unit slots, which fits F = B = W; with B about 2F and comm a microbatch's way down and up the V is
+longer than the slots assume. Two more candidates run under any memory limit below 1p (at every size) and at
+any limit on shapes of at most 12 288 jobs: a *paced* list scheduler (:mod:`pipeloom.schedule.search.paced`:
+one microbatch's earliest timetable repeated every period gives each job a target; a device starts the ready
+job with the smallest target, not much before it, and keeps room for the V's return leg) and *modulo*
+patterns (:mod:`pipeloom.schedule.search.modulo`: one microbatch's timetable with real costs, repeated every
+period without two jobs of a device colliding, at the shortest period whose memory fits). With F/B/W 1/2/1,
+comm 0.5: ``zbv`` pp 32, m 128 at 0.5p 1929 -> 1570 (bound 1275), ``vmin`` pp 16, m 32 585 -> 553.
 """
 from __future__ import annotations
 
@@ -100,9 +111,12 @@ def plan_v(name: str, spec: PlanSpec, limit: float | None, *, placement: Placeme
         raise infeasible_limit(name, pp, vpp, limit, lo)
     njobs = 3 * m * pp * vpp
     budget = int_option(spec.options, "budget", default_budget(njobs))
-    insert_budget = int_option(spec.options, "insert_budget", 0)
     high = effort_option(spec) == "high"
-    polish_det = _polish_option(spec, njobs, high)
+    # (effort=high and an explicit polish run their own insertion step between two polishes instead)
+    insert_budget = int_option(spec.options, "insert_budget", DEFAULT_FAST_INSERT if (
+        njobs <= DEFAULT_LNS_MAX_JOBS and not high and "polish" not in spec.options) else 0)
+    polish_det = _polish_option(spec, njobs, high or (njobs <= FAST_POLISH_MAX_JOBS and limit is not None
+                                                     and limit < pp - 1e-9))
     grid = None if "budget" in spec.options else _portfolio.default_grid_jobs(prob, budget)
     bound = None
     if polish_det is None and pp * vpp <= BOUND_MAX_CHUNKS:  # above the polish's sizes: the bound, cheap here
@@ -169,6 +183,14 @@ BOUND_MAX_CHUNKS = 4096
 DEFAULT_POLISH = 0.1
 #: job re-timings of the insertion search run before a default polish on shapes the bound does not settle
 DEFAULT_INSERT_BUDGET = 2_000_000
+#: ... and by the default fast effort (no ``polish`` option) on shapes of at most DEFAULT_LNS_MAX_JOBS jobs: about 0.1-0.2 s there; it moves
+#: jobs past each other, a later microbatch past an earlier one on a chunk included, which the greedy never does
+#: (low-memory grid of bench/optimality_gap.py --low-memory: pp 2, m 2, F/B/W 1/2/1 at 0.75p 21 -> 20, the optimum)
+DEFAULT_FAST_INSERT = 2_000_000
+#: the largest shape (jobs) that the default ``fast`` effort polishes too (as ``high`` does) under a memory limit
+#: below 1F1B's (1p): there the greedy's order is weakest and a tiny CP-SAT model settles it in 0.1-0.7 s
+#: (pp 3, m 3, F/B/W 1/2/1, comm 0.5 at 0.5p: 50 -> 48; pp 4, m 4, F/B/W 1/2/1 at 0.75p: 44 -> 42, both optimal)
+FAST_POLISH_MAX_JOBS = 96
 DEFAULT_POLISH_MAX_JOBS = 200
 #: budget (CP-SAT deterministic seconds) of the default tail-window search (``_polish.lns``) on the unproven
 #: shapes above DEFAULT_POLISH_MAX_JOBS jobs and up to DEFAULT_LNS_MAX_JOBS (pp 4, m 16, vpp 2 = 384 jobs)
@@ -184,8 +206,9 @@ V_OPTIONS = (
            help=f"job placements for the greedy policy search (default: {DEFAULT_BUDGET} for the candidates, the "
                 f"policy grid and its descent up to {_portfolio.GRID_JOBS} on shapes of at most "
                 f"{_portfolio.GRID_MAX_SHAPE} jobs)"),
-    Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=0,
-           help="job re-timings for the insertion local search (0 = off)"),
+    Option(name="insert_budget", type="int", min=0, max=MAX_SEARCH_BUDGET, default=None,
+           help=f"job re-timings for the insertion local search (0 = off; default {DEFAULT_FAST_INSERT} on shapes of "
+                f"at most {DEFAULT_LNS_MAX_JOBS} jobs at effort=fast without polish, else 0)"),
     Option(name="polish", type="float", min=0, max=MAX_SOLVER_SECONDS, default=None,
            help=f"CP-SAT deterministic seconds of polish (0 = off; default with effort=high {DEFAULT_POLISH:g} up "
                 f"to {DEFAULT_POLISH_MAX_JOBS} jobs, with effort=fast 0)"),

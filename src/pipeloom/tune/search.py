@@ -356,7 +356,28 @@ def _explain(space: _Space, c: Config) -> dict:
             "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
             "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,
             "model_flops_per_step": step_model_flops(p.model, p.global_batch, p.seq),
-            "reserve_bytes": p.reserve}
+            "reserve_bytes": p.reserve, "plan_bound": _plan_bound(space, c)}
+
+
+def _plan_bound(space: _Space, c: Config) -> dict | None:
+    """The best configuration's plan against its proven lower bound (:func:`..schedule.search.bounds.plan_bound`,
+    at the limit it was planned under): ``lower_bound_s`` in seconds of pipeline time, ``gap`` = its makespan /
+    bound - 1; None where no bound applies or the plan was not built."""
+    from ..schedule.search.bounds import plan_bound
+
+    for refine in (True, False):  # the final plan when the leaders were planned again, else the sweep's
+        req = _request(space, c, refine)
+        plan = space.plans.get(req[0]) if req is not None else None
+        if plan is not None and plan[0] is not None:
+            spec, unit = req[1], req[2][4]
+            r = simulate(plan[0], spec.costs, spec.mem)
+            b = plan_bound(plan[0], spec, r.makespan, max(r.peak_memory), spec.mem_limit)
+            if b["lower_bound"] is None:
+                return None
+            gap = b["gap"] if b["gap"] is None or abs(b["gap"]) > 1e-12 else 0.0
+            return {"makespan_s": r.makespan * unit, "lower_bound_s": b["lower_bound"] * unit, "gap": gap,
+                    "bound_limit_units": b["bound_limit"], "final_plan": refine}
+    return None
 
 
 def _comm_explain(space: _Space, c: Config, lt) -> dict:

@@ -1,0 +1,258 @@
+"""Paced list scheduling: a periodic timetable as the priority of a memory-aware list scheduler (no torch).
+
+A candidate of the portfolio (:mod:`.portfolio`) for the shapes where the greedy's rules fail: deep V
+pipelines with uneven costs (B about 2F, comm) at memory limits below 1F1B's.
+
+The timetable. Microbatch 0 runs as soon as possible along its dependency chain (forwards down and up the
+V, then the backwards back): ``base(k, c)`` is the start of its job of kind ``k`` on chunk ``c``.
+Microbatch ``j`` follows the same timetable ``j * P`` later, with ``P`` the *period* (at least the work of
+one microbatch on the busiest device). Every job gets the target ``base + j * P``.
+
+The pass. As in :mod:`.greedy`, the device with the earliest clock decides next; its candidates are, per
+local chunk, the next forward and the next input-grad backward (microbatch order per chunk) and the pending
+weight-grad jobs W. Among the ready F and B it starts the one with the smallest target (a backward that
+the timetable wants earlier is on the critical path of a microbatch further down the V; a forward wanted
+earlier feeds one), where
+
+* a job may not start before ``target - slack`` (the timetable paces the pipeline: no device runs far
+  ahead and fills its memory with forwards nothing downstream waits for);
+* a forward fits the memory limit, and a forward that starts a new microbatch on the device (its first
+  local chunk) also leaves room for ``head`` forwards of the device's *other* chunks: memory kept for the
+  V's return leg of the microbatches in flight, so that a full device cannot block the backward chain;
+* a W runs when nothing else may start and it ends before the next candidate is due, or when memory blocks
+  a ready forward (oldest B first).
+
+A pass may deadlock (None); the candidates are a small grid of (period, slack, head) (:func:`candidates`).
+The result is a plain job list per device, timed and checked by the caller
+(:func:`.localsearch.result_of`).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+from ...core.ir import Job, Kind, Placement
+
+INF = math.inf
+_EPS = 1e-9
+_new = tuple.__new__
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """One paced pass (recorded as the schedule's policy)."""
+
+    period: float
+    """time between the timetables of consecutive microbatches"""
+    slack: float | None = None
+    """a job may start at most this long before its target (None: any time)"""
+    head: float = 1.0
+    """forwards of the return leg kept free when a new microbatch starts on a device"""
+    b_bias: float = 0.0
+    """a backward's target is this many periods earlier (prefer B over F at equal targets)"""
+    builder: str = "paced"
+
+
+def applies(prob) -> bool:
+    """Any V placement (vpp >= 2) with a finite memory limit."""
+    return prob.placement is Placement.V and prob.vpp >= 2 and prob.limit < INF
+
+
+def timetable(prob) -> tuple[list[float], list[float]]:
+    """Microbatch 0's earliest starts of F and B per chunk (the chain down and up the V and back)."""
+    nc = prob.nc
+    tf = [0.0] * nc
+    for c in range(1, nc):
+        tf[c] = tf[c - 1] + prob.dF[c - 1] + prob.fcomm[c]
+    tb = [0.0] * nc
+    tb[nc - 1] = tf[nc - 1] + prob.dF[nc - 1]
+    for c in range(nc - 2, -1, -1):
+        tb[c] = tb[c + 1] + prob.dB[c + 1] + prob.bcomm[c]
+    return tf, tb
+
+
+def work_period(prob) -> float:
+    """Work of one microbatch on the busiest device (the shortest period a timetable can keep)."""
+    return max(sum(prob.dF[c] + prob.dB[c] + prob.dW[c] for c in loc) for loc in prob.local)
+
+
+def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) -> list[list[Job]] | None:
+    """One paced pass (see the module docstring): per-device job lists, or None on deadlock. ``table``:
+    microbatch 0's (F, B) start per chunk (default :func:`timetable`)."""
+    pp, m, nc = prob.pp, prob.m, prob.nc
+    dF, dB, dW = prob.dF, prob.dB, prob.dW
+    fcomm, bcomm, dev = prob.fcomm, prob.bcomm, prob.dev
+    aF, mB, mW = prob.mF, prob.mB, prob.mW
+    limit = prob.limit + _EPS
+    P = pace.period
+    slack = INF if pace.slack is None else pace.slack
+    tf, tb = table or timetable(prob)
+    bb = pace.b_bias * P
+    last = nc - 1
+    local = prob.local
+    first = [loc[0] for loc in local]
+    # room kept for the return leg when a new microbatch starts: head forwards of the largest other chunk
+    keep = [pace.head * max((aF[c] for c in loc[1:]), default=0.0) for loc in local]
+    fe = [[-1.0] * m for _ in range(nc)]
+    be = [[-1.0] * m for _ in range(nc)]
+    nf = [0] * nc
+    nb = [0] * nc
+    # per device, per local chunk what its two candidates read (no index arithmetic in the loop):
+    # (chunk, own F ends, next chunk's B ends or None, comm on that edge, B's base target,
+    #  previous chunk's F ends or None, comm on that edge, F's base target, memory an F must find free)
+    cand = [tuple((c, fe[c], be[c + 1] if c != last else None, bcomm[c], tb[c] - bb,
+                   fe[c - 1] if c else None, fcomm[c], tf[c], aF[c] + (keep[d] if c == first[d] else 0.0))
+                  for c in loc) for d, loc in enumerate(local)]
+    mem = [0.0] * pp
+    t = [0.0] * pp
+    pend: list[deque] = [deque() for _ in range(pp)]
+    seqs: list[list[Job]] = [[] for _ in range(pp)]
+    key = [0.0] * pp
+    heap = [(0.0, d) for d in range(pp)]
+    total = 3 * m * nc
+    done = 0
+    KF, KB, KW = Kind.F, Kind.B, Kind.W
+    push, pop = heapq.heappush, heapq.heappop
+    new = _new
+    while heap:
+        T, d = pop(heap)
+        if T != key[d]:
+            continue
+        now = T + _EPS
+        bt = INF     # the smallest target among the startable candidates ...
+        kind = -1    # ... its kind (0 F, 1 B) and chunk
+        c = -1
+        due = INF    # earliest time a candidate becomes startable (ready and released)
+        blocked = False
+        md = mem[d]
+        for ch, fec, ben, bcm, tb0, fep, fcm, tf0, need in cand[d]:
+            mb = nb[ch]
+            if mb < nf[ch]:  # backward
+                r = fec[mb]
+                if ben is not None:
+                    e = ben[mb]
+                    if e < 0:
+                        r = INF
+                    else:
+                        e += bcm
+                        if e > r:
+                            r = e
+                if r < INF:
+                    tg = tb0 + mb * P
+                    s = tg - slack
+                    if r > s:
+                        s = r
+                    if s <= now:
+                        if tg < bt:
+                            bt, kind, c = tg, 1, ch
+                    elif s < due:
+                        due = s
+            mb = nf[ch]
+            if mb < m:  # forward
+                if fep is None:
+                    r = 0.0
+                else:
+                    r = fep[mb]
+                    r = INF if r < 0 else r + fcm
+                if r < INF:
+                    tg = tf0 + mb * P
+                    s = tg - slack
+                    if r > s:
+                        s = r
+                    if md + need > limit:
+                        if s <= now:
+                            blocked = True
+                    elif s <= now:
+                        if tg < bt:
+                            bt, kind, c = tg, 0, ch
+                    elif s < due:
+                        due = s
+        if kind < 0:
+            pw = pend[d]
+            if pw and (blocked or due == INF or due - T >= dW[pw[0][1]] - _EPS):
+                kind = 2
+            elif due < INF:
+                key[d] = due
+                push(heap, (due, d))
+                continue
+            elif pw:
+                kind = 2
+            else:
+                key[d] = INF  # asleep until a dependency is scheduled
+                continue
+        if kind == 0:
+            mb = nf[c]
+            nf[c] = mb + 1
+            e = T + dF[c]
+            fe[c][mb] = e
+            mem[d] += aF[c]
+            if c != last:
+                d2 = dev[c + 1]
+                if d2 != d:
+                    k = e + fcomm[c + 1]
+                    if t[d2] > k:
+                        k = t[d2]
+                    if k < key[d2]:
+                        key[d2] = k
+                        push(heap, (k, d2))
+            job = new(Job, (KF, mb, c))
+        elif kind == 1:
+            mb = nb[c]
+            nb[c] = mb + 1
+            e = T + dB[c]
+            be[c][mb] = e
+            mem[d] += mB[c]
+            pend[d].append((mb, c))
+            if c:
+                d2 = dev[c - 1]
+                if d2 != d:
+                    k = e + bcomm[c - 1]
+                    if t[d2] > k:
+                        k = t[d2]
+                    if k < key[d2]:
+                        key[d2] = k
+                        push(heap, (k, d2))
+            job = new(Job, (KB, mb, c))
+        else:
+            mb, c = pend[d].popleft()
+            e = T + dW[c]
+            mem[d] += mW[c]
+            job = new(Job, (KW, mb, c))
+        seqs[d].append(job)
+        done += 1
+        t[d] = e
+        key[d] = e
+        push(heap, (e, d))
+    if done != total:
+        return None
+    return seqs
+
+
+def grid(prob) -> list[Pace]:
+    """The passes tried, most useful first: the work period with half a period of slack (the best on most
+    deep shapes with the Zero Bubble paper's costs at 0.5p, e.g. pp 32, m 128: 1563 against the greedy's
+    1929), then longer periods, other slacks and return-leg headroom."""
+    w = work_period(prob)
+    out = []
+    for f in (1.0, 1.125, 1.25, 1.5):
+        for slack in (0.5 * w, 0.0, None):
+            for head in (1.0, 0.0, 2.0):
+                out.append(Pace(period=f * w, slack=slack, head=head))
+    return out
+
+
+#: passes always tried (the first of :func:`grid`: return-leg headroom 1 and 0 win about equally often)
+MIN_PASSES = 2
+
+
+def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Pace]]:
+    """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements, at least
+    :data:`MIN_PASSES` (deadlocks skipped)."""
+    njobs = 3 * prob.m * prob.nc
+    for pace in grid(prob)[:max(MIN_PASSES, max_jobs // max(njobs, 1))]:
+        seqs = run(prob, pace)
+        if seqs is not None:
+            yield seqs, pace

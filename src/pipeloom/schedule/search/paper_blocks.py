@@ -1,0 +1,45 @@
+"""The controllable-memory paper's own V-Half and V-Min blocks, squeezed under its memory count (no torch).
+
+A candidate of the portfolio (:mod:`.portfolio`). :mod:`.vblock` builds a family of blocks and squeezes their
+warm-up and cool-down under pipeloom's memory model, where an input-grad backward B frees half of its
+forward's activation. The paper's released generator squeezes under its own count instead: B frees nothing,
+W frees it all, and the cap is the repeated pattern's own peak. The moves the squeeze makes, hence the order,
+differ; with uneven costs the generator's order is sometimes the shorter one (V-Half, pp 24, m 48, F/B/W
+1/2/1, comm 0.5: 658 against 659 for the best block squeezed under pipeloom's model; pp 32, m 64: 883 against
+889). This module builds exactly those two blocks (:func:`paper_blocks`, the offsets of the paper's code:
+V-Min steps 1/1/1/1 with a gap of 2 slots when pp is a multiple of 3; V-Half steps 2/1/2/1 with a gap of 3
+when pp is even) with :func:`.vblock.build` on a copy of the problem whose B frees nothing, capped at the
+pattern's peak in that count. The caller re-times the job lists with the real costs and checks them under the
+real memory model and limit (:func:`.localsearch.result_of`), so a block that does not fit is dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+from ...core.ir import Job
+from . import vblock
+
+
+def applies(prob) -> bool:
+    """V placement with two chunks per device (the blocks' shape)."""
+    return vblock.applies(prob)
+
+
+def paper_blocks(pp: int) -> list[vblock.Block]:
+    """V-Half then V-Min as :class:`.vblock.Block` (first squeeze with W in place, as the paper's code)."""
+    return [vblock.Block(s0=2, s1=1, s2=2, s3=1, t1=0, g=3 if pp % 2 == 0 else 0, t3=1),
+            vblock.Block(s0=1, s1=1, s2=1, s3=1, t1=0, g=2 if pp % 3 == 0 else 0, t3=0)]
+
+
+def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], vblock.Block]]:
+    """Job lists of the paper's blocks that fit the limit in the paper's count (both, whatever ``max_jobs``:
+    two squeezes)."""
+    b0 = replace(prob, b=tuple(0.0 for _ in prob.b))  # B frees nothing; W frees the whole activation
+    for blk in paper_blocks(prob.pp):
+        peak = vblock.pattern_peak(b0, blk, prob.limit)
+        if peak is None or peak > prob.limit + 1e-9:
+            continue
+        seqs = vblock.build(b0, replace(blk, builder="paper-block"), cap=peak)
+        if seqs is not None:
+            yield seqs, replace(blk, builder="paper-block")
