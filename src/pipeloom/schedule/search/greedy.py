@@ -35,7 +35,6 @@ with the timing kernel (:mod:`pipeloom.sim.kernel`).
 """
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 from ...core.costs import Costs, MemModel
 from ...core import rules
 from ...core.ir import Job, Kind, Placement, device_of
-from ...sim import kernel
+from ...sim import kernel, listsched
 
 from .accel import accelerated, ext as _accel
 
@@ -52,7 +51,6 @@ __all__ = ["Problem", "make_problem", "min_feasible_limit", "Policy", "PassResul
 INF = math.inf
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
 _KINDS = (_KF, _KB, _KW)
-_new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper (200k jobs at pp 64)
 _EPS = 1e-9
 
 
@@ -224,83 +222,71 @@ def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
 
 
 def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
-    """The greedy pass in Python (the specification of the C version).
+    """The greedy pass in Python (the specification of the C version): :class:`GreedyPolicy` on the one
+    list-scheduling loop (:func:`pipeloom.sim.listsched.run`)."""
+    board = listsched.Board.for_problem(prob)
+    if listsched.run(board, GreedyPolicy(prob, pol)) != 3 * prob.m * prob.nc:
+        return None
+    return PassResult(board.seqs, max(board.free), board.peak, pol, board.free, starts=board.starts,
+                      order=board.order)
 
-    The hot loop of every V/H builder (one iteration per job; 200k jobs at pp 64, m 512):
-    per-chunk end-time lists and per-device candidate tuples are prepared up front so
-    that the loop does no index arithmetic and no attribute lookups.
+
+class GreedyPolicy:
+    """The greedy pass's decisions (see the module docstring) as a policy of :func:`pipeloom.sim.listsched.run`.
+
+    At its decision point ``T`` a device takes the first ready B of its chunks in the policy's order (B
+    before F with ``b_first``), else the first ready F that the memory rule admits, else a pending W
+    (oldest B first) when it fills the wait, else it asks again when the next known job is ready (or
+    when fed). Readiness is :meth:`~pipeloom.sim.listsched.Board.ready` and memory the board's
+    (:func:`pipeloom.core.rules.memory_delta`); this object keeps only the pass's counters: per chunk the
+    next F and B microbatch, per device its W queue, forwards before the first B and the reservation.
     """
-    pp, m, nc = prob.pp, prob.m, prob.nc
-    dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm = prob.fcomm, prob.bcomm
-    a, mB, mW, dev = prob.mF, prob.mB, prob.mW, prob.dev  # memory rule (core.rules): F +a, B -b, W -(a-b)
-    limit = prob.limit + _EPS
-    capd, b_order, f_order = _pass_inputs(prob, pol)
-    reserve = pol.admit == "reserve"
-    need = prob.need
-    first = [loc[0] for loc in prob.local]
-    b_first = pol.b_first
-    fill_always = pol.w_fill == "always"
-    look = pol.lookahead
-    h_warm = pol.h_warm
-    start0 = [0.0] * pp  # start of the device's first job
-    warm = pol.warmup
-    last = nc - 1
 
-    fe = [[-1.0] * m for _ in range(nc)]  # fe[c][mb]: end of F(mb, c), -1 = not run yet
-    be = [[-1.0] * m for _ in range(nc)]  # be[c][mb]: end of B(mb, c)
-    nf = [0] * nc
-    nb = [0] * nc
-    # per device, its local chunks in the policy's order with what their readiness reads:
-    # B: (chunk, own F ends, next chunk's B ends or None for the last chunk, comm on that edge)
-    bcand = [tuple((c, fe[c], be[c + 1] if c != last else None, bcomm[c])
-                   for c in order) for order in b_order]
-    # F: (chunk, previous chunk's F ends or None for chunk 0, comm on that edge, a, first local chunk?)
-    fcand = [tuple((c, fe[c - 1] if c else None, fcomm[c], a[c], c == first[d])
-                   for c in order) for d, order in enumerate(f_order)]
-    t = [0.0] * pp
-    mem = [0.0] * pp
-    resv = [0.0] * pp
-    peak = [0.0] * pp
-    nfwd = [0] * pp      # forwards run before the device's first B (for the warm-up cap)
-    started_b = [False] * pp
-    pend: list[deque] = [deque() for _ in range(pp)]
-    seqs: list[list[Job]] = [[] for _ in range(pp)]
-    order: list[list[int]] = [[] for _ in range(pp)]
-    sapp = [q.append for q in seqs]
-    oapp = [q.append for q in order]
-    KF, KB, KW = _KF, _KB, _KW
-    new = _new
-    key = [0.0] * pp     # when the device decides next (INF: asleep until a dependency is scheduled)
-    heap = [(0.0, d) for d in range(pp)]  # entries (time, device); stale ones have time != key[device]
-    total = 3 * m * nc
-    ncommit = 0
-    push = heapq.heappush
-    pop = heapq.heappop
-    pushpop = heapq.heappushpop
-    item = pop(heap)
-    while True:
-        T, d = item
-        if T != key[d]:
-            if not heap:
-                break
-            item = pop(heap)
-            continue
+    __slots__ = ("m", "dW", "a", "mB", "mW", "limit", "capd", "reserve", "need", "b_first", "fill_always",
+                 "look", "h_warm", "warm", "dF", "nf", "nb", "nfwd", "started_b", "resv", "pend", "bcand",
+                 "fcand", "first", "sF", "sB", "sW")
+
+    def __init__(self, prob: Problem, pol: Policy) -> None:
+        nc = prob.nc
+        self.m = prob.m
+        self.dF, self.dW = prob.dF, prob.dW
+        self.a, self.mB, self.mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules): F +a, B -b, W -(a-b)
+        self.limit = prob.limit + _EPS
+        capd, b_order, f_order = _pass_inputs(prob, pol)
+        self.capd = capd
+        self.reserve = pol.admit == "reserve"
+        self.need = prob.need
+        self.b_first = pol.b_first
+        self.fill_always = pol.w_fill == "always"
+        self.look = pol.lookahead
+        self.h_warm = pol.h_warm
+        self.warm = pol.warmup
+        pp = prob.pp
+        self.nf = [0] * nc
+        self.nb = [0] * nc
+        self.nfwd = [0] * pp      # forwards run before the device's first B (for the warm-up cap)
+        self.started_b = [False] * pp
+        self.resv = [0.0] * pp
+        self.pend: list[deque] = [deque() for _ in range(pp)]
+        self.sF, self.sB, self.sW = (kernel.KIND_INDEX[k] * nc for k in _KINDS)  # slots: kind index * nc + chunk
+        self.first = first = [loc[0] for loc in prob.local]
+        # per device, its local chunks in the policy's order: B (slot, chunk); F (slot, chunk, a, first local?)
+        self.bcand = [tuple((self.sB + c, c) for c in order) for order in b_order]
+        self.fcand = [tuple((self.sF + c, c, self.a[c], c == first[d]) for c in order) for d, order in enumerate(f_order)]
+
+    def step(self, board: listsched.Board, d: int, T: float):
+        ready = board.ready
+        nf, nb = self.nf, self.nb
         # ---- backward candidates
         bc = -1
         rb = INF
-        for c, fec, ben, bcm in bcand[d]:
+        for slot, c in self.bcand[d]:
             mb = nb[c]
             if mb >= nf[c]:
                 continue
-            r = fec[mb]
-            if ben is not None:
-                e = ben[mb]
-                if e < 0:
-                    continue
-                e += bcm
-                if e > r:
-                    r = e
+            r = ready(slot, mb)
+            if r < 0:
+                continue
             if r <= T:
                 bc = c
                 break
@@ -310,26 +296,26 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
         fc = -1
         rf = INF
         blocked = False
+        b_first = self.b_first
         if bc < 0 or not b_first:
-            md = mem[d]
-            for c, fep, fcm, ac, isfirst in fcand[d]:
+            md = board.mem[d]
+            m = self.m
+            warm, reserve, limit = self.warm, self.reserve, self.limit
+            started = self.started_b[d]
+            for slot, c, ac, isfirst in self.fcand[d]:
                 mb = nf[c]
                 if mb >= m:
                     continue
-                if fep is None:
-                    r = 0.0
-                else:
-                    r = fep[mb]
-                    if r < 0:
-                        continue
-                    r += fcm
+                r = ready(slot, mb)
+                if r < 0:
+                    continue
                 if isfirst:
-                    if warm is not None and not started_b[d] and nfwd[d] >= warm:
+                    if warm is not None and not started and self.nfwd[d] >= warm:
                         continue
                     if reserve:
-                        ok = resv[d] + need[d] <= limit
+                        ok = self.resv[d] + self.need[d] <= limit
                     else:
-                        ok = md + ac <= (capd[d] if not h_warm or not started_b[d] else limit)
+                        ok = md + ac <= (self.capd[d] if not self.h_warm or not started else limit)
                 else:
                     ok = reserve or md + ac <= limit
                 if not ok:
@@ -345,88 +331,49 @@ def _run_pass_py(prob: Problem, pol: Policy) -> PassResult | None:
         if bc >= 0 and (b_first or fc < 0):
             kind, c = 1, bc
         elif fc >= 0:
-            if look > 0.0 and rb - T < look * dF[fc]:
+            if self.look > 0.0 and rb - T < self.look * self.dF[fc]:
                 rf = INF  # hold the device for the coming B (or fill it with a W that fits)
             else:
                 kind, c = 0, fc
         if kind < 0:
-            pw = pend[d]
+            pw = self.pend[d]
             nxt = rb if rb < rf else rf
-            if pw and (blocked or fill_always or nxt == INF or nxt - T >= dW[pw[0][1]] - _EPS):
+            if pw and (blocked or self.fill_always or nxt == INF or nxt - T >= self.dW[pw[0][1]] - _EPS):
                 kind = 2
             elif nxt < INF and nxt > T:
-                key[d] = nxt
-                item = pushpop(heap, (nxt, d))
-                continue
+                return nxt
             elif pw:
                 kind = 2
             else:
-                key[d] = INF  # sleep until a dependency is scheduled
-                if not heap:
-                    break
-                item = pop(heap)
-                continue
-        # ---- commit
+                return INF  # sleep until a dependency is scheduled
+        # ---- the chosen job (the board commits it)
         if kind == 0:
             mb = nf[c]
             nf[c] = mb + 1
-            e = T + dF[c]
-            fe[c][mb] = e
-            md = mem[d] + a[c]
-            mem[d] = md
-            if md > peak[d]:
-                peak[d] = md
-            if reserve and c == first[d]:
-                resv[d] += need[d]
-            if not started_b[d]:
-                nfwd[d] += 1
-            if c != last:
-                d2 = dev[c + 1]
-                if d2 != d:
-                    k = e + fcomm[c + 1]
-                    if t[d2] > k:
-                        k = t[d2]
-                    if k < key[d2]:
-                        key[d2] = k
-                        push(heap, (k, d2))
-            job = new(Job, (KF, mb, c))
-        elif kind == 1:
+            if self.reserve and c == self.first[d]:
+                self.resv[d] += self.need[d]
+            if not self.started_b[d]:
+                self.nfwd[d] += 1
+            return (self.sF + c, mb)
+        if kind == 1:
             mb = nb[c]
             nb[c] = mb + 1
-            e = T + dB[c]
-            be[c][mb] = e
-            mem[d] += mB[c]
-            resv[d] += mB[c]
-            started_b[d] = True
-            pend[d].append((mb, c))
-            if c:
-                d2 = dev[c - 1]
-                if d2 != d:
-                    k = e + bcomm[c - 1]
-                    if t[d2] > k:
-                        k = t[d2]
-                    if k < key[d2]:
-                        key[d2] = k
-                        push(heap, (k, d2))
-            job = new(Job, (KB, mb, c))
-        else:
-            mb, c = pend[d].popleft()
-            e = T + dW[c]
-            fr = mW[c]
-            mem[d] += fr
-            resv[d] += fr
-            job = new(Job, (KW, mb, c))
-        if not seqs[d]:
-            start0[d] = T
-        sapp[d](job)
-        oapp[d](ncommit)
-        ncommit += 1
-        t[d] = e
-        key[d] = e
-        item = pushpop(heap, (e, d))
-    if ncommit != total:
-        return None
-    return PassResult(seqs, max(t), peak, pol, t, starts=start0, order=order)
+            self.resv[d] += self.mB[c]
+            self.started_b[d] = True
+            self.pend[d].append((mb, c))
+            return (self.sB + c, mb)
+        mb, c = self.pend[d].popleft()
+        self.resv[d] += self.mW[c]
+        return (self.sW + c, mb)
+
+    def after(self, board: listsched.Board, d: int, end: float) -> float:
+        return end
+
+    def fed(self, board: listsched.Board, d: int, arrival: float, key: float) -> float:
+        """a job on another device sent ``d`` an input: decide again when it arrives (not before ``d`` is free)"""
+        t = board.free[d]
+        k = arrival if arrival >= t else t
+        return k if k < key else key
 
 
 def _stage_bubble(prob: Problem, seqs, ends, starts) -> float:

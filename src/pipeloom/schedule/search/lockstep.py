@@ -56,6 +56,8 @@ from typing import Iterator
 
 from ...core import rules
 from ...core.ir import Job, Kind, Placement
+from ...sim import kernel, listsched
+from .accel import accelerated, ext
 
 _EPS = 1e-9
 #: refinement passes per (fill_b, fill_f) combination at most
@@ -95,105 +97,80 @@ def uniform(prob):
 
 
 def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
-    """One lock-step pass: (job lists per device, per-device bubble) or raises :class:`_Broken`."""
+    """One lock-step pass: (job lists per device, per-device bubble) or raises :class:`_Broken`.
+
+    Runs :func:`_one_pass_py` (the specification) or, when built, its compiled form ``lockstep_pass`` in
+    ``_accel.c`` (identical results: tests/schedule/test_lockstep_c.py)."""
+    if accelerated():
+        out = ext.lockstep_pass((prob.pp, prob.m, prob.limit + _EPS, _EPS, bool(fill_b), bool(fill_f)),
+                                prob.tables.needs, prob.tables.produces, prob.dur_table,
+                                listsched.mem_table(prob.nc, prob.a, prob.b), prob.tables.dev, prob.a,
+                                None if approved is None else list(approved), Job, kernel.KINDS)
+        if out is None:
+            raise _Broken
+        return out
+    return _one_pass_py(prob, fill_b, fill_f, approved)
+
+
+def _one_pass_py(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
+    """The pass in Python on the list-scheduling board (:class:`pipeloom.sim.listsched.Board`): jobs are
+    appended device by device and timed as appended (:meth:`~pipeloom.sim.listsched.Board.place`); the
+    board reads readiness and memory from :mod:`pipeloom.core.rules`."""
     pp, m, nc = prob.pp, prob.m, prob.nc
-    dF, dB, dW = prob.dF, prob.dB, prob.dW
-    fcomm, bcomm, a, bfree = prob.fcomm, prob.bcomm, prob.a, prob.b
+    a = prob.a
     limit = prob.limit + _EPS
+    board = listsched.Board.for_problem(prob)
+    cur, done, dur, mnc = board.free, board.done, board.dur, board.mnc
     lo = list(range(pp))                      # local chunk 0 of device d
     hi = [nc - 1 - d for d in range(pp)]      # local chunk 1 of device d
-    # slots: 0 = F(lo), 1 = F(hi), 2 = B(hi), 3 = B(lo)
-    slot_chunk = [(lo[d], hi[d], hi[d], lo[d]) for d in range(pp)]
+    sF, sB, sW = (kernel.KIND_INDEX[k] * nc for k in (Kind.F, Kind.B, Kind.W))
+    # slots: 0 = F(lo), 1 = F(hi), 2 = B(hi), 3 = B(lo), as the board's slot (kind index * nc + chunk)
+    slot_of = [(sF + lo[d], sF + hi[d], sB + hi[d], sB + lo[d]) for d in range(pp)]
     cnt = [[0, 0, 0, 0] for _ in range(pp)]
-    fend = [[-1.0] * m for _ in range(nc)]
-    bend = [[-1.0] * m for _ in range(nc)]
-    cur = [0.0] * pp
-    mem = [0.0] * pp
     bub = [0.0] * pp
     pend: list[deque] = [deque() for _ in range(pp)]
-    seqs: list[list[Job]] = [[] for _ in range(pp)]
     appr = approved if approved is not None else [-1.0] * pp
     max_appr = max(appr)
+    ACT, GRAD = rules.ACT * mnc, rules.GRAD * mnc
 
     def allowed(d: int) -> float:
         """largest bubble device d may reach without a W being inserted to avoid it"""
         return max(max(bub), max_appr - appr[d])
 
-    # the dependency rule as the timing kernel reads it from core.rules (kind 0 = F, 1 = B: the kernel's order)
-    needs = prob.tables.needs
-    ends_of = {rules.ACT: fend, rules.GRAD: bend}
-
-    def ready(kind: int, c: int, mb: int) -> float:
-        """time the job's inputs are available on its device (raises if one is not placed yet)"""
-        r = 0.0
-        for ev, off, cm in needs[kind * nc + c]:
-            e = ends_of[ev][c + off][mb]
-            if e < 0:
-                raise _Broken
-            e += cm
-            if e > r:
-                r = e
-        return r
-
-    def cross_ready(kind: int, c: int, mb: int) -> float | None:
-        """arrival time of the job's cross-device input (None: none, or not placed yet)"""
-        if kind == 0:
-            if c == 0 or prob.dev[c - 1] == prob.dev[c]:
-                return None
-            e = fend[c - 1][mb]
-            return None if e < 0 else e + fcomm[c]
-        if c == nc - 1 or prob.dev[c + 1] == prob.dev[c]:
-            return None
-        e = bend[c + 1][mb]
-        return None if e < 0 else e + bcomm[c]
-
     def put(d: int, slot: int) -> None:
         mb = cnt[d][slot]
         if mb >= m:
             raise _Broken
-        c = slot_chunk[d][slot]
-        kind = 0 if slot < 2 else 1
-        r = ready(kind, c, mb)
+        js = slot_of[d][slot]
+        r = board.ready(js, mb)
+        if r < 0:
+            raise _Broken
         s = cur[d] if cur[d] >= r else r
         if cnt[d][0] > 0:
             bub[d] += s - cur[d]
-        if kind == 0:
-            grow = rules.memory_delta(Kind.F, a[c], bfree[c])
-            if mem[d] + grow > limit:
-                raise _Broken
-            mem[d] += grow
-            e = s + dF[c]
-            fend[c][mb] = e
-            seqs[d].append(Job(Kind.F, mb, c))
-        else:
-            mem[d] += rules.memory_delta(Kind.B, a[c], bfree[c])
-            e = s + dB[c]
-            bend[c][mb] = e
-            seqs[d].append(Job(Kind.B, mb, c))
-            pend[d].append((mb, c))
-        cur[d] = e
+        if slot < 2 and not board.admits(d, js, limit):
+            raise _Broken
+        board.commit(d, js, mb, s)
+        if slot >= 2:
+            pend[d].append((mb, js - sB))
         cnt[d][slot] = mb + 1
 
     def put_w(d: int) -> None:
         if not pend[d]:
             raise _Broken
         mb, c = pend[d].popleft()
-        mem[d] += rules.memory_delta(Kind.W, a[c], bfree[c])
-        cur[d] += dW[c]
-        seqs[d].append(Job(Kind.W, mb, c))
+        board.commit(d, sW + c, mb, cur[d])
 
     def fill(d: int, slot: int, extra: bool) -> None:
         """run pending Ws that end before the job's cross-device input; one more if ``extra`` and
         the wait would exceed the allowed bubble"""
-        kind = 0 if slot < 2 else 1
-        c = slot_chunk[d][slot]
         mb = cnt[d][slot]
         if mb >= m:
             raise _Broken
-        arr = cross_ready(kind, c, mb)
+        arr = board.arrival(slot_of[d][slot], mb)
         if arr is None:
             return
-        while pend[d] and arr >= cur[d] + dW[pend[d][0][1]] - _EPS:
+        while pend[d] and arr >= cur[d] + dur[sW + pend[d][0][1]] - _EPS:
             put_w(d)
         if extra and pend[d] and arr - cur[d] > allowed(d) - bub[d] + _EPS:
             put_w(d)
@@ -203,9 +180,9 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
         put(d, 0)
     for d in range(pp - 1, -1, -1):
         if d < pp - 1:
-            due = fend[hi[d + 1]][0] + fcomm[hi[d]]
+            due = board.ready(slot_of[d][1], 0)  # F(0) of chunk hi[d]: its input from device d+1
             head = a[lo[d]] * (2 + 2 * d)
-            while (mem[d] + head <= limit and cur[d] + dF[lo[d]] <= due + _EPS and cnt[d][0] < m):
+            while (board.mem[d] + head <= limit and cur[d] + dur[sF + lo[d]] <= due + _EPS and cnt[d][0] < m):
                 for j in range(d + 1):
                     put(j, 0)
         put(d, 1)
@@ -230,7 +207,7 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
         for d in range(pp):
             if cnt[d][3] >= cnt[d][2]:
                 seconds.append((d, 2))
-            elif d == pp - 1 or cnt[d][2] >= m or bend[lo[d + 1]][cnt[d][3]] >= 0:
+            elif d == pp - 1 or cnt[d][2] >= m or done[GRAD + cnt[d][3] * nc + lo[d + 1]] >= 0:
                 firsts.append((d, 3))
             else:
                 seconds.append((d, 2))
@@ -245,14 +222,13 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
             slot = None
             if cnt[d][1] >= cnt[d][0]:
                 slot = 0
-            elif d == pp - 1 or fend[hi[d + 1]][cnt[d][1]] >= 0:
+            elif d == pp - 1 or done[ACT + cnt[d][1] * nc + hi[d + 1]] >= 0:
                 slot = 1
-            elif cnt[d][0] < m and (d == 0 or fend[lo[d - 1]][cnt[d][0]] >= 0):
+            elif cnt[d][0] < m and (d == 0 or done[ACT + cnt[d][0] * nc + lo[d - 1]] >= 0):
                 slot = 0
             if slot is None:
                 continue
-            c = slot_chunk[d][slot]
-            while mem[d] + a[c] > limit:
+            while not board.admits(d, slot_of[d][slot], limit):
                 put_w(d)
             fill(d, slot, extra=fill_f)
             put(d, slot)
@@ -261,7 +237,7 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
             put_w(d)
     if any(cnt[d] != [m, m, m, m] for d in range(pp)):
         raise _Broken
-    return seqs, bub
+    return board.seqs, bub
 
 
 def candidates(prob, max_jobs: int | None = None, *,

@@ -1,0 +1,232 @@
+"""THE list-scheduling loop: build per-device job orders job by job (no torch).
+
+Every constructive pass of the planners (the greedy pass, zb_looped's template pass, the lock-step
+construction, the solver's warm start) places jobs one at a time on a :class:`Board` and lets a
+*policy* decide which job comes next; the readiness and memory rules are not typed out in the passes:
+
+* :meth:`Board.ready`: when a job's inputs are there, read from :mod:`pipeloom.core.rules` as the
+  timing kernel's tables (:class:`pipeloom.sim.kernel.Rules`: per (kind, chunk) the events needed with
+  the comm on each edge, the events produced);
+* :meth:`Board.commit`: the job runs from ``start`` for its duration (:func:`pipeloom.core.rules.durations`),
+  completes its events, and changes its device's memory by :func:`pipeloom.core.rules.memory_delta`;
+  :meth:`Board.place` is ``commit`` at the earliest start (device free and inputs ready), which is
+  how a construction that appends jobs device by device (lock-step) times them.
+
+Two ways to drive it:
+
+* :func:`run`, the event-driven loop: a heap of (time, device) decision points, the earliest first
+  (ties: the lower device). At its point the device asks the policy's ``step(board, d, T)``, which
+  returns a job ``(slot, mb)`` to run from ``T``, or the next time to ask (``INF``: when fed). After a
+  commit the loop asks ``after(board, d, end)`` for the device's next point and, for every device that
+  receives one of the job's events over an edge (:func:`pipeloom.core.rules.handoff`),
+  ``fed(board, d2, arrival, key)`` for its new point. The greedy pass and the template pass are such policies.
+* a construction that decides the order itself (lock-step's rounds) calls :meth:`Board.place` directly.
+
+A new portfolio candidate is one policy object (``step``, ``after``, ``fed``; see :class:`Policy`) that
+reads the board and keeps its own state (counters, queues, reservations).
+
+Slots. A job of kind ``k`` (index in :data:`pipeloom.sim.kernel.KINDS`: F 0, B 1, W 2, BW 3) on chunk
+``c`` is slot ``k * nc + c``; event ``e`` of (mb, c) is ``done[e * m * nc + mb * nc + c]`` (-1 while it
+has not happened), as in the timing kernel.
+
+The compiled forms in ``_accel.c`` (``run_pass``, ``lockstep_pass``) read the same tables
+(``Rules.needs``, ``Rules.produces``, :meth:`Board.mem_table`) with the same operations in the same
+order, so both give identical floats (tests/sim/test_listsched.py, tests/schedule/test_accel.py).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Protocol, Sequence
+
+from ..core import rules
+from ..core.ir import Job, Kind
+from .kernel import KINDS, Rules, duration_table
+
+INF = math.inf
+_new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper
+
+
+def mem_table(nc: int, a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """:func:`pipeloom.core.rules.memory_deltas` flattened in slot order (``k * nc + c``)."""
+    md = rules.memory_deltas(nc, a, b)
+    return [float(md[k][c]) for k in KINDS for c in range(nc)]
+
+
+class Board:
+    """A list schedule under construction: per device the jobs placed so far, their times, the memory.
+
+    ``seqs[d]`` the jobs of device d in order, ``order[d]`` the commit rank of each (a topological order:
+    the validator's witness), ``free[d]`` when the device is free, ``mem[d]`` / ``peak[d]`` its running and
+    peak activation memory, ``starts[d]`` the start of its first job, ``ncommit`` the jobs placed.
+    """
+
+    __slots__ = ("pp", "m", "nc", "mnc", "dev", "needs", "produces", "dur", "dmem", "done", "free", "mem",
+                 "peak", "starts", "seqs", "order", "ncommit", "handoff")
+
+    def __init__(self, pp: int, m: int, tables: Rules, dur: list[float], dmem: list[float]) -> None:
+        nc = tables.nc
+        self.pp, self.m, self.nc, self.mnc = pp, m, nc, m * nc
+        self.dev = tables.dev
+        self.needs = tables.needs
+        self.produces = tables.produces
+        self.dur = dur
+        self.dmem = dmem
+        self.done = [-1.0] * (3 * m * nc)
+        self.free = [0.0] * pp
+        self.mem = [0.0] * pp
+        self.peak = [0.0] * pp
+        self.starts = [0.0] * pp
+        self.seqs: list[list[Job]] = [[] for _ in range(pp)]
+        self.order: list[list[int]] = [[] for _ in range(pp)]
+        self.ncommit = 0
+        # per slot: the (chunk offset, comm) of the edge its handoff travels (core.rules.handoff), or None
+        self.handoff = _handoffs(tables)
+
+    @classmethod
+    def for_problem(cls, prob) -> "Board":
+        """An empty board for a :class:`pipeloom.schedule.search.greedy.Problem` (its tables, durations, memory)."""
+        return cls(prob.pp, prob.m, prob.tables, prob.dur_table, mem_table(prob.nc, prob.a, prob.b))
+
+    @classmethod
+    def make(cls, pp: int, m: int, tables: Rules, dF, dB, dW, a, b) -> "Board":
+        nc = tables.nc
+        return cls(pp, m, tables, duration_table(nc, dF, dB, dW), mem_table(nc, a, b))
+
+    def ready(self, slot: int, mb: int) -> float:
+        """When the inputs of job ``slot`` of microbatch ``mb`` are on its device (comm added on edges between
+        devices); -1.0 while one of them has not been placed."""
+        done = self.done
+        base = self.mnc
+        at = mb * self.nc + slot % self.nc
+        r = 0.0
+        for ev, off, cm in self.needs[slot]:
+            e = done[ev * base + at + off]
+            if e < 0:
+                return -1.0
+            e += cm
+            if e > r:
+                r = e
+        return r
+
+    def arrival(self, slot: int, mb: int) -> float | None:
+        """When the job's input from another device arrives (None: it has none, or it is not placed yet)."""
+        nc = self.nc
+        c = slot % nc
+        dev = self.dev
+        for ev, off, cm in self.needs[slot]:
+            if off and dev[c + off] != dev[c]:
+                e = self.done[ev * self.mnc + mb * nc + c + off]
+                return None if e < 0 else e + cm
+        return None
+
+    def admits(self, d: int, slot: int, limit: float) -> bool:
+        """True when running job ``slot`` on device ``d`` keeps its memory within ``limit``."""
+        return self.mem[d] + self.dmem[slot] <= limit
+
+    def commit(self, d: int, slot: int, mb: int, start: float) -> float:
+        """Run job ``slot`` of ``mb`` on device ``d`` from ``start`` (the caller checked it is ready); its end."""
+        nc = self.nc
+        c = slot % nc
+        e = start + self.dur[slot]
+        done = self.done
+        at = mb * nc + c
+        for ev in self.produces[slot]:
+            done[ev * self.mnc + at] = e
+        md = self.mem[d] + self.dmem[slot]
+        self.mem[d] = md
+        if md > self.peak[d]:
+            self.peak[d] = md
+        seq = self.seqs[d]
+        if not seq:
+            self.starts[d] = start
+        seq.append(_new(Job, (KINDS[slot // nc], mb, c)))
+        self.order[d].append(self.ncommit)
+        self.ncommit += 1
+        self.free[d] = e
+        return e
+
+    def place(self, d: int, slot: int, mb: int) -> float | None:
+        """:meth:`commit` at the earliest start (device free, inputs ready); None (nothing placed) while an
+        input is missing."""
+        r = self.ready(slot, mb)
+        if r < 0:
+            return None
+        f = self.free[d]
+        return self.commit(d, slot, mb, f if f >= r else r)
+
+
+def _handoffs(tables: Rules) -> list[tuple[int, float] | None]:
+    """Per slot, the chunk offset and comm of the edge on which the job's event goes to another chunk."""
+    nc = tables.nc
+    out: list[tuple[int, float] | None] = []
+    for kind in KINDS:
+        for c in range(nc):
+            h = rules.handoff(kind, 0, c, nc)
+            if h is None:
+                out.append(None)
+                continue
+            (ev, _mb, _c), c2 = h
+            cm = next(x for e2, off, x in tables.needs[KINDS.index(_consumer(kind)) * nc + c2]
+                      if e2 == ev and c2 + off == c)
+            out.append((c2 - c, cm))
+    return out
+
+
+def _consumer(kind: Kind) -> Kind:
+    """The kind of job that receives ``kind``'s handoff (F's ACT feeds the next chunk's F, a backward's GRAD
+    the previous chunk's B)."""
+    return Kind.F if kind is Kind.F else Kind.B
+
+
+class Policy(Protocol):
+    """What :func:`run` asks (see the module docstring). ``step`` returns ``(slot, mb)`` to run from ``T`` or
+    the next time to ask (a float; ``INF``: only when fed)."""
+
+    def step(self, board: Board, d: int, T: float): ...
+
+    def after(self, board: Board, d: int, end: float) -> float: ...
+
+    def fed(self, board: Board, d: int, arrival: float, key: float) -> float: ...
+
+
+def run(board: Board, policy, keys: list[float] | None = None) -> int:
+    """The event-driven list-scheduling loop (see the module docstring) until no device has a decision
+    point left; the number of jobs placed (:attr:`Board.ncommit`: compare with the jobs of the shape).
+
+    ``keys``: each device's first decision point (default 0.0 for all)."""
+    pp = board.pp
+    nc = board.nc
+    key = [0.0] * pp if keys is None else list(keys)
+    heap = [(k, d) for d, k in enumerate(key) if k < INF]
+    heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
+    step, after, fed = policy.step, policy.after, policy.fed
+    dev, hand = board.dev, board.handoff
+    commit = board.commit
+    while heap:
+        T, d = pop(heap)
+        if T != key[d]:
+            continue
+        act = step(board, d, T)
+        if act.__class__ is float:
+            key[d] = act
+            if act < INF:
+                push(heap, (act, d))
+            continue
+        slot, mb = act
+        e = commit(d, slot, mb, T)
+        h = hand[slot]
+        if h is not None:
+            d2 = dev[slot % nc + h[0]]
+            if d2 != d:
+                k = fed(board, d2, e + h[1], key[d2])
+                if k != key[d2]:
+                    key[d2] = k
+                    if k < INF:
+                        push(heap, (k, d2))
+        k = after(board, d, e)
+        key[d] = k
+        if k < INF:
+            push(heap, (k, d))
+    return board.ncommit
