@@ -501,6 +501,95 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- the rule tables
+ * pipeloom.core.rules as pipeloom.sim.kernel.Rules hands them over: needs[slot] = ((event, chunk offset,
+ * comm), ...), produces[slot] = (event, ...), slot = kind index * nc + chunk; read into CSR arrays
+ * (the needs of slot s are nstart[s] .. nstart[s+1]-1, its events pstart[s] .. pstart[s+1]-1).
+ * Every compiled engine (time_order, the list-scheduling board) reads the rules from here only.
+ */
+typedef struct {
+    Py_ssize_t *nstart, *pstart;
+    long *nev, *noff, *pev;
+    double *ncm;
+} RuleTab;
+
+static void rules_free(RuleTab *rt) {
+    free(rt->nstart); free(rt->pstart); free(rt->nev); free(rt->noff); free(rt->pev); free(rt->ncm);
+    memset(rt, 0, sizeof(*rt));
+}
+
+/* 0 on success; -1 with an exception set (and nothing left allocated) */
+static int rules_parse(PyObject *o_needs, PyObject *o_prod, Py_ssize_t nslot, RuleTab *rt) {
+    Py_ssize_t *nstart = NULL, *pstart = NULL;
+    long *nev = NULL, *noff = NULL, *pev = NULL;
+    double *ncm = NULL;
+    memset(rt, 0, sizeof(*rt));
+    PyObject *fn = PySequence_Fast(o_needs, "needs"), *fp = PySequence_Fast(o_prod, "produces");
+    if (!fn || !fp || PySequence_Fast_GET_SIZE(fn) != nslot || PySequence_Fast_GET_SIZE(fp) != nslot) {
+        if (fn && fp) PyErr_SetString(PyExc_ValueError, "rules: needs/produces must have 4*nc entries");
+        Py_XDECREF(fn);
+        Py_XDECREF(fp);
+        return -1;
+    }
+    nstart = calloc((size_t)nslot + 1, sizeof(Py_ssize_t));
+    pstart = calloc((size_t)nslot + 1, sizeof(Py_ssize_t));
+    int bad = !nstart || !pstart;
+    for (Py_ssize_t s = 0; !bad && s < nslot; s++) {
+        nstart[s + 1] = nstart[s] + PyObject_Length(PySequence_Fast_GET_ITEM(fn, s));
+        pstart[s + 1] = pstart[s] + PyObject_Length(PySequence_Fast_GET_ITEM(fp, s));
+        if (PyErr_Occurred()) bad = 1;
+    }
+    if (!bad) {
+        nev = malloc((size_t)(nstart[nslot] + 1) * sizeof(long));
+        noff = malloc((size_t)(nstart[nslot] + 1) * sizeof(long));
+        ncm = malloc((size_t)(nstart[nslot] + 1) * sizeof(double));
+        pev = malloc((size_t)(pstart[nslot] + 1) * sizeof(long));
+        bad = !nev || !noff || !ncm || !pev;
+        if (bad) PyErr_NoMemory();
+    }
+    for (Py_ssize_t s = 0; !bad && s < nslot; s++) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(fn, s), "needs row");
+        if (!row) { bad = 1; break; }
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(row); j++) {
+            PyObject *t = PySequence_Fast_GET_ITEM(row, j);
+            Py_ssize_t q = nstart[s] + j;
+            if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
+                PyErr_SetString(PyExc_TypeError, "rules: a need is (event, offset, comm)");
+                bad = 1;
+                break;
+            }
+            nev[q] = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+            noff[q] = PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+            ncm[q] = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 2));
+            if (PyErr_Occurred() || nev[q] < 0 || nev[q] > 2) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "rules: event out of range");
+                bad = 1;
+                break;
+            }
+        }
+        Py_DECREF(row);
+        row = PySequence_Fast(PySequence_Fast_GET_ITEM(fp, s), "produces row");
+        if (!row) { bad = 1; break; }
+        for (Py_ssize_t j = 0; !bad && j < PySequence_Fast_GET_SIZE(row); j++) {
+            long e = PyLong_AsLong(PySequence_Fast_GET_ITEM(row, j));
+            if (PyErr_Occurred() || e < 0 || e > 2) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "rules: event out of range");
+                bad = 1;
+            }
+            pev[pstart[s] + j] = e;
+        }
+        Py_DECREF(row);
+    }
+    Py_DECREF(fn);
+    Py_DECREF(fp);
+    if (bad) goto fail;
+    rt->nstart = nstart, rt->pstart = pstart, rt->nev = nev, rt->noff = noff, rt->ncm = ncm, rt->pev = pev;
+    return 0;
+fail:
+    free(nstart); free(pstart); free(nev); free(noff); free(pev); free(ncm);
+    return -1;
+}
+
 /* ---------------------------------------------------------------- witness check
  * proven_valid(devices, witness, shape, home, kinds, a, b, limit) -> bool
  *   devices = per device a sequence of (kind, mb, chunk) tuples; witness = per device a sequence of
@@ -764,65 +853,9 @@ static PyObject *time_order(PyObject *self, PyObject *args) {
     const Py_ssize_t total = off[pp];
     /* the rule tables, as CSR arrays */
     {
-        PyObject *fn = PySequence_Fast(o_needs, "needs"), *fp = PySequence_Fast(o_prod, "produces");
-        if (!fn || !fp || PySequence_Fast_GET_SIZE(fn) != nslot || PySequence_Fast_GET_SIZE(fp) != nslot) {
-            if (fn && fp) PyErr_SetString(PyExc_ValueError, "time_order: needs/produces must have 4*nc entries");
-            Py_XDECREF(fn);
-            Py_XDECREF(fp);
-            goto done;
-        }
-        nstart = calloc((size_t)nslot + 1, sizeof(Py_ssize_t));
-        pstart = calloc((size_t)nslot + 1, sizeof(Py_ssize_t));
-        int bad = !nstart || !pstart;
-        for (Py_ssize_t s = 0; !bad && s < nslot; s++) {
-            nstart[s + 1] = nstart[s] + PyObject_Length(PySequence_Fast_GET_ITEM(fn, s));
-            pstart[s + 1] = pstart[s] + PyObject_Length(PySequence_Fast_GET_ITEM(fp, s));
-            if (PyErr_Occurred()) bad = 1;
-        }
-        if (!bad) {
-            nev = malloc((size_t)(nstart[nslot] + 1) * sizeof(long));
-            noff = malloc((size_t)(nstart[nslot] + 1) * sizeof(long));
-            ncm = malloc((size_t)(nstart[nslot] + 1) * sizeof(double));
-            pev = malloc((size_t)(pstart[nslot] + 1) * sizeof(long));
-            bad = !nev || !noff || !ncm || !pev;
-            if (bad) PyErr_NoMemory();
-        }
-        for (Py_ssize_t s = 0; !bad && s < nslot; s++) {
-            PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(fn, s), "needs row");
-            if (!row) { bad = 1; break; }
-            for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(row); j++) {
-                PyObject *t = PySequence_Fast_GET_ITEM(row, j);
-                Py_ssize_t q = nstart[s] + j;
-                if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
-                    PyErr_SetString(PyExc_TypeError, "time_order: a need is (event, offset, comm)");
-                    bad = 1;
-                    break;
-                }
-                nev[q] = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-                noff[q] = PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
-                ncm[q] = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 2));
-                if (PyErr_Occurred() || nev[q] < 0 || nev[q] > 2) {
-                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "time_order: event out of range");
-                    bad = 1;
-                    break;
-                }
-            }
-            Py_DECREF(row);
-            row = PySequence_Fast(PySequence_Fast_GET_ITEM(fp, s), "produces row");
-            if (!row) { bad = 1; break; }
-            for (Py_ssize_t j = 0; !bad && j < PySequence_Fast_GET_SIZE(row); j++) {
-                long e = PyLong_AsLong(PySequence_Fast_GET_ITEM(row, j));
-                if (PyErr_Occurred() || e < 0 || e > 2) {
-                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "time_order: event out of range");
-                    bad = 1;
-                }
-                pev[pstart[s] + j] = e;
-            }
-            Py_DECREF(row);
-        }
-        Py_DECREF(fn);
-        Py_DECREF(fp);
-        if (bad) goto done;
+        RuleTab rt;
+        if (rules_parse(o_needs, o_prod, nslot, &rt) < 0) goto done;
+        nstart = rt.nstart, pstart = rt.pstart, nev = rt.nev, noff = rt.noff, ncm = rt.ncm, pev = rt.pev;
     }
     if (o_dur != Py_None && !(dur = as_doubles(o_dur, nslot, "dur_tab"))) goto done;
     if (o_jdur != Py_None && !(jdur = flat_doubles(o_jdur, pp, off, "job_durations"))) goto done;
@@ -1026,10 +1059,390 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- the list-scheduling board
+ * The compiled form of pipeloom.sim.listsched.Board: a list schedule under construction, with the rules
+ * read from the tables above (RuleTab), the per-slot durations (pipeloom.core.rules.durations) and memory
+ * changes (pipeloom.core.rules.memory_delta). board_ready / board_arrival / board_commit are Board.ready /
+ * Board.arrival / Board.commit with the same operations in the same order.
+ */
+typedef struct {
+    RuleTab rt;
+    Py_ssize_t pp, nc, m, mnc, per_dev;
+    double *dur, *dmem, *done, *free_t, *mem, *peak;
+    long *dev, *cnt, *jmb, *jc;
+    unsigned char *jk;
+} Board;
+
+static void board_free(Board *b) {
+    rules_free(&b->rt);
+    free(b->dur); free(b->dmem); free(b->done); free(b->free_t); free(b->mem); free(b->peak);
+    free(b->dev); free(b->cnt); free(b->jmb); free(b->jc); free(b->jk);
+}
+
+/* 0, or -1 with an exception set (call board_free either way) */
+static int board_init(Board *b, Py_ssize_t pp, Py_ssize_t nc, Py_ssize_t m, Py_ssize_t per_dev, PyObject *o_needs,
+                      PyObject *o_prod, PyObject *o_dur, PyObject *o_dmem, PyObject *o_dev) {
+    memset(b, 0, sizeof(*b));
+    b->pp = pp, b->nc = nc, b->m = m, b->mnc = m * nc, b->per_dev = per_dev;
+    const Py_ssize_t nslot = 4 * nc;
+    if (rules_parse(o_needs, o_prod, nslot, &b->rt) < 0) return -1;
+    if (!(b->dur = as_doubles(o_dur, nslot, "durations")) || !(b->dmem = as_doubles(o_dmem, nslot, "memory deltas")) ||
+        !(b->dev = as_longs(o_dev, nc, "dev")))
+        return -1;
+    for (Py_ssize_t s = 0; s < nslot; s++) {
+        for (Py_ssize_t q = b->rt.nstart[s]; q < b->rt.nstart[s + 1]; q++) {
+            long c2 = (long)(s % nc) + b->rt.noff[q];
+            if (c2 < 0 || c2 >= nc) {
+                PyErr_SetString(PyExc_ValueError, "board: a need points outside the chunks");
+                return -1;
+            }
+        }
+    }
+    b->done = malloc((size_t)(3 * b->mnc) * sizeof(double));
+    b->free_t = calloc((size_t)pp, sizeof(double));
+    b->mem = calloc((size_t)pp, sizeof(double));
+    b->peak = calloc((size_t)pp, sizeof(double));
+    b->cnt = calloc((size_t)pp, sizeof(long));
+    b->jmb = malloc((size_t)(pp * per_dev) * sizeof(long));
+    b->jc = malloc((size_t)(pp * per_dev) * sizeof(long));
+    b->jk = malloc((size_t)(pp * per_dev));
+    if (!b->done || !b->free_t || !b->mem || !b->peak || !b->cnt || !b->jmb || !b->jc || !b->jk) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t q = 0; q < 3 * b->mnc; q++) b->done[q] = -1.0;
+    return 0;
+}
+
+/* Board.ready: when the inputs of job `slot` of `mb` are on its device; -1.0 while one is missing */
+static inline double board_ready(const Board *b, long slot, long mb) {
+    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + slot % b->nc;
+    double r = 0.0;
+    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
+        double e = b->done[b->rt.nev[q] * b->mnc + at + b->rt.noff[q]];
+        if (e < 0) return -1.0;
+        e += b->rt.ncm[q];
+        if (e > r) r = e;
+    }
+    return r;
+}
+
+/* Board.arrival: 1 and *out = when the input from another device arrives; 0 when there is none (yet) */
+static inline int board_arrival(const Board *b, long slot, long mb, double *out) {
+    const long c = (long)(slot % b->nc);
+    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
+        long off = b->rt.noff[q];
+        if (off && b->dev[c + off] != b->dev[c]) {
+            double e = b->done[b->rt.nev[q] * b->mnc + (Py_ssize_t)mb * b->nc + c + off];
+            if (e < 0) return 0;
+            *out = e + b->rt.ncm[q];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Board.commit: job `slot` of `mb` runs on device d from `start`; its end (-1.0 + exception: no room) */
+static inline double board_commit(Board *b, long d, long slot, long mb, double start) {
+    const long c = (long)(slot % b->nc);
+    double e = start + b->dur[slot];
+    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + c;
+    for (Py_ssize_t q = b->rt.pstart[slot]; q < b->rt.pstart[slot + 1]; q++) b->done[b->rt.pev[q] * b->mnc + at] = e;
+    double md = b->mem[d] + b->dmem[slot];
+    b->mem[d] = md;
+    if (md > b->peak[d]) b->peak[d] = md;
+    if (b->cnt[d] >= b->per_dev) {
+        PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
+        return -1.0;
+    }
+    Py_ssize_t k = (Py_ssize_t)d * b->per_dev + b->cnt[d];
+    b->jk[k] = (unsigned char)(slot / b->nc);
+    b->jmb[k] = mb;
+    b->jc[k] = c;
+    b->cnt[d] += 1;
+    b->free_t[d] = e;
+    return e;
+}
+
+/* the placed jobs as per-device lists of job_type(kinds[k], mb, chunk) (NULL + exception on error) */
+static PyObject *board_seqs(const Board *b, PyObject *job_type, PyObject *kinds) {
+    Py_ssize_t nints = (b->m > b->nc ? b->m : b->nc) + 1;
+    PyObject **ints = calloc((size_t)nints, sizeof(PyObject *));
+    PyObject *seqs = NULL;
+    if (!ints) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < nints; i++)
+        if (!(ints[i] = PyLong_FromSsize_t(i))) goto done;
+    PyTypeObject *jt = (PyTypeObject *)job_type;
+    if (!(seqs = PyList_New(b->pp))) goto done;
+    for (Py_ssize_t d = 0; d < b->pp; d++) {
+        PyObject *lst = PyList_New(b->cnt[d]);
+        if (!lst) {
+            Py_CLEAR(seqs);
+            goto done;
+        }
+        PyList_SET_ITEM(seqs, d, lst);
+        for (Py_ssize_t i = 0; i < b->cnt[d]; i++) {
+            Py_ssize_t at = d * b->per_dev + i;
+            PyObject *job = jt->tp_alloc(jt, 3);
+            if (!job) {
+                Py_CLEAR(seqs);
+                goto done;
+            }
+            PyObject *k = PyTuple_GET_ITEM(kinds, b->jk[at]);
+            Py_INCREF(k);
+            Py_INCREF(ints[b->jmb[at]]);
+            Py_INCREF(ints[b->jc[at]]);
+            PyTuple_SET_ITEM(job, 0, k);
+            PyTuple_SET_ITEM(job, 1, ints[b->jmb[at]]);
+            PyTuple_SET_ITEM(job, 2, ints[b->jc[at]]);
+            PyObject_GC_UnTrack(job); /* (Kind, int, int) closes no cycle: see run_pass */
+            PyList_SET_ITEM(lst, i, job);
+        }
+    }
+done:
+    for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
+    free(ints);
+    return seqs;
+}
+
+/* ---------------------------------------------------------------- lock-step pass
+ * lockstep_pass(shape, needs, produces, durations, dmem, dev, a, approved, job_type, kinds)
+ *   shape = (pp, m, limit, eps, fill_b, fill_f); needs/produces = pipeloom.sim.kernel.Rules tables;
+ *   durations/dmem: per slot (pipeloom.sim.kernel.duration_table, pipeloom.sim.listsched.mem_table);
+ *   dev, a: per chunk; approved: per device or None; kinds = pipeloom.sim.kernel.KINDS
+ * -> None when the pass breaks a rule, else (seqs, bub).
+ * A transcription of pipeloom.schedule.search.lockstep._one_pass_py (the specification) on the board:
+ * the same decisions, the same float operations in the same order (tests/schedule/test_lockstep_c.py).
+ */
+typedef struct {
+    Board b;
+    long pp, m, nc, sF, sB, sW;
+    double limit, eps, max_appr;
+    long *cnt4, *slot_of, *pend_mb, *pend_c, *ph, *pt;
+    double *bub, *appr;
+} LS;
+
+static double ls_allowed(const LS *s, long d) {
+    double mb = s->bub[0];
+    for (long j = 1; j < s->pp; j++)
+        if (s->bub[j] > mb) mb = s->bub[j];
+    double x = s->max_appr - s->appr[d];
+    return x > mb ? x : mb;
+}
+
+/* 0 placed; 1 the pass breaks (no exception); -1 error (exception set) */
+static int ls_put(LS *s, long d, int slot) {
+    long mb = s->cnt4[d * 4 + slot];
+    if (mb >= s->m) return 1;
+    long js = s->slot_of[d * 4 + slot];
+    double r = board_ready(&s->b, js, mb);
+    if (r < 0) return 1;
+    double cur = s->b.free_t[d];
+    double st = cur >= r ? cur : r;
+    if (s->cnt4[d * 4] > 0) s->bub[d] += st - cur;
+    if (slot < 2 && !(s->b.mem[d] + s->b.dmem[js] <= s->limit)) return 1;
+    if (board_commit(&s->b, d, js, mb, st) < 0 && PyErr_Occurred()) return -1;
+    if (slot >= 2) {
+        Py_ssize_t q = (Py_ssize_t)d * 2 * s->m + s->pt[d];
+        s->pend_mb[q] = mb;
+        s->pend_c[q] = js - s->sB;
+        s->pt[d] += 1;
+    }
+    s->cnt4[d * 4 + slot] = mb + 1;
+    return 0;
+}
+
+static int ls_put_w(LS *s, long d) {
+    if (s->ph[d] >= s->pt[d]) return 1;
+    Py_ssize_t q = (Py_ssize_t)d * 2 * s->m + s->ph[d];
+    s->ph[d] += 1;
+    if (board_commit(&s->b, d, s->sW + s->pend_c[q], s->pend_mb[q], s->b.free_t[d]) < 0 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+static int ls_fill(LS *s, long d, int slot, int extra) {
+    long mb = s->cnt4[d * 4 + slot];
+    if (mb >= s->m) return 1;
+    double arr;
+    if (!board_arrival(&s->b, s->slot_of[d * 4 + slot], mb, &arr)) return 0;
+    int rc;
+    while (s->ph[d] < s->pt[d] &&
+           arr >= s->b.free_t[d] + s->b.dur[s->sW + s->pend_c[(Py_ssize_t)d * 2 * s->m + s->ph[d]]] - s->eps)
+        if ((rc = ls_put_w(s, d))) return rc;
+    if (extra && s->ph[d] < s->pt[d] && arr - s->b.free_t[d] > ls_allowed(s, d) - s->bub[d] + s->eps)
+        if ((rc = ls_put_w(s, d))) return rc;
+    return 0;
+}
+
+static int ls_run(LS *s, int fill_b, int fill_f, long *firsts, long *seconds) {
+    const long pp = s->pp, m = s->m, nc = s->nc;
+    const Py_ssize_t mnc = s->b.mnc;
+    const double *done = s->b.done, *dur = s->b.dur, *a_unused = NULL;
+    (void)a_unused;
+    long *cnt = s->cnt4;
+    int rc;
+#define LS_TRY(x) do { if ((rc = (x))) return rc; } while (0)
+    /* ---- warm-up, part 1 */
+    for (long d = 0; d < pp; d++) LS_TRY(ls_put(s, d, 0));
+    for (long d = pp - 1; d >= 0; d--) {
+        if (d < pp - 1) {
+            double due = board_ready(&s->b, s->slot_of[d * 4 + 1], 0);
+            double head = s->b.dmem[s->sF + d] * (double)(2 + 2 * d); /* a(lo[d]) = the memory F allocates */
+            while (s->b.mem[d] + head <= s->limit && s->b.free_t[d] + dur[s->sF + d] <= due + s->eps && cnt[d * 4] < m)
+                for (long j = 0; j <= d; j++) LS_TRY(ls_put(s, j, 0));
+        }
+        LS_TRY(ls_put(s, d, 1));
+    }
+    /* ---- warm-up, part 2 */
+    int it = 0;
+    for (long d = 1; d < pp; d++) {
+        int idle = 0;
+        while (cnt[d * 4] + cnt[d * 4 + 1] < cnt[(d - 1) * 4] + cnt[(d - 1) * 4 + 1] ||
+               (cnt[d * 4 + 1] <= cnt[(d - 1) * 4 + 1] && cnt[(d - 1) * 4 + 1] < m)) {
+            int placed = 0;
+            for (long j = pp - 1; j >= d; j--) {
+                if (cnt[j * 4 + it] < m) {
+                    LS_TRY(ls_put(s, j, it));
+                    placed = 1;
+                }
+            }
+            it = 1 - it;
+            idle = placed ? 0 : idle + 1;
+            if (idle >= 2) return 1;
+        }
+    }
+    /* ---- steady state */
+    for (long round = 0; round < 2 * m; round++) {
+        long nf = 0, ns = 0;
+        for (long d = 0; d < pp; d++) {
+            if (cnt[d * 4 + 3] >= cnt[d * 4 + 2])
+                seconds[ns++] = d;
+            else if (d == pp - 1 || cnt[d * 4 + 2] >= m || done[1 * mnc + cnt[d * 4 + 3] * nc + (d + 1)] >= 0)
+                firsts[nf++] = d;
+            else
+                seconds[ns++] = d;
+        }
+        for (long i = nf - 1; i >= 0; i--) {
+            long d = firsts[i];
+            if (cnt[d * 4 + 3] >= m) continue;
+            LS_TRY(ls_fill(s, d, 3, 1));
+            LS_TRY(ls_put(s, d, 3));
+        }
+        for (long i = 0; i < ns; i++) {
+            long d = seconds[i];
+            if (cnt[d * 4 + 2] >= m) continue;
+            LS_TRY(ls_fill(s, d, 2, fill_b));
+            LS_TRY(ls_put(s, d, 2));
+        }
+        for (long d = 0; d < pp; d++) {
+            if (cnt[d * 4 + 1] >= m) continue;
+            int slot = -1;
+            if (cnt[d * 4 + 1] >= cnt[d * 4])
+                slot = 0;
+            else if (d == pp - 1 || done[0 * mnc + cnt[d * 4 + 1] * nc + (nc - 2 - d)] >= 0)
+                slot = 1;
+            else if (cnt[d * 4] < m && (d == 0 || done[0 * mnc + cnt[d * 4] * nc + (d - 1)] >= 0))
+                slot = 0;
+            if (slot < 0) continue;
+            long js = s->slot_of[d * 4 + slot];
+            while (!(s->b.mem[d] + s->b.dmem[js] <= s->limit)) LS_TRY(ls_put_w(s, d));
+            LS_TRY(ls_fill(s, d, slot, fill_f));
+            LS_TRY(ls_put(s, d, slot));
+        }
+    }
+    for (long d = 0; d < pp; d++)
+        while (s->ph[d] < s->pt[d]) LS_TRY(ls_put_w(s, d));
+    for (long d = 0; d < pp; d++)
+        for (int k = 0; k < 4; k++)
+            if (cnt[d * 4 + k] != m) return 1;
+#undef LS_TRY
+    return 0;
+}
+
+static PyObject *lockstep_pass(PyObject *self, PyObject *args) {
+    (void)self;
+    int pp, m, fill_b, fill_f;
+    double limit, eps;
+    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_a, *o_appr, *job_type, *kinds;
+    if (!PyArg_ParseTuple(args, "(iiddpp)OOOOOOOOO", &pp, &m, &limit, &eps, &fill_b, &fill_f, &o_needs, &o_prod,
+                          &o_dur, &o_dmem, &o_dev, &o_a, &o_appr, &job_type, &kinds))
+        return NULL;
+    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
+        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
+        PyErr_SetString(PyExc_TypeError, "lockstep_pass: job_type must be a tuple subclass, kinds a 4-tuple");
+        return NULL;
+    }
+    if (pp < 1 || m < 1) {
+        PyErr_SetString(PyExc_ValueError, "lockstep_pass: pp and m must be >= 1");
+        return NULL;
+    }
+    LS s;
+    memset(&s, 0, sizeof(s));
+    PyObject *result = NULL;
+    long *firsts = NULL, *seconds = NULL;
+    const long nc = 2L * pp;
+    s.pp = pp, s.m = m, s.nc = nc, s.limit = limit, s.eps = eps;
+    s.sF = 0, s.sB = nc, s.sW = 2 * nc; /* slots: kind index (F 0, B 1, W 2) * nc + chunk */
+    if (board_init(&s.b, pp, nc, m, 6L * m, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
+    (void)o_a;
+    s.cnt4 = calloc((size_t)pp * 4, sizeof(long));
+    s.slot_of = malloc((size_t)pp * 4 * sizeof(long));
+    s.pend_mb = malloc((size_t)pp * 2 * m * sizeof(long));
+    s.pend_c = malloc((size_t)pp * 2 * m * sizeof(long));
+    s.ph = calloc((size_t)pp, sizeof(long));
+    s.pt = calloc((size_t)pp, sizeof(long));
+    s.bub = calloc((size_t)pp, sizeof(double));
+    firsts = malloc((size_t)pp * sizeof(long));
+    seconds = malloc((size_t)pp * sizeof(long));
+    if (o_appr == Py_None) {
+        s.appr = malloc((size_t)pp * sizeof(double));
+        if (s.appr)
+            for (long d = 0; d < pp; d++) s.appr[d] = -1.0;
+    } else if (!(s.appr = as_doubles(o_appr, pp, "approved"))) {
+        goto done;
+    }
+    if (!s.cnt4 || !s.slot_of || !s.pend_mb || !s.pend_c || !s.ph || !s.pt || !s.bub || !s.appr || !firsts ||
+        !seconds) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    s.max_appr = s.appr[0];
+    for (long d = 1; d < pp; d++)
+        if (s.appr[d] > s.max_appr) s.max_appr = s.appr[d];
+    for (long d = 0; d < pp; d++) { /* 0 = F(lo), 1 = F(hi), 2 = B(hi), 3 = B(lo); lo = d, hi = nc-1-d */
+        s.slot_of[d * 4 + 0] = s.sF + d;
+        s.slot_of[d * 4 + 1] = s.sF + nc - 1 - d;
+        s.slot_of[d * 4 + 2] = s.sB + nc - 1 - d;
+        s.slot_of[d * 4 + 3] = s.sB + d;
+    }
+    int rc = ls_run(&s, fill_b, fill_f, firsts, seconds);
+    if (rc < 0) goto done;
+    if (rc > 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *seqs = board_seqs(&s.b, job_type, kinds);
+    if (!seqs) goto done;
+    PyObject *lb = list_of_doubles(s.bub, pp);
+    if (!lb) {
+        Py_DECREF(seqs);
+        goto done;
+    }
+    result = Py_BuildValue("(NN)", seqs, lb);
+done:
+    board_free(&s.b);
+    free(s.cnt4); free(s.slot_of); free(s.pend_mb); free(s.pend_c); free(s.ph); free(s.pt); free(s.bub); free(s.appr);
+    free(firsts); free(seconds);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"run_pass", run_pass, METH_VARARGS, "One greedy pass (see pipeloom.schedule.search.greedy)."},
     {"proven_valid", proven_valid, METH_VARARGS, "The validator's witness check (see pipeloom.schedule.validate)."},
     {"time_order", time_order, METH_VARARGS, "Time a fixed per-device order (see pipeloom.sim.kernel)."},
+    {"lockstep_pass", lockstep_pass, METH_VARARGS,
+     "One lock-step pass on the list-scheduling board (see pipeloom.schedule.search.lockstep)."},
     {NULL, NULL, 0, NULL},
 };
 
