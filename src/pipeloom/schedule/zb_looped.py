@@ -33,13 +33,13 @@ is higher (never, with the default memory model).
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, replace
 
 from ..core.errors import ScheduleError
 from ..core import rules
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from ..core.ir import Job, Kind, Placement, make_schedule
+from ..sim import listsched
 from ..sim.kernel import KIND_INDEX
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_option, int_option, register
@@ -48,6 +48,7 @@ from .search import greedy as _greedy, localsearch as _localsearch, portfolio as
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
 _EPS = 1e-9
 INF = float("inf")
+_W_SLOT = KIND_INDEX[Kind.W]  # a W job of chunk c is slot _W_SLOT * nc + c on the list-scheduling board
 
 #: default greedy work budget (job placements over all greedy policies)
 DEFAULT_BUDGET = 60_000
@@ -130,123 +131,105 @@ def warmups(prob, tpl: Template) -> list[int]:
 def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassResult | None:
     """Keep each device's F/B ``orders`` and place the Ws (see the module docstring); None if it deadlocks.
 
-    Event-driven: the device with the earliest clock that can act decides, so a dependency it does not
-    see yet ends after its clock. Start times follow the simulator's rules (start = max(device free,
-    inputs ready + comm on cross-device edges)), and ``order`` (commit ranks) is a topological witness.
+    Event-driven: :class:`TemplatePolicy` on the one list-scheduling loop (:func:`pipeloom.sim.listsched.run`):
+    the device with the earliest decision acts, so a dependency it does not see yet ends after its clock.
+    Start times follow the simulator's rules (the board's readiness: inputs ready + comm on cross-device
+    edges), and ``order`` (commit ranks) is a topological witness.
     """
-    pp, m, nc = prob.pp, prob.m, prob.nc
-    dF, dB, dW = prob.dF, prob.dB, prob.dW
-    a, mB, mW = prob.mF, prob.mB, prob.mW  # memory rule (core.rules): F +a, B -b, W -(a-b)
-    limit = prob.limit + _EPS
-    last = nc - 1
-    fe = [[-1.0] * m for _ in range(nc)]
-    be = [[-1.0] * m for _ in range(nc)]
-    t = [0.0] * pp
-    mem = [0.0] * pp
-    peak = [0.0] * pp
-    ptr = [0] * pp
-    pend: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
-    phead = [0] * pp
-    seqs: list[list[Job]] = [[] for _ in range(pp)]
-    order: list[list[int]] = [[] for _ in range(pp)]
-    starts = [0.0] * pp
-    lags = [_lag(tpl.lag, d) for d in range(pp)]
-    always = tpl.fill == "always"
-    total = 3 * m * nc
-    ncommit = 0
+    board = listsched.Board.for_problem(prob)
+    pol = TemplatePolicy(prob, orders, tpl)
+    keys = [pol.decide(board, d) for d in range(prob.pp)]
+    if listsched.run(board, pol, keys) != 3 * prob.m * prob.nc:
+        return None  # deadlock
+    return _greedy.PassResult(board.seqs, max(board.free), board.peak, tpl, list(board.free), starts=board.starts,
+                              order=board.order)
 
-    # the dependency rule as the timing kernel reads it from core.rules: per (kind, chunk) the events needed,
-    # each (event, chunk offset, comm on the edge); F and B wait only for ACT (forward ends) and GRAD (B ends)
-    needs = prob.tables.needs
-    ends_of = {rules.ACT: fe, rules.GRAD: be}
 
-    def ready(job) -> float:
-        k, mb, c = job
-        r = 0.0
-        for ev, off, cm in needs[KIND_INDEX[k] * nc + c]:
-            e = ends_of[ev][c + off][mb]
-            if e < 0:
-                return INF
-            e += cm
-            if e > r:
-                r = e
-        return r
+class TemplatePolicy:
+    """The template pass's decisions as a policy of :func:`pipeloom.sim.listsched.run`: each device's next step
+    is decided as soon as what it depends on changes (its own commit, an input from another device) and kept
+    until the loop reaches its time: the next job of its fixed F/B order, or a pending W (when more than
+    ``lag`` are pending, when the job is not ready and the W fits in the wait, or when the next forward
+    would exceed the limit; a forward the limit blocks with no W to run lets the next B whose forward ran
+    go first)."""
 
-    def decide(d: int):
-        """(time, 'w' or 'j') of device d's next step, or None while it can decide nothing."""
-        npend = len(pend[d]) - phead[d]
-        seq = orders[d]
-        T = t[d]
-        if ptr[d] >= len(seq):
-            return (T, "w") if npend else None
-        job = seq[ptr[d]]
-        if job[0] is _KF and mem[d] + a[job[2]] > limit:
+    __slots__ = ("orders", "nc", "limit", "ptr", "pend", "phead", "lags", "always", "acts", "kbase", "wbase")
+
+    def __init__(self, prob, orders: list[list[Job]], tpl: Template) -> None:
+        pp = prob.pp
+        self.orders = orders
+        self.nc = prob.nc
+        self.limit = prob.limit + _EPS
+        self.ptr = [0] * pp
+        self.pend: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+        self.phead = [0] * pp
+        self.lags = [_lag(tpl.lag, d) for d in range(pp)]
+        self.always = tpl.fill == "always"
+        self.acts: list[tuple[float, str] | None] = [None] * pp
+        self.kbase = {k: i * prob.nc for k, i in KIND_INDEX.items()}  # a job's board slot: kbase[kind] + chunk
+        self.wbase = self.kbase[_KW]
+
+    def decide(self, board: listsched.Board, d: int, _end: float = 0.0, _key: float = 0.0) -> float:
+        """Decide device d's next step (``acts[d]``: (time, 'w' or 'j'), None while it can decide nothing); its
+        time (INF: none). It is also the loop's ``after`` and ``fed``: d decides again whenever its own job
+        ends or an input reaches it."""
+        acts = self.acts
+        npend = len(self.pend[d]) - self.phead[d]
+        seq = self.orders[d]
+        ptr = self.ptr[d]
+        T = board.free[d]
+        if ptr >= len(seq):
             if npend:
-                return (T, "w")
+                acts[d] = (T, "w")
+                return T
+            acts[d] = None
+            return INF
+        job = seq[ptr]
+        slot = self.kbase[job[0]] + job[2]
+        if job[0] is _KF and not board.admits(d, slot, self.limit):
+            if npend:
+                acts[d] = (T, "w")
+                return T
             # nothing to free memory with: bring the next B whose F has run forward (a warm-up
             # the limit cuts short), else the device is stuck
-            j = _next_b(seq, ptr[d], fe)
+            j = _next_b(seq, ptr, board)
             if j < 0:
-                return None
-            seq.insert(ptr[d], seq.pop(j))
-            job = seq[ptr[d]]
-        r = ready(job)
-        if npend and npend > lags[d]:
-            return (T, "w")
+                acts[d] = None
+                return INF
+            seq.insert(ptr, seq.pop(j))
+            job = seq[ptr]
+            slot = self.kbase[job[0]] + job[2]
+        r = board.ready(slot, job[1])
+        if r < 0:
+            r = INF
+        if npend and (npend > self.lags[d] or r > T and (
+                self.always or r == INF
+                or r - T >= board.dur[self.wbase + self.pend[d][self.phead[d]][1]] - _EPS)):
+            acts[d] = (T, "w")
+            return T
         if r <= T:
-            return (T, "j")
-        if npend and (always or r == INF or r - T >= dW[pend[d][phead[d]][1]] - _EPS):
-            return (T, "w")
-        return (r, "j") if r < INF else None
+            acts[d] = (T, "j")
+            return T
+        if r < INF:
+            acts[d] = (r, "j")
+            return r
+        acts[d] = None
+        return INF
 
-    acts = [decide(d) for d in range(pp)]
-    keys = [INF if x is None else x[0] for x in acts]
-    # the device with the smallest key, ties to the lowest index (min(keys), keys.index): a heap of (key, d)
-    # with stale entries skipped, so a commit costs O(log pp), not O(pp)
-    heap = [(k, d) for d, k in enumerate(keys) if k < INF]
-    heapq.heapify(heap)
-    dev = prob.dev
-    while ncommit < total:
-        while heap and heap[0][0] != keys[heap[0][1]]:
-            heapq.heappop(heap)
-        if not heap:
-            return None  # deadlock
-        d = heap[0][1]
-        T, kind = acts[d]
+    after = fed = decide
+
+    def step(self, board: listsched.Board, d: int, T: float):
+        _t, kind = self.acts[d]
         if kind == "w":
-            mb, c = pend[d][phead[d]]
-            phead[d] += 1
-            e = T + dW[c]
-            mem[d] += mW[c]
-            job = Job(_KW, mb, c)
-        else:
-            job = orders[d][ptr[d]]
-            ptr[d] += 1
-            k, mb, c = job
-            if k is _KF:
-                e = T + dF[c]
-                fe[c][mb] = e
-                mem[d] += a[c]
-                if mem[d] > peak[d]:
-                    peak[d] = mem[d]
-            else:
-                e = T + dB[c]
-                be[c][mb] = e
-                mem[d] += mB[c]
-                pend[d].append((mb, c))
-        if not seqs[d]:
-            starts[d] = T
-        seqs[d].append(job)
-        order[d].append(ncommit)
-        ncommit += 1
-        t[d] = e
-        # who may decide differently now: d itself and the devices of the chunks this job feeds
-        for x in {d, dev[c + 1] if c < last else d, dev[c - 1] if c else d}:
-            acts[x] = decide(x)
-            keys[x] = INF if acts[x] is None else acts[x][0]
-            if keys[x] < INF:
-                heapq.heappush(heap, (keys[x], x))
-    return _greedy.PassResult(seqs, max(t), peak, tpl, list(t), starts=starts, order=order)
+            mb, c = self.pend[d][self.phead[d]]
+            self.phead[d] += 1
+            return (self.wbase + c, mb)
+        job = self.orders[d][self.ptr[d]]
+        self.ptr[d] += 1
+        k, mb, c = job
+        if k is _KB:
+            self.pend[d].append((mb, c))
+        return (self.kbase[k] + c, mb)
 
 
 def _lag(lag, d: int) -> float:
@@ -258,12 +241,12 @@ def _lag(lag, d: int) -> float:
     return int(lag)
 
 
-def _next_b(seq: list[Job], i: int, fe) -> int:
+def _next_b(seq: list[Job], i: int, board: listsched.Board) -> int:
     """Index of the first B at or after ``i`` in ``seq`` whose forward has run, or -1."""
     for j in range(i, len(seq)):
         k, mb, c = seq[j]
         if k is _KB:
-            return j if fe[c][mb] >= 0 else -1
+            return j if board.done[rules.ACT * board.mnc + mb * board.nc + c] >= 0 else -1
     return -1
 
 

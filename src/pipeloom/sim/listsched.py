@@ -62,7 +62,7 @@ class Board:
     """
 
     __slots__ = ("pp", "m", "nc", "mnc", "dev", "needs", "produces", "dur", "dmem", "done", "free", "mem",
-                 "peak", "starts", "seqs", "order", "ncommit", "handoff")
+                 "peak", "starts", "seqs", "order", "ncommit", "handoff", "_need_at", "_prod_at", "_job_of")
 
     def __init__(self, pp: int, m: int, tables: Rules, dur: list[float], dmem: list[float]) -> None:
         nc = tables.nc
@@ -82,6 +82,12 @@ class Board:
         self.ncommit = 0
         # per slot: the (chunk offset, comm) of the edge its handoff travels (core.rules.handoff), or None
         self.handoff = _handoffs(tables)
+        # the same tables with the index arithmetic done once: per slot, where in ``done`` (less mb * nc) each
+        # needed event is, with its comm; where each produced event goes; the job's (kind, chunk)
+        mnc = self.mnc
+        self._need_at = [tuple((ev * mnc + s % nc + off, cm) for ev, off, cm in tables.needs[s]) for s in range(4 * nc)]
+        self._prod_at = [tuple(ev * mnc + s % nc for ev in tables.produces[s]) for s in range(4 * nc)]
+        self._job_of = [(KINDS[s // nc], s % nc) for s in range(4 * nc)]
 
     @classmethod
     def for_problem(cls, prob) -> "Board":
@@ -97,11 +103,10 @@ class Board:
         """When the inputs of job ``slot`` of microbatch ``mb`` are on its device (comm added on edges between
         devices); -1.0 while one of them has not been placed."""
         done = self.done
-        base = self.mnc
-        at = mb * self.nc + slot % self.nc
+        at = mb * self.nc
         r = 0.0
-        for ev, off, cm in self.needs[slot]:
-            e = done[ev * base + at + off]
+        for key, cm in self._need_at[slot]:
+            e = done[key + at]
             if e < 0:
                 return -1.0
             e += cm
@@ -126,13 +131,11 @@ class Board:
 
     def commit(self, d: int, slot: int, mb: int, start: float) -> float:
         """Run job ``slot`` of ``mb`` on device ``d`` from ``start`` (the caller checked it is ready); its end."""
-        nc = self.nc
-        c = slot % nc
         e = start + self.dur[slot]
         done = self.done
-        at = mb * nc + c
-        for ev in self.produces[slot]:
-            done[ev * self.mnc + at] = e
+        at = mb * self.nc
+        for key in self._prod_at[slot]:
+            done[key + at] = e
         md = self.mem[d] + self.dmem[slot]
         self.mem[d] = md
         if md > self.peak[d]:
@@ -140,7 +143,8 @@ class Board:
         seq = self.seqs[d]
         if not seq:
             self.starts[d] = start
-        seq.append(_new(Job, (KINDS[slot // nc], mb, c)))
+        kind, c = self._job_of[slot]
+        seq.append(_new(Job, (kind, mb, c)))
         self.order[d].append(self.ncommit)
         self.ncommit += 1
         self.free[d] = e
