@@ -46,10 +46,9 @@ import math
 import os
 import time
 
-from ..core import rules
 from ..core.costs import MemModel
 from ..core.errors import DeadlockError
-from ..sim import kernel
+from ..sim import kernel, listsched
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Job, Kind, Placement, Schedule, device_of
 from . import registry as _registry
@@ -98,27 +97,21 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
     for c in range(nc):
         need[dev[c]] += a[c]
     lim = math.inf if limit is None else limit + 1e-9
-    cur = [0.0] * pp          # live activation memory
     reserved = [0.0] * pp     # promised to admitted microbatches whose forward has not reached d yet
-    free = [0.0] * pp
-    ends: dict[tuple[int, int, int], float] = {}  # (core.rules event, mb, chunk) -> when it happened
-
-    tables = kernel.Rules.make(pp, nc, placement, comm)  # core.rules as the timing kernel reads them
+    # the list-scheduling board: readiness (core.rules as the timing kernel's tables), each device's clock
+    # (``free``), live activation memory (``mem``, core.rules.memory_delta) and the job lists
+    board = listsched.Board.make(pp, m, kernel.Rules.make(pp, nc, placement, comm), dF, dB, dW, a, b)
+    cur, free = board.mem, board.free
+    kbase = {k: kernel.KIND_INDEX[k] * nc for k in kernel.KINDS}  # a job's board slot: kbase[kind] + chunk
 
     def ready(kind: Kind, mb: int, c: int) -> float | None:
-        """When the job's needs (core.rules) are met on device dev[c], comm added across devices; None: not yet."""
-        r = 0.0
-        for ev, off, cm in tables.needs[kernel.KIND_INDEX[kind] * nc + c]:
-            e = ends.get((ev, mb, c + off))
-            if e is None:
-                return None
-            r = max(r, e + cm)
-        return r
+        """When the job's needs are met on device dev[c], comm added across devices; None: not yet."""
+        r = board.ready(kbase[kind] + c, mb)
+        return None if r < 0 else r
 
     next_f = [0] * nc         # forwards on each chunk go in microbatch order
     pending_b: list[set] = [set() for _ in range(pp)]   # (mb, c) whose F is done, backward not started
     pending_w: list[list] = [[] for _ in range(pp)]     # (mb, c, ready time) after B
-    orders: list[list[Job]] = [[] for _ in range(pp)]
     total = m * nc * (3 if split else 2)
     placed = 0
     while placed < total:
@@ -152,10 +145,7 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
             raise ScheduleError("greedy hint got stuck")
         s, _, d, (k, mb, c) = best
         kind = {"F": Kind.F, "B": Kind.B if split else Kind.BW, "W": Kind.W}[k]
-        dur = rules.duration(kind, c, dF, dB, dW)
-        cur[d] += rules.memory_delta(kind, a[c], b[c])
-        for ev in rules.PRODUCES[kind]:
-            ends[(ev, mb, c)] = s + dur
+        e = board.commit(d, kbase[kind] + c, mb, s)
         if kind is Kind.F:
             if c == 0:
                 for x in range(pp):
@@ -168,11 +158,9 @@ def _greedy_orders(pp: int, m: int, nc: int, placement: Placement, split: bool,
         else:
             pending_b[d].discard((mb, c))
             if split:
-                pending_w[d].append((mb, c, s + dur))
-        orders[d].append(Job(kind, mb, c))
-        free[d] = s + dur
+                pending_w[d].append((mb, c, e))
         placed += 1
-    return orders
+    return board.seqs
 
 
 def _as_hint(s: Schedule, placement: Placement, split: bool) -> list[list[Job]] | None:
