@@ -4,9 +4,14 @@
  *                  it reads pipeloom.core.rules as tables
  * run_pass()       the greedy pass of pipeloom.schedule.search.greedy
  * proven_valid()   the validator's witness check (pipeloom.schedule.validate), see below
+ * lockstep_pass()  the lock-step pass of pipeloom.schedule.search.lockstep, on the compiled form of the
+ *                  list-scheduling board of pipeloom.sim.listsched (board_ready / board_commit, reading
+ *                  the rule tables that time_order reads); board_replay() exposes the board to the tests
  *
- * run_pass() here is a line-by-line transcription of _greedy._run_pass_py (the pure-Python
- * reference, which stays the specification): the same candidates, the same decisions, the
+ * run_pass() here is a line-by-line transcription of the greedy pass (greedy.GreedyPolicy on the
+ * list-scheduling loop pipeloom.sim.listsched.run, the pure-Python reference, which stays the
+ * specification); it keeps its own per-chunk copy of readiness (F ends, B ends, comm per edge), which
+ * tests/schedule/test_accel.py and tests/sim/test_listsched.py hold against the board: the same decisions, the
  * same floating-point operations in the same order (built with -ffp-contract=off), and the
  * same event order (a min-heap of (time, device) pairs with stale entries skipped, as heapq).
  * tests/test_accel.py checks that both give identical job lists, orders, clocks and peaks.
@@ -1205,6 +1210,59 @@ done:
     return seqs;
 }
 
+/* ---------------------------------------------------------------- board_replay (for the differential test)
+ * board_replay(m, pp, needs, produces, durations, dmem, dev, jobs) -> (starts, ends, peak) or None
+ *   jobs: (device, slot, mb) in commit order; each is placed at its earliest start (board_ready, as
+ *   Board.place) on a board with room for len(jobs) jobs per device. None when a job is placed before an
+ *   input it needs (board_ready < 0). tests/sim/test_listsched.py holds this against Board and core.rules.
+ */
+static PyObject *board_replay(PyObject *self, PyObject *args) {
+    (void)self;
+    long m, pp;
+    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_jobs;
+    if (!PyArg_ParseTuple(args, "llOOOOOO", &m, &pp, &o_needs, &o_prod, &o_dur, &o_dmem, &o_dev, &o_jobs)) return NULL;
+    Py_ssize_t nc = PyObject_Length(o_dev);
+    if (nc < 1 || m < 1 || pp < 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "board_replay: m, pp and chunks must be >= 1");
+        return NULL;
+    }
+    PyObject *jobs = PySequence_Fast(o_jobs, "jobs");
+    if (!jobs) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(jobs);
+    Board b;
+    PyObject *result = NULL;
+    double *st = malloc((size_t)(n ? n : 1) * sizeof(double)), *en = malloc((size_t)(n ? n : 1) * sizeof(double));
+    if (board_init(&b, pp, nc, m, n ? n : 1, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
+    if (!st || !en) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long d, slot, mb;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(jobs, i), "lll", &d, &slot, &mb)) goto done;
+        if (d < 0 || d >= pp || slot < 0 || slot >= 4 * nc || mb < 0 || mb >= m) {
+            PyErr_SetString(PyExc_ValueError, "board_replay: job out of range");
+            goto done;
+        }
+        double r = board_ready(&b, slot, mb);
+        if (r < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        double f = b.free_t[d];
+        st[i] = f >= r ? f : r;
+        en[i] = board_commit(&b, d, slot, mb, st[i]);
+        if (PyErr_Occurred()) goto done;
+    }
+    result = Py_BuildValue("(NNN)", list_of_doubles(st, n), list_of_doubles(en, n), list_of_doubles(b.peak, pp));
+done:
+    board_free(&b);
+    free(st);
+    free(en);
+    Py_DECREF(jobs);
+    return result;
+}
+
 /* ---------------------------------------------------------------- lock-step pass
  * lockstep_pass(shape, needs, produces, durations, dmem, dev, a, approved, job_type, kinds)
  *   shape = (pp, m, limit, eps, fill_b, fill_f); needs/produces = pipeloom.sim.kernel.Rules tables;
@@ -1441,6 +1499,7 @@ static PyMethodDef methods[] = {
     {"run_pass", run_pass, METH_VARARGS, "One greedy pass (see pipeloom.schedule.search.greedy)."},
     {"proven_valid", proven_valid, METH_VARARGS, "The validator's witness check (see pipeloom.schedule.validate)."},
     {"time_order", time_order, METH_VARARGS, "Time a fixed per-device order (see pipeloom.sim.kernel)."},
+    {"board_replay", board_replay, METH_VARARGS, "Place jobs in a given order on the compiled board (for tests)."},
     {"lockstep_pass", lockstep_pass, METH_VARARGS,
      "One lock-step pass on the list-scheduling board (see pipeloom.schedule.search.lockstep)."},
     {NULL, NULL, 0, NULL},

@@ -171,9 +171,11 @@ def _handoffs(tables: Rules) -> list[tuple[int, float] | None]:
                 out.append(None)
                 continue
             (ev, _mb, _c), c2 = h
-            cm = next(x for e2, off, x in tables.needs[KINDS.index(_consumer(kind)) * nc + c2]
-                      if e2 == ev and c2 + off == c)
-            out.append((c2 - c, cm))
+            cm = [x for e2, off, x in tables.needs[KINDS.index(_consumer(kind)) * nc + c2] if e2 == ev and c2 + off == c]
+            if not cm:
+                raise ValueError(f"core.rules: {kind.value} on chunk {c} hands {rules.EVENT_NAMES[ev]} to chunk {c2}, "
+                                 "whose needs do not include it")
+            out.append((c2 - c, cm[0]))
     return out
 
 
