@@ -11,8 +11,16 @@ prints the minimum and the median wall time. Variants:
 
 Then an in-process breakdown of the target case (build, validate, text, JSON), best of 3.
 
+With ``--before SRC`` (the ``src`` folder of another checkout, its C extension built) it instead compares
+the default plans of :data:`SCALE_CASES` (every default V plan at pp 128, m 512, both cost sets of
+``bench/schedules_at_scale.py``, and smaller shapes of other builders) between the two trees: each plan in a
+fresh process per tree, alternating this / before (mirrored every other round), ``--runs`` rounds; per case
+the median plan CPU time (``time.process_time`` around the build), the peak RSS, the median of the pairwise
+ratios of whole-process wall time, and whether both trees planned the same job lists.
+
     python bench/plan_speed.py                 # table
     python bench/plan_speed.py --runs 9 --json
+    python bench/plan_speed.py --before ../before/src --runs 3 --markdown docs/bench/plan_speed.md
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import alternate, median
+from _harness import alternate, median, ratio_summary, write_section
 from pipeloom.schedule import io as schedule_io
 
 TARGET = ["plan", "--schedule", "zbv", "--pp", "64", "--microbatches", "512", "--mem-limit", "1p"]
@@ -87,14 +95,100 @@ def breakdown() -> dict:
     return best
 
 
+EQUAL, ZB = "F=1,B=1,W=1,comm=0", "F=1,B=2,W=1,comm=0.5"
+#: the heading of the section ``--before --markdown`` writes
+COMPARE_HEAD = "### Measured table (bench/plan_speed.py --before)"
+#: (schedule, pp, m, costs, --mem-limit or None for the builder's own); vpp 2 (V shapes), zbvpp looped
+SCALE_CASES = tuple(("zbv", 128, 512, c, lim) for c in (EQUAL, ZB) for lim in ("1p", "0.75p", "0.5p")) + tuple(
+    ("vmin", 128, 512, c, None) for c in (EQUAL, ZB)) + (
+    ("zbv", 64, 512, EQUAL, "1p"), ("vhalf", 32, 128, ZB, None), ("zbvpp", 16, 64, ZB, None),
+    ("zbv", 8, 24, ZB, "0.75p"))
+
+_CHILD = r"""
+import hashlib, json, resource, sys, time
+from pipeloom.schedule import registry
+from pipeloom.schedule.planning import make_spec
+name, pp, m, costs, limit = json.loads(sys.argv[1])
+spec = make_spec(pp=pp, vpp=2, microbatches=m, costs=costs, mem_limit=limit)
+t0 = time.process_time()
+s = registry.build(name, spec)
+cpu = time.process_time() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+digest = hashlib.sha1(repr([list(x) for x in s.devices]).encode()).hexdigest()
+print(json.dumps({"cpu_s": cpu, "rss_mb": rss, "jobs": digest}))
+"""
+
+
+def _child(src: Path, case, out: list):
+    """One whole process planning ``case`` with ``src`` on the path; what it printed is appended to ``out``."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    env.pop("PIPELOOM_PURE_PYTHON", None)
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(list(case))], env=env, check=True,
+                           capture_output=True, text=True)
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return run
+
+
+def compare(before: Path, runs: int) -> list[dict]:
+    """Every case of :data:`SCALE_CASES`, this tree against ``before`` (see the module docstring)."""
+    here = Path(__file__).resolve().parents[1] / "src"
+    rows = []
+    for case in SCALE_CASES:
+        got: dict[str, list] = {"this": [], "before": []}
+        wall = alternate({k: _child(p, case, got[k]) for k, p in (("this", here), ("before", before))}, runs,
+                         mirror=True)
+        rows.append({"case": case, "runs": runs,
+                     "cpu_this_s": median(x["cpu_s"] for x in got["this"]),
+                     "cpu_before_s": median(x["cpu_s"] for x in got["before"]),
+                     "rss_this_mb": max(x["rss_mb"] for x in got["this"]),
+                     "rss_before_mb": max(x["rss_mb"] for x in got["before"]),
+                     "wall_ratio": ratio_summary(wall["this"], wall["before"])["median"],
+                     "same_jobs": len({x["jobs"] for x in got["this"] + got["before"]}) == 1})
+    return rows
+
+
+def _case_text(case) -> str:
+    name, pp, m, costs, limit = case
+    cost = "equal" if costs == EQUAL else "zb"
+    return f"{name} pp {pp} m {m} {cost} {limit or '(own limit)'}"
+
+
+def compare_table(rows: list[dict]) -> str:
+    lines = ["| plan (vpp 2, default options) | runs | plan CPU s, this | before | this / before wall "
+             "(median of pairs) | peak RSS MB, this | before | same job lists |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {_case_text(r['case'])} | {r['runs']} | {r['cpu_this_s']:.2f} | {r['cpu_before_s']:.2f} | "
+                     f"{r['wall_ratio']:.3f} | {r['rss_this_mb']:.0f} | {r['rss_before_mb']:.0f} | "
+                     f"{'yes' if r['same_jobs'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=7, help="measured runs per variant (default 7)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--before", type=Path, help="the src folder of another checkout: compare the plans of "
+                    "SCALE_CASES between the two trees instead")
+    ap.add_argument("--markdown", help="with --before: write the table into this page (its own section)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
+    if args.before is not None:
+        rows = compare(args.before, args.runs)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        if args.json:
+            print(json.dumps({"compare": rows, "load_average_1min": load}, indent=1))
+            return 0
+        table = compare_table(rows)
+        print(f"load average (1 min) after the runs: {load:.2f}")
+        print(table)
+        if args.markdown:
+            write_section(args.markdown, COMPARE_HEAD, COMPARE_HEAD + "\n\n" + table)
+        return 0
     rows = end_to_end(args.runs)
     parts = breakdown()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -131,32 +131,40 @@ def _agrees(case) -> bool:
         return False
 
 
+_GREEDY = [g.make_problem(3, 2, 5, Placement.V, Costs(F=1.0, B=2.0, W=1.0, comm=0.5), MemModel(), 1.5),
+           g.make_problem(2, 2, 4, Placement.INTERLEAVED, Costs(F=1.0, B=1.0, W=1.0), MemModel(), None)]
+
+
+def _greedy_results(run) -> list:
+    out = []
+    for prob in _GREEDY:
+        prob = g.make_problem(prob.pp, prob.vpp, prob.m, prob.placement, Costs(F=prob.dF, B=prob.dB, W=prob.dW,
+                              comm=prob.comm), MemModel(), None if prob.limit == float("inf") else prob.limit)
+        for pol in portfolio.policy_grid(prob)[:6]:
+            try:
+                r = run(prob, pol)
+            except ValueError:  # the board refuses contradicting tables
+                r = "refused"
+            out.append(r if r is None or r == "refused" else (r.seqs, r.peak, r.makespan))
+    return out
+
+
 @pytest.mark.parametrize("name", list(_mutations()))
 def test_a_mutated_rule_is_caught_in_seconds(name, monkeypatch):
-    """A wrong copy of a rule in core/rules.py (the one the board and the C board read) is caught by the
-    oracle comparison above; and a rule mutated on the Python side only is caught by the Python-vs-C greedy
-    comparison of tests/schedule/test_accel.py (run_pass in C keeps its own transcription)."""
+    """A wrong copy of a rule in core/rules.py is caught by the oracle comparison above; and both forms of the
+    greedy pass (Python and C) change with it: neither keeps a copy of its own (for the memory rule and the
+    dependencies; the greedy runs no fused backward)."""
     assert all(_board_vs_oracle(c) for c in _FIXED)
+    forms = {"python": g._run_pass_py} | ({"c": g._run_pass_c} if C is not None else {})
+    before = {k: _greedy_results(f) for k, f in forms.items()}
     attr, fn = _mutations()[name]
     monkeypatch.setattr(rules, attr, fn)
     kernel._make_rules.cache_clear()
     try:
         assert not all(_agrees(c) for c in _FIXED)
-        if C is not None and attr == "needs":  # (run_pass in C reads the memory and duration tables of Problem,
-            # made by core.rules like the board's: those mutations reach both, and the oracle above catches them)
-            diff = False
-            for prob in (g.make_problem(3, 2, 5, Placement.V, Costs(F=1.0, B=2.0, W=1.0, comm=0.5), MemModel(), 4.0),
-                         g.make_problem(2, 2, 4, Placement.INTERLEAVED, Costs(F=1.0, B=1.0, W=1.0), MemModel(), None)):
-                for pol in portfolio.policy_grid(prob)[:6]:
-                    try:
-                        rp = g._run_pass_py(prob, pol)
-                    except ValueError:
-                        diff = True
-                        continue
-                    rc = g._run_pass_c(prob, pol)
-                    if (rp is None) != (rc is None) or (rp is not None and (rp.seqs, rp.peak) != (rc.seqs, rc.peak)):
-                        diff = True
-            assert diff, "the Python greedy on the mutated board still matches the C pass"
+        if attr != "duration":
+            for k, f in forms.items():
+                assert _greedy_results(f) != before[k], f"the {k} greedy pass did not see the mutated rule"
     finally:
         kernel._make_rules.cache_clear()
 

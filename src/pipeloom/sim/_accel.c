@@ -144,368 +144,6 @@ static PyObject *list_of_doubles(const double *x, Py_ssize_t n) {
     return l;
 }
 
-/* run_pass(shape, chunk_arrays, device_arrays, policy, job_type, kinds)
- *   shape        = (pp, vpp, m, limit, eps)
- *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, mF, mB, mW, dev)          each of length nc = pp*vpp;
- *                  mF/mB/mW: the memory change of F/B/W per chunk (pipeloom.core.rules.memory_deltas)
- *   device_arrays= (first, capd, need, bord, ford)                       bord/ford: pp*vpp chunks
- *   policy       = (reserve, b_first, fill_always, lookahead, h_warm, warmup or -1)
- * -> None on deadlock, else (seqs, order_bytes, t, peak, start0)
- */
-static PyObject *run_pass(PyObject *self, PyObject *args) {
-    (void)self;
-    int pp, vpp, m;
-    double limit, eps;
-    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_w, *o_dev;
-    PyObject *o_first, *o_capd, *o_need, *o_bord, *o_ford;
-    int reserve, b_first, fill_always, h_warm, warm;
-    double look;
-    PyObject *job_type, *kinds;
-    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
-                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_w, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
-                          &reserve, &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
-        return NULL;
-    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "job_type must be a tuple subclass");
-        return NULL;
-    }
-    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 3) {
-        PyErr_SetString(PyExc_TypeError, "kinds must be a 3-tuple (F, B, W)");
-        return NULL;
-    }
-    if (pp < 1 || vpp < 1 || m < 1) {
-        PyErr_SetString(PyExc_ValueError, "pp, vpp and m must be >= 1");
-        return NULL;
-    }
-    const Py_ssize_t nc = (Py_ssize_t)pp * vpp;
-    const Py_ssize_t per_dev = 3 * (Py_ssize_t)m * vpp; /* jobs each device runs */
-    const Py_ssize_t total = per_dev * pp;
-    const long last = (long)nc - 1;
-    const double INF = HUGE_VAL;
-
-    PyObject *result = NULL;
-    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *mB = NULL, *mW = NULL;
-    double *capd = NULL, *need = NULL;
-    long *dev = NULL, *first = NULL, *bord = NULL, *ford = NULL;
-    double *fe = NULL, *be = NULL, *t = NULL, *mem = NULL, *resv = NULL, *peak = NULL, *key = NULL,
-           *start0 = NULL;
-    long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL, *cnt = NULL;
-    long *pend_mb = NULL, *pend_c = NULL, *ph = NULL, *pt = NULL;
-    unsigned char *jk = NULL;
-    long *jmb = NULL, *jc = NULL;
-    int64_t *ord = NULL;
-    PyObject **ints = NULL;
-    Heap heap = {NULL, 0, 0};
-    Py_ssize_t nints = (m > nc ? m : nc) + 1;
-
-    if (!(dF = as_doubles(o_dF, nc, "dF")) || !(dB = as_doubles(o_dB, nc, "dB")) ||
-        !(dW = as_doubles(o_dW, nc, "dW")) || !(fcomm = as_doubles(o_fc, nc, "fcomm")) ||
-        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "mF")) ||
-        !(mB = as_doubles(o_b, nc, "mB")) || !(mW = as_doubles(o_w, nc, "mW")) || !(dev = as_longs(o_dev, nc, "dev")) ||
-        !(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
-        !(need = as_doubles(o_need, pp, "need")) || !(bord = as_longs(o_bord, nc, "bord")) ||
-        !(ford = as_longs(o_ford, nc, "ford")))
-        goto done;
-    for (Py_ssize_t i = 0; i < nc; i++) {
-        if (dev[i] < 0 || dev[i] >= pp || bord[i] < 0 || bord[i] >= nc || ford[i] < 0 || ford[i] >= nc) {
-            PyErr_SetString(PyExc_ValueError, "device or chunk index out of range");
-            goto done;
-        }
-    }
-    fe = malloc((size_t)nc * m * sizeof(double));
-    be = malloc((size_t)nc * m * sizeof(double));
-    t = calloc((size_t)pp, sizeof(double));
-    mem = calloc((size_t)pp, sizeof(double));
-    resv = calloc((size_t)pp, sizeof(double));
-    peak = calloc((size_t)pp, sizeof(double));
-    key = calloc((size_t)pp, sizeof(double));
-    start0 = calloc((size_t)pp, sizeof(double));
-    nf = calloc((size_t)nc, sizeof(long));
-    nb = calloc((size_t)nc, sizeof(long));
-    nfwd = calloc((size_t)pp, sizeof(long));
-    started_b = calloc((size_t)pp, sizeof(long));
-    cnt = calloc((size_t)pp, sizeof(long));
-    pend_mb = malloc((size_t)pp * m * vpp * sizeof(long));
-    pend_c = malloc((size_t)pp * m * vpp * sizeof(long));
-    ph = calloc((size_t)pp, sizeof(long));
-    pt = calloc((size_t)pp, sizeof(long));
-    jk = malloc((size_t)total);
-    jmb = malloc((size_t)total * sizeof(long));
-    jc = malloc((size_t)total * sizeof(long));
-    ord = malloc((size_t)total * sizeof(int64_t));
-    heap.cap = pp + 16;
-    heap.v = malloc((size_t)heap.cap * sizeof(HItem));
-    if (!fe || !be || !t || !mem || !resv || !peak || !key || !start0 || !nf || !nb || !nfwd || !started_b ||
-        !cnt || !pend_mb || !pend_c || !ph || !pt || !jk || !jmb || !jc || !ord || !heap.v) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < nc * m; i++) fe[i] = be[i] = -1.0;
-    for (int d = 0; d < pp; d++) {
-        heap.v[d].t = 0.0;
-        heap.v[d].d = d;
-    }
-    heap.n = pp; /* sorted by device at time 0: already a heap */
-
-    Py_ssize_t ncommit = 0;
-    HItem item = heap_pop(&heap);
-    for (;;) {
-        double T = item.t;
-        int d = item.d;
-        if (T != key[d]) {
-            if (!heap.n) break;
-            item = heap_pop(&heap);
-            continue;
-        }
-        /* ---- backward candidates */
-        long bc = -1;
-        double rb = INF;
-        for (int j = 0; j < vpp; j++) {
-            long c = bord[d * vpp + j];
-            long mb = nb[c];
-            if (mb >= nf[c]) continue;
-            double r = fe[c * m + mb];
-            if (c != last) {
-                double e = be[(c + 1) * m + mb];
-                if (e < 0) continue;
-                e += bcomm[c];
-                if (e > r) r = e;
-            }
-            if (r <= T) {
-                bc = c;
-                break;
-            }
-            if (r < rb) rb = r;
-        }
-        /* ---- forward candidates */
-        long fc = -1;
-        double rf = INF;
-        int blocked = 0;
-        if (bc < 0 || !b_first) {
-            double md = mem[d];
-            for (int j = 0; j < vpp; j++) {
-                long c = ford[d * vpp + j];
-                long mb = nf[c];
-                if (mb >= m) continue;
-                double r;
-                if (c == 0) {
-                    r = 0.0;
-                } else {
-                    r = fe[(c - 1) * m + mb];
-                    if (r < 0) continue;
-                    r += fcomm[c];
-                }
-                double ac = a[c];
-                int ok;
-                if (c == first[d]) {
-                    if (warm >= 0 && !started_b[d] && nfwd[d] >= warm) continue;
-                    if (reserve)
-                        ok = resv[d] + need[d] <= limit;
-                    else
-                        ok = md + ac <= ((!h_warm || !started_b[d]) ? capd[d] : limit);
-                } else {
-                    ok = reserve || md + ac <= limit;
-                }
-                if (!ok) {
-                    if (r <= T) blocked = 1;
-                    continue;
-                }
-                if (r <= T) {
-                    fc = c;
-                    break;
-                }
-                if (r < rf) rf = r;
-            }
-        }
-        int kind = -1;
-        long c = -1;
-        if (bc >= 0 && (b_first || fc < 0)) {
-            kind = 1;
-            c = bc;
-        } else if (fc >= 0) {
-            if (look > 0.0 && rb - T < look * dF[fc])
-                rf = INF; /* hold the device for the coming B */
-            else {
-                kind = 0;
-                c = fc;
-            }
-        }
-        if (kind < 0) {
-            int pw = ph[d] < pt[d];
-            double nxt = rb < rf ? rb : rf;
-            if (pw && (blocked || fill_always || nxt == INF ||
-                       nxt - T >= dW[pend_c[(Py_ssize_t)d * m * vpp + ph[d]]] - eps)) {
-                kind = 2;
-            } else if (nxt < INF && nxt > T) {
-                key[d] = nxt;
-                HItem hi = {nxt, d};
-                item = heap_pushpop(&heap, hi);
-                continue;
-            } else if (pw) {
-                kind = 2;
-            } else {
-                key[d] = INF; /* sleep until a dependency is scheduled */
-                if (!heap.n) break;
-                item = heap_pop(&heap);
-                continue;
-            }
-        }
-        /* ---- commit */
-        double e;
-        long mb;
-        if (kind == 0) {
-            mb = nf[c];
-            nf[c] = mb + 1;
-            e = T + dF[c];
-            fe[c * m + mb] = e;
-            double md = mem[d] + a[c];
-            mem[d] = md;
-            if (md > peak[d]) peak[d] = md;
-            if (reserve && c == first[d]) resv[d] += need[d];
-            if (!started_b[d]) nfwd[d] += 1;
-            if (c != last) {
-                int d2 = (int)dev[c + 1];
-                if (d2 != d) {
-                    double k = e + fcomm[c + 1];
-                    if (t[d2] > k) k = t[d2];
-                    if (k < key[d2]) {
-                        key[d2] = k;
-                        HItem hi = {k, d2};
-                        if (heap_push(&heap, hi) < 0) {
-                            PyErr_NoMemory();
-                            goto done;
-                        }
-                    }
-                }
-            }
-        } else if (kind == 1) {
-            mb = nb[c];
-            nb[c] = mb + 1;
-            e = T + dB[c];
-            be[c * m + mb] = e;
-            mem[d] += mB[c];
-            resv[d] += mB[c];
-            started_b[d] = 1;
-            Py_ssize_t slot = (Py_ssize_t)d * m * vpp + pt[d];
-            if (pt[d] >= (long)m * vpp) {
-                PyErr_SetString(PyExc_RuntimeError, "internal error: W queue overflow");
-                goto done;
-            }
-            pend_mb[slot] = mb;
-            pend_c[slot] = c;
-            pt[d] += 1;
-            if (c) {
-                int d2 = (int)dev[c - 1];
-                if (d2 != d) {
-                    double k = e + bcomm[c - 1];
-                    if (t[d2] > k) k = t[d2];
-                    if (k < key[d2]) {
-                        key[d2] = k;
-                        HItem hi = {k, d2};
-                        if (heap_push(&heap, hi) < 0) {
-                            PyErr_NoMemory();
-                            goto done;
-                        }
-                    }
-                }
-            }
-        } else {
-            Py_ssize_t slot = (Py_ssize_t)d * m * vpp + ph[d];
-            mb = pend_mb[slot];
-            c = pend_c[slot];
-            ph[d] += 1;
-            e = T + dW[c];
-            double fr = mW[c];
-            mem[d] += fr;
-            resv[d] += fr;
-        }
-        if (cnt[d] >= per_dev) {
-            PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
-            goto done;
-        }
-        if (!cnt[d]) start0[d] = T;
-        Py_ssize_t at = (Py_ssize_t)d * per_dev + cnt[d];
-        jk[at] = (unsigned char)kind;
-        jmb[at] = mb;
-        jc[at] = c;
-        ord[at] = ncommit;
-        cnt[d] += 1;
-        ncommit += 1;
-        t[d] = e;
-        key[d] = e;
-        HItem hi = {e, d};
-        item = heap_pushpop(&heap, hi);
-    }
-    if (ncommit != total) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    /* ---- build (seqs, order_bytes, t, peak, start0); jobs are job_type(kind, mb, chunk) tuples */
-    ints = calloc((size_t)nints, sizeof(PyObject *));
-    if (!ints) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < nints; i++) {
-        ints[i] = PyLong_FromSsize_t(i);
-        if (!ints[i]) goto done;
-    }
-    PyTypeObject *jt = (PyTypeObject *)job_type;
-    PyObject *seqs = PyList_New(pp);
-    if (!seqs) goto done;
-    for (int d = 0; d < pp; d++) {
-        PyObject *lst = PyList_New(per_dev);
-        if (!lst) {
-            Py_DECREF(seqs);
-            goto done;
-        }
-        PyList_SET_ITEM(seqs, d, lst);
-        for (Py_ssize_t i = 0; i < per_dev; i++) {
-            Py_ssize_t at = (Py_ssize_t)d * per_dev + i;
-            PyObject *job = jt->tp_alloc(jt, 3);
-            if (!job) {
-                Py_DECREF(seqs);
-                goto done;
-            }
-            PyObject *k = PyTuple_GET_ITEM(kinds, jk[at]);
-            Py_INCREF(k);
-            Py_INCREF(ints[jmb[at]]);
-            Py_INCREF(ints[jc[at]]);
-            PyTuple_SET_ITEM(job, 0, k);
-            PyTuple_SET_ITEM(job, 1, ints[jmb[at]]);
-            PyTuple_SET_ITEM(job, 2, ints[jc[at]]);
-            /* (Kind member, int, int) can close no reference cycle: keep the 200k jobs out of the
-               cyclic GC, as CPython does for tuples of atoms (else each collection walks them all) */
-            PyObject_GC_UnTrack(job);
-            PyList_SET_ITEM(lst, i, job);
-        }
-    }
-    PyObject *ob = PyBytes_FromStringAndSize((const char *)ord, (Py_ssize_t)(total * sizeof(int64_t)));
-    PyObject *lt = list_of_doubles(t, pp), *lp = list_of_doubles(peak, pp), *ls = list_of_doubles(start0, pp);
-    if (!ob || !lt || !lp || !ls) {
-        Py_XDECREF(ob);
-        Py_XDECREF(lt);
-        Py_XDECREF(lp);
-        Py_XDECREF(ls);
-        Py_DECREF(seqs);
-        goto done;
-    }
-    result = Py_BuildValue("(NNNNN)", seqs, ob, lt, lp, ls);
-
-done:
-    if (ints) {
-        for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
-        free(ints);
-    }
-    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(mB); free(mW); free(capd); free(need);
-    free(dev); free(first); free(bord); free(ford);
-    free(fe); free(be); free(t); free(mem); free(resv); free(peak); free(key); free(start0);
-    free(nf); free(nb); free(nfwd); free(started_b); free(cnt);
-    free(pend_mb); free(pend_c); free(ph); free(pt);
-    free(jk); free(jmb); free(jc); free(ord); free(heap.v);
-    return result;
-}
-
 /* ---------------------------------------------------------------- the rule tables
  * pipeloom.core.rules as pipeloom.sim.kernel.Rules hands them over: needs[slot] = ((event, chunk offset,
  * comm), ...), produces[slot] = (event, ...), slot = kind index * nc + chunk; read into CSR arrays
@@ -593,6 +231,437 @@ static int rules_parse(PyObject *o_needs, PyObject *o_prod, Py_ssize_t nslot, Ru
 fail:
     free(nstart); free(pstart); free(nev); free(noff); free(pev); free(ncm);
     return -1;
+}
+
+/* ---------------------------------------------------------------- the list-scheduling board
+ * The compiled form of pipeloom.sim.listsched.Board: a list schedule under construction, with the rules
+ * read from the tables above (RuleTab), the per-slot durations (pipeloom.core.rules.durations) and memory
+ * changes (pipeloom.core.rules.memory_delta). board_ready / board_arrival / board_commit are Board.ready /
+ * Board.arrival / Board.commit with the same operations in the same order.
+ */
+typedef struct {
+    RuleTab rt;
+    Py_ssize_t pp, nc, m, mnc, per_dev;
+    double *dur, *dmem, *done, *free_t, *mem, *peak;
+    long *dev, *cnt, *jmb, *jc;
+    long *schunk; /* per slot: its chunk (slot % nc, looked up: no division in the hot loops) */
+    unsigned char *jk, *skind; /* skind per slot: its kind index (slot / nc) */
+} Board;
+
+static void board_free(Board *b) {
+    rules_free(&b->rt);
+    free(b->dur); free(b->dmem); free(b->done); free(b->free_t); free(b->mem); free(b->peak);
+    free(b->dev); free(b->cnt); free(b->jmb); free(b->jc); free(b->jk); free(b->schunk); free(b->skind);
+}
+
+/* 0, or -1 with an exception set (call board_free either way) */
+static int board_init(Board *b, Py_ssize_t pp, Py_ssize_t nc, Py_ssize_t m, Py_ssize_t per_dev, PyObject *o_needs,
+                      PyObject *o_prod, PyObject *o_dur, PyObject *o_dmem, PyObject *o_dev) {
+    memset(b, 0, sizeof(*b));
+    b->pp = pp, b->nc = nc, b->m = m, b->mnc = m * nc, b->per_dev = per_dev;
+    const Py_ssize_t nslot = 4 * nc;
+    if (rules_parse(o_needs, o_prod, nslot, &b->rt) < 0) return -1;
+    if (!(b->dur = as_doubles(o_dur, nslot, "durations")) || !(b->dmem = as_doubles(o_dmem, nslot, "memory deltas")) ||
+        !(b->dev = as_longs(o_dev, nc, "dev")))
+        return -1;
+    for (Py_ssize_t s = 0; s < nslot; s++) {
+        for (Py_ssize_t q = b->rt.nstart[s]; q < b->rt.nstart[s + 1]; q++) {
+            long c2 = (long)(s % nc) + b->rt.noff[q];
+            if (c2 < 0 || c2 >= nc) {
+                PyErr_SetString(PyExc_ValueError, "board: a need points outside the chunks");
+                return -1;
+            }
+        }
+    }
+    b->done = malloc((size_t)(3 * b->mnc) * sizeof(double));
+    b->free_t = calloc((size_t)pp, sizeof(double));
+    b->mem = calloc((size_t)pp, sizeof(double));
+    b->peak = calloc((size_t)pp, sizeof(double));
+    b->cnt = calloc((size_t)pp, sizeof(long));
+    b->jmb = malloc((size_t)(pp * per_dev) * sizeof(long));
+    b->jc = malloc((size_t)(pp * per_dev) * sizeof(long));
+    b->jk = malloc((size_t)(pp * per_dev));
+    b->schunk = malloc((size_t)nslot * sizeof(long));
+    b->skind = malloc((size_t)nslot);
+    if (!b->done || !b->free_t || !b->mem || !b->peak || !b->cnt || !b->jmb || !b->jc || !b->jk || !b->schunk ||
+        !b->skind) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t s = 0; s < nslot; s++) {
+        b->schunk[s] = (long)(s % nc);
+        b->skind[s] = (unsigned char)(s / nc);
+    }
+    for (Py_ssize_t q = 0; q < 3 * b->mnc; q++) b->done[q] = -1.0;
+    return 0;
+}
+
+/* Board.ready: when the inputs of job `slot` of `mb` are on its device; -1.0 while one is missing */
+static inline double board_ready(const Board *b, long slot, long mb) {
+    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + b->schunk[slot];
+    double r = 0.0;
+    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
+        double e = b->done[b->rt.nev[q] * b->mnc + at + b->rt.noff[q]];
+        if (e < 0) return -1.0;
+        e += b->rt.ncm[q];
+        if (e > r) r = e;
+    }
+    return r;
+}
+
+/* Board.arrival: 1 and *out = when the input from another device arrives; 0 when there is none (yet) */
+static inline int board_arrival(const Board *b, long slot, long mb, double *out) {
+    const long c = b->schunk[slot];
+    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
+        long off = b->rt.noff[q];
+        if (off && b->dev[c + off] != b->dev[c]) {
+            double e = b->done[b->rt.nev[q] * b->mnc + (Py_ssize_t)mb * b->nc + c + off];
+            if (e < 0) return 0;
+            *out = e + b->rt.ncm[q];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Board.commit: job `slot` of `mb` runs on device d from `start`; its end (-1.0 + exception: no room) */
+static inline double board_commit(Board *b, long d, long slot, long mb, double start) {
+    const long c = b->schunk[slot];
+    double e = start + b->dur[slot];
+    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + c;
+    for (Py_ssize_t q = b->rt.pstart[slot]; q < b->rt.pstart[slot + 1]; q++) b->done[b->rt.pev[q] * b->mnc + at] = e;
+    double md = b->mem[d] + b->dmem[slot];
+    b->mem[d] = md;
+    if (md > b->peak[d]) b->peak[d] = md;
+    if (b->cnt[d] >= b->per_dev) {
+        PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
+        return -1.0;
+    }
+    Py_ssize_t k = (Py_ssize_t)d * b->per_dev + b->cnt[d];
+    b->jk[k] = b->skind[slot];
+    b->jmb[k] = mb;
+    b->jc[k] = c;
+    b->cnt[d] += 1;
+    b->free_t[d] = e;
+    return e;
+}
+
+/* the placed jobs as per-device lists of job_type(kinds[k], mb, chunk) (NULL + exception on error) */
+static PyObject *board_seqs(const Board *b, PyObject *job_type, PyObject *kinds) {
+    Py_ssize_t nints = (b->m > b->nc ? b->m : b->nc) + 1;
+    PyObject **ints = calloc((size_t)nints, sizeof(PyObject *));
+    PyObject *seqs = NULL;
+    if (!ints) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < nints; i++)
+        if (!(ints[i] = PyLong_FromSsize_t(i))) goto done;
+    PyTypeObject *jt = (PyTypeObject *)job_type;
+    if (!(seqs = PyList_New(b->pp))) goto done;
+    for (Py_ssize_t d = 0; d < b->pp; d++) {
+        PyObject *lst = PyList_New(b->cnt[d]);
+        if (!lst) {
+            Py_CLEAR(seqs);
+            goto done;
+        }
+        PyList_SET_ITEM(seqs, d, lst);
+        for (Py_ssize_t i = 0; i < b->cnt[d]; i++) {
+            Py_ssize_t at = d * b->per_dev + i;
+            PyObject *job = jt->tp_alloc(jt, 3);
+            if (!job) {
+                Py_CLEAR(seqs);
+                goto done;
+            }
+            PyObject *k = PyTuple_GET_ITEM(kinds, b->jk[at]);
+            Py_INCREF(k);
+            Py_INCREF(ints[b->jmb[at]]);
+            Py_INCREF(ints[b->jc[at]]);
+            PyTuple_SET_ITEM(job, 0, k);
+            PyTuple_SET_ITEM(job, 1, ints[b->jmb[at]]);
+            PyTuple_SET_ITEM(job, 2, ints[b->jc[at]]);
+            PyObject_GC_UnTrack(job); /* (Kind, int, int) closes no cycle: see run_pass */
+            PyList_SET_ITEM(lst, i, job);
+        }
+    }
+done:
+    for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
+    free(ints);
+    return seqs;
+}
+
+/* run_pass(shape, tables, device_arrays, policy, job_type, kinds)
+ *   shape        = (pp, vpp, m, limit, eps)
+ *   tables       = (needs, produces, durations, dmem, dev, hoff, hcm): the board's tables (pipeloom.sim.kernel.Rules,
+ *                  duration_table, listsched.mem_table), dev per chunk, and per slot the chunk offset of the
+ *                  job's handoff (0: none) and the comm on that edge (listsched.Board.handoff)
+ *   device_arrays= (first, capd, need, bord, ford)                       bord/ford: pp*vpp chunks
+ *   policy       = (reserve, b_first, fill_always, lookahead, h_warm, warmup or -1)
+ *   kinds        = pipeloom.sim.kernel.KINDS
+ * -> None on deadlock, else (seqs, order_bytes, t, peak, start0)
+ * The greedy pass: greedy.GreedyPolicy on the loop of pipeloom.sim.listsched.run, on the compiled board.
+ */
+static PyObject *run_pass(PyObject *self, PyObject *args) {
+    (void)self;
+    int pp, vpp, m;
+    double limit, eps;
+    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_hoff, *o_hcm;
+    PyObject *o_first, *o_capd, *o_need, *o_bord, *o_ford;
+    int reserve, b_first, fill_always, h_warm, warm;
+    double look;
+    PyObject *job_type, *kinds;
+    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_needs, &o_prod,
+                          &o_dur, &o_dmem, &o_dev, &o_hoff, &o_hcm, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
+                          &reserve, &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
+        return NULL;
+    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "job_type must be a tuple subclass");
+        return NULL;
+    }
+    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
+        PyErr_SetString(PyExc_TypeError, "kinds must be a 4-tuple (F, B, W, BW)");
+        return NULL;
+    }
+    if (pp < 1 || vpp < 1 || m < 1) {
+        PyErr_SetString(PyExc_ValueError, "pp, vpp and m must be >= 1");
+        return NULL;
+    }
+    const Py_ssize_t nc = (Py_ssize_t)pp * vpp;
+    const Py_ssize_t per_dev = 3 * (Py_ssize_t)m * vpp; /* jobs each device runs */
+    const Py_ssize_t total = per_dev * pp;
+    const long sF = 0, sB = (long)nc, sW = 2 * (long)nc; /* board slots: kind index * nc + chunk */
+    const double INF = HUGE_VAL;
+
+    PyObject *result = NULL;
+    Board bd;
+    double *capd = NULL, *need = NULL, *resv = NULL, *key = NULL, *start0 = NULL, *hcm = NULL;
+    long *first = NULL, *bord = NULL, *ford = NULL, *hoff = NULL;
+    long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL;
+    long *pend_mb = NULL, *pend_c = NULL, *ph = NULL, *pt = NULL;
+    int64_t *ord = NULL;
+    Heap heap = {NULL, 0, 0};
+
+    if (board_init(&bd, pp, nc, m, per_dev, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
+    const double *done_t = bd.done, *dmem = bd.dmem, *dur = bd.dur;
+    double *t = bd.free_t, *mem = bd.mem;
+    const long *dev = bd.dev;
+    if (!(hoff = as_longs(o_hoff, 4 * nc, "hoff")) || !(hcm = as_doubles(o_hcm, 4 * nc, "hcm")) ||
+        !(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
+        !(need = as_doubles(o_need, pp, "need")) || !(bord = as_longs(o_bord, nc, "bord")) ||
+        !(ford = as_longs(o_ford, nc, "ford")))
+        goto done;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        if (dev[i] < 0 || dev[i] >= pp || bord[i] < 0 || bord[i] >= nc || ford[i] < 0 || ford[i] >= nc) {
+            PyErr_SetString(PyExc_ValueError, "device or chunk index out of range");
+            goto done;
+        }
+    }
+    for (Py_ssize_t s = 0; s < 4 * nc; s++) {
+        if (s % nc + hoff[s] < 0 || s % nc + hoff[s] >= nc) {
+            PyErr_SetString(PyExc_ValueError, "handoff outside the chunks");
+            goto done;
+        }
+    }
+    resv = calloc((size_t)pp, sizeof(double));
+    key = calloc((size_t)pp, sizeof(double));
+    start0 = calloc((size_t)pp, sizeof(double));
+    nf = calloc((size_t)nc, sizeof(long));
+    nb = calloc((size_t)nc, sizeof(long));
+    nfwd = calloc((size_t)pp, sizeof(long));
+    started_b = calloc((size_t)pp, sizeof(long));
+    pend_mb = malloc((size_t)pp * m * vpp * sizeof(long));
+    pend_c = malloc((size_t)pp * m * vpp * sizeof(long));
+    ph = calloc((size_t)pp, sizeof(long));
+    pt = calloc((size_t)pp, sizeof(long));
+    ord = malloc((size_t)total * sizeof(int64_t));
+    heap.cap = pp + 16;
+    heap.v = malloc((size_t)heap.cap * sizeof(HItem));
+    if (!resv || !key || !start0 || !nf || !nb || !nfwd || !started_b || !pend_mb || !pend_c || !ph || !pt ||
+        !ord || !heap.v) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int d = 0; d < pp; d++) {
+        heap.v[d].t = 0.0;
+        heap.v[d].d = d;
+    }
+    heap.n = pp; /* sorted by device at time 0: already a heap */
+
+    Py_ssize_t ncommit = 0;
+    HItem item = heap_pop(&heap);
+    for (;;) {
+        double T = item.t;
+        int d = item.d;
+        if (T != key[d]) {
+            if (!heap.n) break;
+            item = heap_pop(&heap);
+            continue;
+        }
+        /* ---- backward candidates */
+        long bc = -1;
+        double rb = INF;
+        for (int j = 0; j < vpp; j++) {
+            long c = bord[d * vpp + j];
+            long mb = nb[c];
+            if (mb >= nf[c]) continue;
+            double r = board_ready(&bd, sB + c, mb);
+            if (r < 0) continue;
+            if (r <= T) {
+                bc = c;
+                break;
+            }
+            if (r < rb) rb = r;
+        }
+        /* ---- forward candidates */
+        long fc = -1;
+        double rf = INF;
+        int blocked = 0;
+        if (bc < 0 || !b_first) {
+            double md = mem[d];
+            for (int j = 0; j < vpp; j++) {
+                long c = ford[d * vpp + j];
+                long mb = nf[c];
+                if (mb >= m) continue;
+                double r = board_ready(&bd, sF + c, mb);
+                if (r < 0) continue;
+                double ac = dmem[sF + c];
+                int ok;
+                if (c == first[d]) {
+                    if (warm >= 0 && !started_b[d] && nfwd[d] >= warm) continue;
+                    if (reserve)
+                        ok = resv[d] + need[d] <= limit;
+                    else
+                        ok = md + ac <= ((!h_warm || !started_b[d]) ? capd[d] : limit);
+                } else {
+                    ok = reserve || md + ac <= limit;
+                }
+                if (!ok) {
+                    if (r <= T) blocked = 1;
+                    continue;
+                }
+                if (r <= T) {
+                    fc = c;
+                    break;
+                }
+                if (r < rf) rf = r;
+            }
+        }
+        int kind = -1;
+        long c = -1;
+        if (bc >= 0 && (b_first || fc < 0)) {
+            kind = 1;
+            c = bc;
+        } else if (fc >= 0) {
+            if (look > 0.0 && rb - T < look * dur[sF + fc])
+                rf = INF; /* hold the device for the coming B */
+            else {
+                kind = 0;
+                c = fc;
+            }
+        }
+        if (kind < 0) {
+            int pw = ph[d] < pt[d];
+            double nxt = rb < rf ? rb : rf;
+            if (pw && (blocked || fill_always || nxt == INF ||
+                       nxt - T >= dur[sW + pend_c[(Py_ssize_t)d * m * vpp + ph[d]]] - eps)) {
+                kind = 2;
+            } else if (nxt < INF && nxt > T) {
+                key[d] = nxt;
+                HItem hi = {nxt, d};
+                item = heap_pushpop(&heap, hi);
+                continue;
+            } else if (pw) {
+                kind = 2;
+            } else {
+                key[d] = INF; /* sleep until a dependency is scheduled */
+                if (!heap.n) break;
+                item = heap_pop(&heap);
+                continue;
+            }
+        }
+        /* ---- the chosen job (GreedyPolicy.step's counters), then the board commits it */
+        long mb, slot;
+        if (kind == 0) {
+            mb = nf[c];
+            nf[c] = mb + 1;
+            if (reserve && c == first[d]) resv[d] += need[d];
+            if (!started_b[d]) nfwd[d] += 1;
+            slot = sF + c;
+        } else if (kind == 1) {
+            mb = nb[c];
+            nb[c] = mb + 1;
+            resv[d] += dmem[sB + c];
+            started_b[d] = 1;
+            Py_ssize_t q = (Py_ssize_t)d * m * vpp + pt[d];
+            if (pt[d] >= (long)m * vpp) {
+                PyErr_SetString(PyExc_RuntimeError, "internal error: W queue overflow");
+                goto done;
+            }
+            pend_mb[q] = mb;
+            pend_c[q] = c;
+            pt[d] += 1;
+            slot = sB + c;
+        } else {
+            Py_ssize_t q = (Py_ssize_t)d * m * vpp + ph[d];
+            mb = pend_mb[q];
+            c = pend_c[q];
+            ph[d] += 1;
+            resv[d] += dmem[sW + c];
+            slot = sW + c;
+        }
+        if (bd.cnt[d] >= per_dev) {
+            PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
+            goto done;
+        }
+        if (!bd.cnt[d]) start0[d] = T;
+        ord[(Py_ssize_t)d * per_dev + bd.cnt[d]] = ncommit;
+        double e = board_commit(&bd, d, slot, mb, T);
+        ncommit += 1;
+        /* the loop: a job on another device that receives the handoff decides again when it arrives */
+        if (hoff[slot]) {
+            int d2 = (int)dev[c + hoff[slot]];
+            if (d2 != d) {
+                double k = e + hcm[slot];
+                if (t[d2] > k) k = t[d2];
+                if (k < key[d2]) {
+                    key[d2] = k;
+                    HItem hi = {k, d2};
+                    if (heap_push(&heap, hi) < 0) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                }
+            }
+        }
+        key[d] = e;
+        HItem hi = {e, d};
+        item = heap_pushpop(&heap, hi);
+    }
+    (void)done_t;
+    if (ncommit != total) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* ---- (seqs, order_bytes, t, peak, start0); jobs are job_type(kind, mb, chunk) tuples */
+    PyObject *seqs = board_seqs(&bd, job_type, kinds);
+    if (!seqs) goto done;
+    PyObject *ob = PyBytes_FromStringAndSize((const char *)ord, (Py_ssize_t)(total * sizeof(int64_t)));
+    PyObject *lt = list_of_doubles(t, pp), *lp = list_of_doubles(bd.peak, pp), *ls = list_of_doubles(start0, pp);
+    if (!ob || !lt || !lp || !ls) {
+        Py_XDECREF(ob);
+        Py_XDECREF(lt);
+        Py_XDECREF(lp);
+        Py_XDECREF(ls);
+        Py_DECREF(seqs);
+        goto done;
+    }
+    result = Py_BuildValue("(NNNNN)", seqs, ob, lt, lp, ls);
+
+done:
+    board_free(&bd);
+    free(capd); free(need); free(resv); free(key); free(start0); free(hcm);
+    free(first); free(bord); free(ford); free(hoff);
+    free(nf); free(nb); free(nfwd); free(started_b);
+    free(pend_mb); free(pend_c); free(ph); free(pt);
+    free(ord); free(heap.v);
+    return result;
 }
 
 /* ---------------------------------------------------------------- witness check
@@ -1062,152 +1131,6 @@ done:
     free(st); free(en); free(free_t); free(p1); free(p2); free(p3); free(ispair);
     Py_XDECREF(devs);
     return result;
-}
-
-/* ---------------------------------------------------------------- the list-scheduling board
- * The compiled form of pipeloom.sim.listsched.Board: a list schedule under construction, with the rules
- * read from the tables above (RuleTab), the per-slot durations (pipeloom.core.rules.durations) and memory
- * changes (pipeloom.core.rules.memory_delta). board_ready / board_arrival / board_commit are Board.ready /
- * Board.arrival / Board.commit with the same operations in the same order.
- */
-typedef struct {
-    RuleTab rt;
-    Py_ssize_t pp, nc, m, mnc, per_dev;
-    double *dur, *dmem, *done, *free_t, *mem, *peak;
-    long *dev, *cnt, *jmb, *jc;
-    unsigned char *jk;
-} Board;
-
-static void board_free(Board *b) {
-    rules_free(&b->rt);
-    free(b->dur); free(b->dmem); free(b->done); free(b->free_t); free(b->mem); free(b->peak);
-    free(b->dev); free(b->cnt); free(b->jmb); free(b->jc); free(b->jk);
-}
-
-/* 0, or -1 with an exception set (call board_free either way) */
-static int board_init(Board *b, Py_ssize_t pp, Py_ssize_t nc, Py_ssize_t m, Py_ssize_t per_dev, PyObject *o_needs,
-                      PyObject *o_prod, PyObject *o_dur, PyObject *o_dmem, PyObject *o_dev) {
-    memset(b, 0, sizeof(*b));
-    b->pp = pp, b->nc = nc, b->m = m, b->mnc = m * nc, b->per_dev = per_dev;
-    const Py_ssize_t nslot = 4 * nc;
-    if (rules_parse(o_needs, o_prod, nslot, &b->rt) < 0) return -1;
-    if (!(b->dur = as_doubles(o_dur, nslot, "durations")) || !(b->dmem = as_doubles(o_dmem, nslot, "memory deltas")) ||
-        !(b->dev = as_longs(o_dev, nc, "dev")))
-        return -1;
-    for (Py_ssize_t s = 0; s < nslot; s++) {
-        for (Py_ssize_t q = b->rt.nstart[s]; q < b->rt.nstart[s + 1]; q++) {
-            long c2 = (long)(s % nc) + b->rt.noff[q];
-            if (c2 < 0 || c2 >= nc) {
-                PyErr_SetString(PyExc_ValueError, "board: a need points outside the chunks");
-                return -1;
-            }
-        }
-    }
-    b->done = malloc((size_t)(3 * b->mnc) * sizeof(double));
-    b->free_t = calloc((size_t)pp, sizeof(double));
-    b->mem = calloc((size_t)pp, sizeof(double));
-    b->peak = calloc((size_t)pp, sizeof(double));
-    b->cnt = calloc((size_t)pp, sizeof(long));
-    b->jmb = malloc((size_t)(pp * per_dev) * sizeof(long));
-    b->jc = malloc((size_t)(pp * per_dev) * sizeof(long));
-    b->jk = malloc((size_t)(pp * per_dev));
-    if (!b->done || !b->free_t || !b->mem || !b->peak || !b->cnt || !b->jmb || !b->jc || !b->jk) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t q = 0; q < 3 * b->mnc; q++) b->done[q] = -1.0;
-    return 0;
-}
-
-/* Board.ready: when the inputs of job `slot` of `mb` are on its device; -1.0 while one is missing */
-static inline double board_ready(const Board *b, long slot, long mb) {
-    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + slot % b->nc;
-    double r = 0.0;
-    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
-        double e = b->done[b->rt.nev[q] * b->mnc + at + b->rt.noff[q]];
-        if (e < 0) return -1.0;
-        e += b->rt.ncm[q];
-        if (e > r) r = e;
-    }
-    return r;
-}
-
-/* Board.arrival: 1 and *out = when the input from another device arrives; 0 when there is none (yet) */
-static inline int board_arrival(const Board *b, long slot, long mb, double *out) {
-    const long c = (long)(slot % b->nc);
-    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
-        long off = b->rt.noff[q];
-        if (off && b->dev[c + off] != b->dev[c]) {
-            double e = b->done[b->rt.nev[q] * b->mnc + (Py_ssize_t)mb * b->nc + c + off];
-            if (e < 0) return 0;
-            *out = e + b->rt.ncm[q];
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* Board.commit: job `slot` of `mb` runs on device d from `start`; its end (-1.0 + exception: no room) */
-static inline double board_commit(Board *b, long d, long slot, long mb, double start) {
-    const long c = (long)(slot % b->nc);
-    double e = start + b->dur[slot];
-    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + c;
-    for (Py_ssize_t q = b->rt.pstart[slot]; q < b->rt.pstart[slot + 1]; q++) b->done[b->rt.pev[q] * b->mnc + at] = e;
-    double md = b->mem[d] + b->dmem[slot];
-    b->mem[d] = md;
-    if (md > b->peak[d]) b->peak[d] = md;
-    if (b->cnt[d] >= b->per_dev) {
-        PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
-        return -1.0;
-    }
-    Py_ssize_t k = (Py_ssize_t)d * b->per_dev + b->cnt[d];
-    b->jk[k] = (unsigned char)(slot / b->nc);
-    b->jmb[k] = mb;
-    b->jc[k] = c;
-    b->cnt[d] += 1;
-    b->free_t[d] = e;
-    return e;
-}
-
-/* the placed jobs as per-device lists of job_type(kinds[k], mb, chunk) (NULL + exception on error) */
-static PyObject *board_seqs(const Board *b, PyObject *job_type, PyObject *kinds) {
-    Py_ssize_t nints = (b->m > b->nc ? b->m : b->nc) + 1;
-    PyObject **ints = calloc((size_t)nints, sizeof(PyObject *));
-    PyObject *seqs = NULL;
-    if (!ints) return PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < nints; i++)
-        if (!(ints[i] = PyLong_FromSsize_t(i))) goto done;
-    PyTypeObject *jt = (PyTypeObject *)job_type;
-    if (!(seqs = PyList_New(b->pp))) goto done;
-    for (Py_ssize_t d = 0; d < b->pp; d++) {
-        PyObject *lst = PyList_New(b->cnt[d]);
-        if (!lst) {
-            Py_CLEAR(seqs);
-            goto done;
-        }
-        PyList_SET_ITEM(seqs, d, lst);
-        for (Py_ssize_t i = 0; i < b->cnt[d]; i++) {
-            Py_ssize_t at = d * b->per_dev + i;
-            PyObject *job = jt->tp_alloc(jt, 3);
-            if (!job) {
-                Py_CLEAR(seqs);
-                goto done;
-            }
-            PyObject *k = PyTuple_GET_ITEM(kinds, b->jk[at]);
-            Py_INCREF(k);
-            Py_INCREF(ints[b->jmb[at]]);
-            Py_INCREF(ints[b->jc[at]]);
-            PyTuple_SET_ITEM(job, 0, k);
-            PyTuple_SET_ITEM(job, 1, ints[b->jmb[at]]);
-            PyTuple_SET_ITEM(job, 2, ints[b->jc[at]]);
-            PyObject_GC_UnTrack(job); /* (Kind, int, int) closes no cycle: see run_pass */
-            PyList_SET_ITEM(lst, i, job);
-        }
-    }
-done:
-    for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
-    free(ints);
-    return seqs;
 }
 
 /* ---------------------------------------------------------------- board_replay (for the differential test)

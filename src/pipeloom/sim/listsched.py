@@ -81,7 +81,7 @@ class Board:
         self.order: list[list[int]] = [[] for _ in range(pp)]
         self.ncommit = 0
         # per slot: the (chunk offset, comm) of the edge its handoff travels (core.rules.handoff), or None
-        self.handoff = _handoffs(tables)
+        self.handoff = handoff_table(tables)
         # the same tables with the index arithmetic done once: per slot, where in ``done`` (less mb * nc) each
         # needed event is, with its comm; where each produced event goes; the job's (kind, chunk)
         mnc = self.mnc
@@ -160,8 +160,9 @@ class Board:
         return self.commit(d, slot, mb, f if f >= r else r)
 
 
-def _handoffs(tables: Rules) -> list[tuple[int, float] | None]:
-    """Per slot, the chunk offset and comm of the edge on which the job's event goes to another chunk."""
+def handoff_table(tables: Rules) -> list[tuple[int, float] | None]:
+    """Per slot, the chunk offset and comm of the edge on which the job's event goes to another chunk
+    (:func:`pipeloom.core.rules.handoff`; the comm as the receiving job's needs have it), or None."""
     nc = tables.nc
     out: list[tuple[int, float] | None] = []
     for kind in KINDS:

@@ -204,14 +204,16 @@ def _pass_inputs(prob: Problem, pol: Policy):
 
 def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
     capd, b_order, f_order = _pass_inputs(prob, pol)
+    hand = listsched.handoff_table(prob.tables)
     out = _accel.run_pass(
         (prob.pp, prob.vpp, prob.m, prob.limit + _EPS, _EPS),
-        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF, prob.mB, prob.mW, prob.dev),
+        (prob.tables.needs, prob.tables.produces, prob.dur_table, listsched.mem_table(prob.nc, prob.a, prob.b),
+         prob.dev, [h[0] if h else 0 for h in hand], [h[1] if h else 0.0 for h in hand]),
         ([loc[0] for loc in prob.local], capd, prob.need, [c for o in b_order for c in o],
          [c for o in f_order for c in o]),
         (pol.admit == "reserve", pol.b_first, pol.w_fill == "always", float(pol.lookahead), pol.h_warm,
          -1 if pol.warmup is None else int(pol.warmup)),
-        Job, _KINDS)
+        Job, kernel.KINDS)
     if out is None:
         return None
     seqs, order_bytes, t, peak, start0 = out
