@@ -665,16 +665,17 @@ done:
 }
 
 /* ---------------------------------------------------------------- witness check
- * proven_valid(devices, witness, shape, home, kinds, a, b, limit) -> bool
+ * proven_valid(devices, witness, shape, home, kinds, needs, produces, dmem, limit) -> bool
  *   devices = per device a sequence of (kind, mb, chunk) tuples; witness = per device a sequence of
  *   int ranks (or an int64 buffer); shape = (pp, vpp, m); home[c] = device of chunk c;
- *   kinds = (F, B, W, BW) objects (compared by identity); a, b = per-chunk memory; limit = float
- *   or None (no memory check).
+ *   kinds = (F, B, W, BW) objects (compared by identity); needs, produces = the rule tables
+ *   (pipeloom.sim.kernel.Rules); dmem = per slot the memory change (pipeloom.sim.listsched.mem_table);
+ *   limit = float or None (no memory check).
  * True only if: every job is in range and on its home device; each (mb, chunk) has one F and
- * either B and W or one BW, nothing twice; every dependency (F(mb,c-1) -> F(mb,c); F(mb,c) and
- * the input grad of (mb,c+1) -> B/BW(mb,c); B -> W) has a lower rank than its job; ranks rise
+ * either B and W or one BW, nothing twice; every event a job needs (the needs table: F(mb,c-1) -> F(mb,c);
+ * F(mb,c) and the input grad of (mb,c+1) -> B/BW(mb,c); B -> W) was completed by a job of lower rank; ranks rise
  * strictly along each device's list (so no deadlock is possible); the running memory of each
- * device (summed in list order, as memory_profile does) never exceeds limit + 1e-9.
+ * device (its dmem summed in list order, as memory_profile does) never exceeds limit + 1e-9.
  * Anything else, including an unexpected object, gives False (the caller then runs the
  * job-by-job checks, which produce the messages).
  */
@@ -694,10 +695,10 @@ static int rank_at(PyObject *w, Py_buffer *buf, int is_buf, Py_ssize_t i, long l
 
 static PyObject *proven_valid(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *devices, *witness, *o_home, *kinds, *o_a, *o_b, *o_limit;
+    PyObject *devices, *witness, *o_home, *kinds, *o_needs, *o_prod, *o_dmem, *o_limit;
     int pp, vpp, m;
-    if (!PyArg_ParseTuple(args, "OO(iii)OOOOO", &devices, &witness, &pp, &vpp, &m, &o_home, &kinds, &o_a, &o_b,
-                          &o_limit))
+    if (!PyArg_ParseTuple(args, "OO(iii)OOOOOO", &devices, &witness, &pp, &vpp, &m, &o_home, &kinds, &o_needs,
+                          &o_prod, &o_dmem, &o_limit))
         return NULL;
     if (pp < 1 || vpp < 1 || m < 1 || !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) Py_RETURN_FALSE;
     const Py_ssize_t nc = (Py_ssize_t)pp * vpp, mnc = nc * m;
@@ -710,22 +711,30 @@ static PyObject *proven_valid(PyObject *self, PyObject *args) {
     }
     int ok = 0;
     long *home = NULL;
-    double *a = NULL, *b = NULL;
-    long long *rk = NULL;
+    double *dmem = NULL;
+    long long *rk = NULL, *erk = NULL;
     PyObject *devs = NULL, *wits = NULL;
-    if (!(home = as_longs(o_home, nc, "home")) || !(a = as_doubles(o_a, nc, "mF")) || !(b = as_doubles(o_b, nc, "b")))
+    RuleTab rt;
+    memset(&rt, 0, sizeof(rt));
+    if (!(home = as_longs(o_home, nc, "home")) || !(dmem = as_doubles(o_dmem, 4 * nc, "dmem")) ||
+        rules_parse(o_needs, o_prod, 4 * nc, &rt) < 0)
         goto fail;
+    for (Py_ssize_t sl = 0; sl < 4 * nc; sl++)
+        for (Py_ssize_t q = rt.nstart[sl]; q < rt.nstart[sl + 1]; q++)
+            if (sl % nc + rt.noff[q] < 0 || sl % nc + rt.noff[q] >= nc) goto done;
     devs = PySequence_Fast(devices, "devices");
     wits = PySequence_Fast(witness, "witness");
     if (!devs || !wits) goto fail;
     if (PySequence_Fast_GET_SIZE(devs) != pp || PySequence_Fast_GET_SIZE(wits) != pp) goto done;
     if (check_mem && 0.0 > limit) goto done;
     rk = malloc((size_t)4 * mnc * sizeof(long long)); /* ranks of F, B, W, BW per (mb, chunk); -1 = absent */
-    if (!rk) {
+    erk = malloc((size_t)3 * mnc * sizeof(long long)); /* rank of the job that completes each event; -1: none */
+    if (!rk || !erk) {
         PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t i = 0; i < 4 * mnc; i++) rk[i] = -1;
+    for (Py_ssize_t i = 0; i < 3 * mnc; i++) erk[i] = -1;
     PyObject *kF = PyTuple_GET_ITEM(kinds, 0), *kB = PyTuple_GET_ITEM(kinds, 1), *kW = PyTuple_GET_ITEM(kinds, 2),
              *kBW = PyTuple_GET_ITEM(kinds, 3);
     for (int d = 0; d < pp; d++) {
@@ -786,15 +795,10 @@ static PyObject *proven_valid(PyObject *self, PyObject *args) {
                 break;
             }
             rk[slot] = r;
-            if (check_mem) {
-                if (ki == 0)
-                    cur += a[c];
-                else if (ki == 1)
-                    cur -= b[c];
-                else if (ki == 2)
-                    cur -= a[c] - b[c];
-                else
-                    cur -= a[c];
+            for (Py_ssize_t q = rt.pstart[ki * nc + c]; q < rt.pstart[ki * nc + c + 1]; q++)
+                erk[rt.pev[q] * mnc + (Py_ssize_t)mb * nc + c] = r;
+            if (check_mem) { /* the memory rule: core.rules.memory_delta as the board's table */
+                cur += dmem[ki * nc + c];
                 if (cur > limit) good = 0;
             }
         }
@@ -804,27 +808,33 @@ static PyObject *proven_valid(PyObject *self, PyObject *args) {
         if (!good) goto done;
     }
     const long long *rF = rk, *rB = rk + mnc, *rW = rk + 2 * mnc, *rBW = rk + 3 * mnc;
-    for (Py_ssize_t s = 0; s < mnc; s++) {
-        Py_ssize_t c = s % nc;
+    for (Py_ssize_t s = 0; s < mnc; s++) { /* every (mb, chunk) runs F and either B and W or BW */
         if (rF[s] < 0) goto done;
         int split = rB[s] >= 0;
-        if (split ? (rW[s] < 0 || rBW[s] >= 0 || rW[s] <= rB[s]) : (rBW[s] < 0 || rW[s] >= 0)) goto done;
-        long long g = split ? rB[s] : rBW[s];
-        if (g <= rF[s]) goto done;
-        if (c > 0 && rF[s] <= rF[s - 1]) goto done;
-        if (c < nc - 1) {
-            long long g2 = rB[s + 1] >= 0 ? rB[s + 1] : rBW[s + 1];
-            if (g <= g2) goto done;
+        if (split ? (rW[s] < 0 || rBW[s] >= 0) : (rBW[s] < 0 || rW[s] >= 0)) goto done;
+    }
+    for (Py_ssize_t ki = 0; ki < 4; ki++) { /* the dependency rule (core.rules.needs as tables): every event a job
+                                               needs was completed by a job of lower rank */
+        for (Py_ssize_t s = 0; s < mnc; s++) {
+            long long r = rk[ki * mnc + s];
+            if (r < 0) continue;
+            Py_ssize_t c = s % nc, sl = ki * nc + c;
+            for (Py_ssize_t q = rt.nstart[sl]; q < rt.nstart[sl + 1]; q++) {
+                long long e = erk[rt.nev[q] * mnc + s + rt.noff[q]];
+                if (e < 0 || e >= r) goto done;
+            }
         }
     }
     ok = 1;
 done:
-    free(home); free(a); free(b); free(rk);
+    free(home); free(dmem); free(rk); free(erk);
+    rules_free(&rt);
     Py_XDECREF(devs);
     Py_XDECREF(wits);
     return PyBool_FromLong(ok);
 fail:
-    free(home); free(a); free(b); free(rk);
+    free(home); free(dmem); free(rk); free(erk);
+    rules_free(&rt);
     Py_XDECREF(devs);
     Py_XDECREF(wits);
     return NULL;

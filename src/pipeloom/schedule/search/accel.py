@@ -1,14 +1,16 @@
 """The optional C extension ``pipeloom.sim._accel`` (built from ``sim/_accel.c`` by setup.py), as the planners use it.
 
-``_accel.c`` holds the compiled form of the timing kernel (:mod:`pipeloom.sim.kernel`, which loads it) and
-transcribes two Python passes line by line: the greedy pass of :mod:`.greedy` (its specification) and the
-validator's witness check. Without a C compiler at install time ``ext`` is None and everything runs in
-Python; ``PIPELOOM_PURE_PYTHON=1`` forces that path.
+``_accel.c`` holds the compiled form of the timing kernel (:mod:`pipeloom.sim.kernel`, which loads it), of the
+list-scheduling board (:mod:`pipeloom.sim.listsched`) with the greedy pass of :mod:`.greedy` and the lock-step
+pass of :mod:`.lockstep` on it (their Python forms are the specification), and the validator's witness check;
+all of them read the rules as the tables of :class:`pipeloom.sim.kernel.Rules`. Without a C compiler at
+install time ``ext`` is None and everything runs in Python; ``PIPELOOM_PURE_PYTHON=1`` forces that path.
 """
 from __future__ import annotations
 
-from ...core.ir import Kind, device_of
-from ...sim.kernel import accelerated, ext
+from ...core.ir import device_of
+from ...sim.kernel import KINDS, Rules, accelerated, ext
+from ...sim.listsched import mem_table
 
 __all__ = ["accelerated", "ext", "witness_check"]
 
@@ -19,7 +21,8 @@ def witness_check(schedule, a: list[float], b: list[float], mem_limit: float | N
     any rule fails: the caller then checks job by job."""
     if not accelerated() or schedule.witness is None or schedule.overlapped:
         return False
-    pp = schedule.pp
-    home = [device_of(c, pp, schedule.placement) for c in range(schedule.num_chunks)]
+    pp, nc = schedule.pp, schedule.num_chunks
+    home = [device_of(c, pp, schedule.placement) for c in range(nc)]
+    tables = Rules.make(pp, nc, schedule.placement)  # the rules as the list-scheduling board reads them
     return ext.proven_valid(schedule.devices, schedule.witness, (pp, schedule.vpp, schedule.microbatches), home,
-                            (Kind.F, Kind.B, Kind.W, Kind.BW), a, b, mem_limit)
+                            KINDS, tables.needs, tables.produces, mem_table(nc, a, b), mem_limit)
