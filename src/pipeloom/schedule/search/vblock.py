@@ -32,7 +32,9 @@ from functools import lru_cache
 from itertools import product
 from typing import Iterator
 
+from ...core import rules
 from ...core.ir import Job, Kind, Placement
+from ...sim import kernel
 
 PERIOD = 6
 _new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper (393k jobs at pp 128)
@@ -197,19 +199,39 @@ def _with_w(ev, chunks, dm, cap) -> list[Job]:
 
 
 def _deps(T, pp, d, k, j) -> int:
+    """The latest slot of what job ``j`` of type ``k`` on device ``d`` waits for: the job before it in its row
+    and the jobs that complete the events it needs (:func:`_dep_table`)."""
     dep = T[d][k][j - 1] if j else -1
-    if k == _F0:
-        if d:
-            dep = max(dep, T[d - 1][_F0][j])
-    elif k == _F1:
-        dep = max(dep, T[d][_F0][j], T[d + 1][_F1][j] if d < pp - 1 else -1)
-    elif k == _B1:
-        dep = max(dep, T[d][_F1][j], T[d - 1][_B1][j] if d else -1)
-    elif k == _B0:
-        dep = max(dep, T[d][_B1][j], T[d + 1][_B0][j] if d < pp - 1 else -1)
-    else:
-        dep = max(dep, T[d][_B1 if k == 4 else _B0][j])
+    for d2, k2 in _dep_table(pp)[d][k]:
+        x = T[d2][k2][j]
+        if x > dep:
+            dep = x
     return dep
+
+
+@lru_cache(maxsize=64)
+def _dep_table(pp: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:
+    """Per device and type (F0, F1, B1, B0, W of chunk 1, W of chunk 0), the (device, type) of the jobs that complete
+    the events it needs: :func:`pipeloom.core.rules.needs` as the timing kernel's tables read it (V placement,
+    two chunks per device: local chunk 0 = chunk d, local chunk 1 = chunk 2pp-1-d)."""
+    nc = 2 * pp
+    tables = kernel.Rules.make(pp, nc, Placement.V)
+    kinds = (Kind.F, Kind.F, Kind.B, Kind.B, Kind.W, Kind.W)
+    local1 = (False, True, True, False, True, False)
+    where = {}  # (kind, chunk) -> (device, type)
+    for d in range(pp):
+        for k in range(4):
+            where[(kinds[k], nc - 1 - d if local1[k] else d)] = (d, k)
+    made_by = {rules.ACT: Kind.F, rules.GRAD: Kind.B}  # the job of the block that completes each event
+    out = []
+    for d in range(pp):
+        row = []
+        for k in range(6):
+            c = nc - 1 - d if local1[k] else d
+            row.append(tuple(where[(made_by[ev], c + off)]
+                             for ev, off, _cm in tables.needs[kernel.KIND_INDEX[kinds[k]] * nc + c]))
+        out.append(tuple(row))
+    return tuple(out)
 
 
 def _squeeze(pp, m, T, dm, cap, ntypes, movable, warm=True):
