@@ -98,17 +98,17 @@ def breakdown() -> dict:
 EQUAL, ZB = "F=1,B=1,W=1,comm=0", "F=1,B=2,W=1,comm=0.5"
 #: the heading of the section ``--before --markdown`` writes
 COMPARE_HEAD = "### Measured table (bench/plan_speed.py --before)"
-#: (schedule, pp, m, costs, --mem-limit or None for the builder's own); vpp 2 (V shapes), zbvpp looped
-SCALE_CASES = tuple(("zbv", 128, 512, c, lim) for c in (EQUAL, ZB) for lim in ("1p", "0.75p", "0.5p")) + tuple(
-    ("vmin", 128, 512, c, None) for c in (EQUAL, ZB)) + (
-    ("zbv", 64, 512, EQUAL, "1p"), ("vhalf", 32, 128, ZB, None), ("zbvpp", 16, 64, ZB, None),
-    ("zbv", 8, 24, ZB, "0.75p"))
+#: (schedule, pp, m, costs, --mem-limit or None for the builder's own, pure Python); vpp 2 (V shapes), zbvpp looped
+SCALE_CASES = tuple(("zbv", 128, 512, c, lim, False) for c in (EQUAL, ZB) for lim in ("1p", "0.75p", "0.5p")) + tuple(
+    ("vmin", 128, 512, c, None, False) for c in (EQUAL, ZB)) + (
+    ("zbv", 64, 512, EQUAL, "1p", False), ("zbv", 64, 512, EQUAL, "1p", True), ("vhalf", 32, 128, ZB, None, False),
+    ("zbvpp", 16, 64, ZB, None, False), ("zbvpp", 16, 64, ZB, None, True), ("zbv", 8, 24, ZB, "0.75p", False))
 
 _CHILD = r"""
 import hashlib, json, resource, sys, time
 from pipeloom.schedule import registry
 from pipeloom.schedule.planning import make_spec
-name, pp, m, costs, limit = json.loads(sys.argv[1])
+name, pp, m, costs, limit, _pure = json.loads(sys.argv[1])
 spec = make_spec(pp=pp, vpp=2, microbatches=m, costs=costs, mem_limit=limit)
 t0 = time.process_time()
 s = registry.build(name, spec)
@@ -123,6 +123,8 @@ def _child(src: Path, case, out: list):
     """One whole process planning ``case`` with ``src`` on the path; what it printed is appended to ``out``."""
     env = dict(os.environ, PYTHONPATH=str(src))
     env.pop("PIPELOOM_PURE_PYTHON", None)
+    if case[5]:
+        env["PIPELOOM_PURE_PYTHON"] = "1"
 
     def run():
         r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(list(case))], env=env, check=True,
@@ -150,9 +152,9 @@ def compare(before: Path, runs: int) -> list[dict]:
 
 
 def _case_text(case) -> str:
-    name, pp, m, costs, limit = case
+    name, pp, m, costs, limit, pure = case
     cost = "equal" if costs == EQUAL else "zb"
-    return f"{name} pp {pp} m {m} {cost} {limit or '(own limit)'}"
+    return f"{name} pp {pp} m {m} {cost} {limit or '(own limit)'}{' (pure Python)' if pure else ''}"
 
 
 def compare_table(rows: list[dict]) -> str:

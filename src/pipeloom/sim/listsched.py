@@ -207,19 +207,29 @@ def run(board: Board, policy, keys: list[float] | None = None) -> int:
     key = [0.0] * pp if keys is None else list(keys)
     heap = [(k, d) for d, k in enumerate(key) if k < INF]
     heapq.heapify(heap)
-    pop, push = heapq.heappop, heapq.heappush
+    if not heap:
+        return board.ncommit
+    pop, push, pushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
     step, after, fed = policy.step, policy.after, policy.fed
     dev, hand = board.dev, board.handoff
     commit = board.commit
-    while heap:
-        T, d = pop(heap)
-        if T != key[d]:
+    item = pop(heap)
+    while True:  # ``item``: the next decision point (a device's new point goes in with one heappushpop)
+        T, d = item
+        if T != key[d]:  # stale
+            if not heap:
+                break
+            item = pop(heap)
             continue
         act = step(board, d, T)
         if act.__class__ is float:
             key[d] = act
             if act < INF:
-                push(heap, (act, d))
+                item = pushpop(heap, (act, d))
+                continue
+            if not heap:
+                break
+            item = pop(heap)
             continue
         slot, mb = act
         e = commit(d, slot, mb, T)
@@ -235,5 +245,9 @@ def run(board: Board, policy, keys: list[float] | None = None) -> int:
         k = after(board, d, e)
         key[d] = k
         if k < INF:
-            push(heap, (k, d))
+            item = pushpop(heap, (k, d))
+        elif heap:
+            item = pop(heap)
+        else:
+            break
     return board.ncommit
