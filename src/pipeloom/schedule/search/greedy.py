@@ -9,8 +9,10 @@ Time is simulated. The device whose clock is earliest decides next (a heap of de
 so when it decides at time ``T`` every job that can be ready by ``T`` is known: any dependency
 still unscheduled ends after ``T``. Candidates on a device are, per local chunk, the next
 forward and the next input-grad backward (each chunk runs its F and its B in microbatch
-order), plus the pending weight-grad jobs W (oldest B first). The dependency rules are those
-of :mod:`pipeloom.core.ir`; ``comm`` is added on edges that cross devices.
+order), plus the pending weight-grad jobs W (oldest B first). The pass is :class:`GreedyPolicy`
+on the one list-scheduling loop (:func:`pipeloom.sim.listsched.run`): readiness (the rules of
+:mod:`pipeloom.core.rules`, ``comm`` added on edges that cross devices) and memory come from its
+board; the policy only chooses.
 
 A :class:`Policy` decides among the ready candidates:
 
@@ -186,7 +188,7 @@ def run_pass(prob: Problem, pol: Policy) -> PassResult | None:
     """One greedy pass; None if it deadlocks (memory full, nothing can run).
 
     Runs :func:`_run_pass_py` (the specification) or, when built, its C transcription in
-    ``_accel.c``, which gives the identical result (tests/schedule/test_accel.py).
+    ``_accel.c`` (on the compiled board), which gives the identical result (tests/schedule/test_accel.py).
     """
     if accelerated():
         return _run_pass_c(prob, pol)

@@ -7,9 +7,11 @@ takes per-chunk costs and memory, ``comm``, and any memory limit. It applies to 
 with exactly two chunks per device (local chunk 0 = global chunk ``d`` going down, local chunk 1
 = global chunk ``2pp-1-d`` coming back up); for any other shape :func:`candidates` yields nothing.
 
-Unlike the event-driven greedy of :mod:`._greedy`, jobs are *appended device by device in
+Unlike the event-driven greedy of :mod:`.greedy`, jobs are *appended device by device in
 rounds* and timed as they are appended (a job starts when its device is free and its
-dependencies, plus ``comm`` on cross-device edges, have ended):
+dependencies, plus ``comm`` on cross-device edges, have ended: :meth:`pipeloom.sim.listsched.Board.place`
+on the list-scheduling board, which reads the rules of :mod:`pipeloom.core.rules`; compiled in
+``_accel.c`` as ``lockstep_pass``):
 
 1. Warm-up, part 1: one forward of chunk 0 on every device; then, from the last device up,
    device ``d`` runs more chunk-0 forwards (each round also on every device above it) while
