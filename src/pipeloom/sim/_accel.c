@@ -7,6 +7,7 @@
  * lockstep_pass()  the lock-step pass of pipeloom.schedule.search.lockstep, on the compiled form of the
  *                  list-scheduling board of pipeloom.sim.listsched (board_ready / board_commit, reading
  *                  the rule tables that time_order reads); board_replay() exposes the board to the tests
+ * vblock_squeeze(), vblock_squeeze_w()  the two squeezes of the building blocks (schedule/search/vblock.py)
  *
  * run_pass() here is a line-by-line transcription of the greedy pass (greedy.GreedyPolicy on the
  * list-scheduling loop pipeloom.sim.listsched.run, the pure-Python reference, which stays the
@@ -1428,10 +1429,345 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- building-block squeezes
+ * The compiled form of the two squeezes of pipeloom.schedule.search.vblock (the Python functions stay the
+ * specification; tests/schedule/test_vblock_c.py holds both to identical slot tables):
+ *
+ * vblock_squeeze(pp, m, ntypes, T, dm, cap, jobs, deps, movable, warm) -> T'   (vblock._squeeze)
+ * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vblock._squeeze_implicit_w)
+ *   T: the slot table flattened, T[(d * ntypes + k) * m + j] (ntypes 6 or 4; 4 for squeeze_w); dm: per device
+ *   the memory change of its 6 types; jobs: the walk of vblock._unsteady_jobs as (t, d, k, j, cool) tuples,
+ *   in order; deps: per device and type (pp * 6) the (device, type) pairs of vblock._dep_table, flattened as
+ *   4 ints (d1, k1, d2, k2; -1 where absent); movable: the types that may move.
+ */
+static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssize_t pp, PyObject *o_jobs,
+                           PyObject *o_deps, long **T, double **dm, long **jobs, Py_ssize_t *njobs, long **deps) {
+    if (!(*T = as_longs(o_T, nT, "T")) || !(*dm = as_doubles(o_dm, 6 * pp, "dm")) ||
+        !(*deps = as_longs(o_deps, 4 * 6 * pp, "deps")))
+        return -1;
+    PyObject *fj = PySequence_Fast(o_jobs, "jobs");
+    if (!fj) return -1;
+    *njobs = PySequence_Fast_GET_SIZE(fj);
+    *jobs = malloc((size_t)(*njobs ? *njobs : 1) * 5 * sizeof(long));
+    if (!*jobs) {
+        Py_DECREF(fj);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *njobs; i++) {
+        long *x = *jobs + 5 * i;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fj, i), "lllll", x, x + 1, x + 2, x + 3, x + 4)) {
+            Py_DECREF(fj);
+            return -1;
+        }
+    }
+    Py_DECREF(fj);
+    return 0;
+}
+
+/* vblock._deps: the row's previous job and the jobs that complete the events the job needs */
+static inline long vb_dep(const long *T, long ntypes, long m, const long *deps, long d, long k, long j) {
+    long dep = j ? T[(d * ntypes + k) * m + j - 1] : -1;
+    const long *x = deps + 4 * (d * 6 + k);
+    for (int h = 0; h < 2; h++) {
+        if (x[2 * h] < 0) continue;
+        long v = T[(x[2 * h] * ntypes + x[2 * h + 1]) * m + j];
+        if (v > dep) dep = v;
+    }
+    return dep;
+}
+
+static PyObject *vb_result(const long *T, Py_ssize_t n) {
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(T[i]);
+        if (!v) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, v);
+    }
+    return l;
+}
+
+static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
+    (void)self;
+    long pp, m, ntypes;
+    double cap;
+    int warm;
+    PyObject *o_T, *o_dm, *o_jobs, *o_deps, *o_mov;
+    if (!PyArg_ParseTuple(args, "lllOOdOOOp", &pp, &m, &ntypes, &o_T, &o_dm, &cap, &o_jobs, &o_deps, &o_mov, &warm))
+        return NULL;
+    if (pp < 1 || m < 1 || (ntypes != 4 && ntypes != 6)) {
+        PyErr_SetString(PyExc_ValueError, "vblock_squeeze: pp, m >= 1 and ntypes 4 or 6");
+        return NULL;
+    }
+    const Py_ssize_t nT = pp * ntypes * m;
+    long *T = NULL, *jobs = NULL, *deps = NULL, *mov = NULL;
+    double *dm = NULL, *run = NULL, *delta = NULL;
+    unsigned char *occ = NULL;
+    Py_ssize_t njobs = 0;
+    PyObject *result = NULL;
+    if (vb_parse_common(o_T, nT, o_dm, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
+    if (!(mov = as_longs(o_mov, ntypes, "movable"))) goto done;
+    long horizon = 0;
+    for (Py_ssize_t i = 0; i < nT; i++) {
+        if (T[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "vblock_squeeze: negative slot");
+            goto done;
+        }
+        if (T[i] > horizon) horizon = T[i];
+    }
+    horizon += 2;
+    for (Py_ssize_t i = 0; i < njobs; i++) {
+        long *x = jobs + 5 * i;
+        if (x[1] < 0 || x[1] >= pp || x[2] < 0 || x[2] >= ntypes || x[3] < 0 || x[3] >= m) {
+            PyErr_SetString(PyExc_ValueError, "vblock_squeeze: job out of range");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < 4 * 6 * pp; i += 2)
+        if (deps[i] >= pp || (deps[i] >= 0 && (deps[i + 1] < 0 || deps[i + 1] >= 4))) {
+            PyErr_SetString(PyExc_ValueError, "vblock_squeeze: dependency out of range");
+            goto done;
+        }
+    occ = calloc((size_t)pp * horizon, 1);
+    run = malloc((size_t)pp * horizon * sizeof(double));
+    delta = malloc((size_t)(horizon + 1) * sizeof(double));
+    if (!occ || !run || !delta) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the memory a device holds at each slot (W counted where it runs with 6 types, right after its B with 4) */
+    for (long d = 0; d < pp; d++) {
+        for (long t = 0; t <= horizon; t++) delta[t] = 0.0;
+        for (long k = 0; k < ntypes; k++) {
+            double x = ntypes == 6 || k < 2 ? dm[d * 6 + k] : dm[d * 6 + k] + dm[d * 6 + (k == 2 ? 4 : 5)];
+            for (long j = 0; j < m; j++) {
+                long t = T[(d * ntypes + k) * m + j];
+                occ[d * horizon + t] = 1;
+                delta[t] += x;
+            }
+        }
+        double cur = 0.0;
+        for (long t = 0; t < horizon; t++) {
+            cur += delta[t];
+            run[d * horizon + t] = cur;
+        }
+    }
+    const double lim = cap + 1e-9;
+    for (Py_ssize_t i = 0; i < njobs; i++) {
+        const long *x = jobs + 5 * i;
+        long t = x[0], d = x[1], k = x[2], j = x[3], cool = x[4];
+        if (!mov[k] || !(warm || cool)) continue;
+        if (t < 0 || t >= horizon) continue;
+        long dep = vb_dep(T, ntypes, m, deps, d, k, j);
+        double xm = ntypes == 6 || k < 2 ? dm[d * 6 + k] : dm[d * 6 + k] + dm[d * 6 + (k == 2 ? 4 : 5)];
+        unsigned char *o = occ + d * horizon;
+        double *r = run + d * horizon;
+        for (long s = dep + 1 < 0 ? 0 : dep + 1; s < t; s++) {
+            if (o[s]) continue;
+            if (xm > 0) {
+                double mx = r[s];
+                for (long u = s + 1; u < t; u++)
+                    if (r[u] > mx) mx = r[u];
+                if (mx + xm > lim) continue;
+            }
+            o[t] = 0;
+            o[s] = 1;
+            for (long u = s; u < t; u++) r[u] += xm;
+            T[(d * ntypes + k) * m + j] = s;
+            break;
+        }
+    }
+    result = vb_result(T, nT);
+done:
+    free(T); free(jobs); free(deps); free(mov); free(dm); free(run); free(delta); free(occ);
+    return result;
+}
+
+/* vblock._w_states over one row: after each slot the chunk-1 and chunk-0 W still due and the level; the peak */
+static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv) {
+    long due1 = 0, due0 = 0;
+    double cur = 0.0, pk = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long k = row[i];
+        if (k < 0) {
+            if (due1) {
+                due1 -= 1;
+                cur += dm[4];
+            } else if (due0) {
+                due0 -= 1;
+                cur += dm[5];
+            }
+        } else {
+            cur += dm[k];
+            if (k == 2)
+                due1 += 1;
+            else if (k == 3)
+                due0 += 1;
+            if (cur > pk) pk = cur;
+        }
+        s1[i] = due1, s0[i] = due0, lv[i] = cur;
+    }
+    return pk;
+}
+
+/* vblock._peak_implicit_w */
+static double vb_peak(const long *row, Py_ssize_t n, const double *dm) {
+    long due1 = 0, due0 = 0;
+    double cur = 0.0, pk = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long k = row[i];
+        if (k < 0) {
+            if (due1) {
+                due1 -= 1;
+                cur += dm[4];
+            } else if (due0) {
+                due0 -= 1;
+                cur += dm[5];
+            }
+            continue;
+        }
+        cur += dm[k];
+        if (k == 2)
+            due1 += 1;
+        else if (k == 3)
+            due0 += 1;
+        if (cur > pk) pk = cur;
+    }
+    return pk;
+}
+
+/* vblock._move_fits */
+static int vb_move_fits(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv, long s,
+                        long t, double cap, int update) {
+    long due1 = 0, due0 = 0;
+    double cur = 0.0;
+    if (s) due1 = s1[s - 1], due0 = s0[s - 1], cur = lv[s - 1];
+    for (Py_ssize_t i = s; i < n; i++) {
+        long k = row[i];
+        if (k < 0) {
+            if (due1) {
+                due1 -= 1;
+                cur += dm[4];
+            } else if (due0) {
+                due0 -= 1;
+                cur += dm[5];
+            }
+        } else {
+            cur += dm[k];
+            if (k == 2)
+                due1 += 1;
+            else if (k == 3)
+                due0 += 1;
+            if (cur > cap + 1e-9 && !update) return 0;
+        }
+        if (i > t && due1 == s1[i] && due0 == s0[i] && fabs(cur - lv[i]) <= 1e-12) return 1;
+        if (update) s1[i] = due1, s0[i] = due0, lv[i] = cur;
+    }
+    return 1;
+}
+
+static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
+    (void)self;
+    long pp, m;
+    double cap;
+    PyObject *o_T, *o_dm, *o_jobs, *o_deps;
+    if (!PyArg_ParseTuple(args, "llOOdOO", &pp, &m, &o_T, &o_dm, &cap, &o_jobs, &o_deps)) return NULL;
+    if (pp < 1 || m < 1) {
+        PyErr_SetString(PyExc_ValueError, "vblock_squeeze_w: pp and m must be >= 1");
+        return NULL;
+    }
+    const long ntypes = 4;
+    const Py_ssize_t nT = pp * ntypes * m;
+    long *T = NULL, *jobs = NULL, *deps = NULL, *rows = NULL, *s1 = NULL, *s0 = NULL;
+    double *dm = NULL, *lv = NULL, *pk = NULL;
+    unsigned char *fast = NULL;
+    Py_ssize_t njobs = 0;
+    PyObject *result = NULL;
+    if (vb_parse_common(o_T, nT, o_dm, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
+    long horizon = 0;
+    for (Py_ssize_t i = 0; i < nT; i++) {
+        if (T[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "vblock_squeeze_w: negative slot");
+            goto done;
+        }
+        if (T[i] > horizon) horizon = T[i];
+    }
+    horizon += 1;
+    for (Py_ssize_t i = 0; i < njobs; i++) {
+        long *x = jobs + 5 * i;
+        if (x[1] < 0 || x[1] >= pp || x[2] < 0 || x[2] >= ntypes || x[3] < 0 || x[3] >= m || x[0] < 0 ||
+            x[0] >= horizon) {
+            PyErr_SetString(PyExc_ValueError, "vblock_squeeze_w: job out of range");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < 4 * 6 * pp; i += 2)
+        if (deps[i] >= pp || (deps[i] >= 0 && (deps[i + 1] < 0 || deps[i + 1] >= 4))) {
+            PyErr_SetString(PyExc_ValueError, "vblock_squeeze_w: dependency out of range");
+            goto done;
+        }
+    const Py_ssize_t n = horizon + 2 * m + 2; /* room for the W tail */
+    rows = malloc((size_t)pp * n * sizeof(long));
+    s1 = malloc((size_t)pp * n * sizeof(long));
+    s0 = malloc((size_t)pp * n * sizeof(long));
+    lv = malloc((size_t)pp * n * sizeof(double));
+    pk = malloc((size_t)pp * sizeof(double));
+    fast = malloc((size_t)pp);
+    if (!rows || !s1 || !s0 || !lv || !pk || !fast) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < pp * n; i++) rows[i] = -1;
+    for (long d = 0; d < pp; d++)
+        for (long k = 0; k < 4; k++)
+            for (long j = 0; j < m; j++) rows[d * n + T[(d * 4 + k) * m + j]] = k;
+    const double lim = cap + 1e-9;
+    for (long d = 0; d < pp; d++) {
+        pk[d] = vb_w_states(rows + d * n, n, dm + 6 * d, s1 + d * n, s0 + d * n, lv + d * n);
+        fast[d] = pk[d] <= lim;
+    }
+    for (Py_ssize_t i = 0; i < njobs; i++) {
+        const long *x = jobs + 5 * i;
+        long t = x[0], d = x[1], k = x[2], j = x[3];
+        if (!x[4]) continue;
+        long dep = vb_dep(T, ntypes, m, deps, d, k, j);
+        long *row = rows + d * n;
+        const double *dmd = dm + 6 * d;
+        for (long s = dep + 1 < 0 ? 0 : dep + 1; s < t; s++) {
+            if (row[s] >= 0) continue;
+            row[s] = k, row[t] = -1;
+            int ok = fast[d] ? vb_move_fits(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n, s, t, cap, 0)
+                             : vb_peak(row, n, dmd) <= lim;
+            if (ok) {
+                T[(d * 4 + k) * m + j] = s;
+                if (fast[d]) {
+                    vb_move_fits(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n, s, t, cap, 1);
+                } else {
+                    pk[d] = vb_w_states(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n);
+                    fast[d] = pk[d] <= lim;
+                }
+                break;
+            }
+            row[s] = -1, row[t] = k;
+        }
+    }
+    result = vb_result(T, nT);
+done:
+    free(T); free(jobs); free(deps); free(rows); free(s1); free(s0); free(dm); free(lv); free(pk); free(fast);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"run_pass", run_pass, METH_VARARGS, "One greedy pass (see pipeloom.schedule.search.greedy)."},
     {"proven_valid", proven_valid, METH_VARARGS, "The validator's witness check (see pipeloom.schedule.validate)."},
     {"time_order", time_order, METH_VARARGS, "Time a fixed per-device order (see pipeloom.sim.kernel)."},
+    {"vblock_squeeze", vblock_squeeze, METH_VARARGS, "vblock._squeeze, compiled (see pipeloom.schedule.search.vblock)."},
+    {"vblock_squeeze_w", vblock_squeeze_w, METH_VARARGS,
+     "vblock._squeeze_implicit_w, compiled (see pipeloom.schedule.search.vblock)."},
     {"board_replay", board_replay, METH_VARARGS, "Place jobs in a given order on the compiled board (for tests)."},
     {"lockstep_pass", lockstep_pass, METH_VARARGS,
      "One lock-step pass on the list-scheduling board (see pipeloom.schedule.search.lockstep)."},

@@ -35,6 +35,7 @@ from typing import Iterator
 from ...core import rules
 from ...core.ir import Job, Kind, Placement
 from ...sim import kernel
+from .accel import accelerated, ext
 
 PERIOD = 6
 _new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper (393k jobs at pp 128)
@@ -239,7 +240,41 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable, warm=True):
     dependencies where the device's running memory stays within ``cap`` (in place).
 
     Without W jobs (``ntypes`` 4) memory is counted as if W ran right after its B, so only moves
-    that never raise memory (B) are made then."""
+    that never raise memory (B) are made then. Runs :func:`_squeeze_py` (the specification) or its
+    compiled form ``vblock_squeeze`` in ``_accel.c`` (the same slots: tests/schedule/test_vblock_c.py)."""
+    if accelerated():
+        out = ext.vblock_squeeze(pp, m, ntypes, _flat(T, ntypes), [x for row in dm for x in row], float(cap),
+                                 list(_unsteady_jobs(T, pp, ntypes, m)), _dep_flat(pp),
+                                 [int(k in movable) for k in range(ntypes)], bool(warm))
+        _unflat(T, out, pp, ntypes, m)
+        return
+    _squeeze_py(pp, m, T, dm, cap, ntypes, movable, warm)
+
+
+def _flat(T, ntypes: int) -> list[int]:
+    return [x for rows in T for row in rows[:ntypes] for x in row]
+
+
+def _unflat(T, flat: list[int], pp: int, ntypes: int, m: int) -> None:
+    for d in range(pp):
+        for k in range(ntypes):
+            at = (d * ntypes + k) * m
+            T[d][k][:] = flat[at:at + m]
+
+
+@lru_cache(maxsize=64)
+def _dep_flat(pp: int) -> tuple[int, ...]:
+    """:func:`_dep_table` as the compiled squeezes read it: per device and type two (device, type) pairs, -1 padded."""
+    out: list[int] = []
+    for row in _dep_table(pp):
+        for pairs in row:
+            flat = [x for pair in pairs for x in pair]
+            out += flat + [-1] * (4 - len(flat))
+    return tuple(out)
+
+
+def _squeeze_py(pp, m, T, dm, cap, ntypes, movable, warm=True):
+    """:func:`_squeeze` in Python."""
     horizon = max(T[d][k][m - 1] for d in range(pp) for k in range(ntypes)) + 2
     occ = [bytearray(horizon) for _ in range(pp)]
     run = [[0.0] * horizon for _ in range(pp)]
@@ -382,7 +417,18 @@ def _peak_implicit_w(row, dm) -> float:
 
 def _squeeze_implicit_w(pp, m, T, dm, cap):
     """Second squeeze (cool-down only, F and B, no W jobs): a move is kept when the device's peak, with W
-    in the free slots, stays within ``cap`` (in place)."""
+    in the free slots, stays within ``cap`` (in place). Runs :func:`_squeeze_implicit_w_py` (the
+    specification) or its compiled form ``vblock_squeeze_w`` in ``_accel.c``."""
+    if accelerated():
+        out = ext.vblock_squeeze_w(pp, m, _flat(T, 4), [x for row in dm for x in row], float(cap),
+                                   list(_unsteady_jobs(T, pp, 4, m)), _dep_flat(pp))
+        _unflat(T, out, pp, 4, m)
+        return
+    _squeeze_implicit_w_py(pp, m, T, dm, cap)
+
+
+def _squeeze_implicit_w_py(pp, m, T, dm, cap):
+    """:func:`_squeeze_implicit_w` in Python."""
     horizon = max(T[d][k][m - 1] for d in range(pp) for k in range(4)) + 1
     rows = []
     for d in range(pp):
