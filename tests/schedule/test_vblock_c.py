@@ -1,5 +1,5 @@
 """The compiled squeezes of the building blocks (vblock_squeeze, vblock_squeeze_w in _accel.c) are
-transcriptions of vblock._squeeze_py and vblock._squeeze_implicit_w_py: identical slot tables, hence
+transcriptions of vsqueeze._squeeze_py and vsqueeze._squeeze_implicit_w_py: identical slot tables, hence
 identical job lists."""
 import copy
 
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from pipeloom.core.costs import Costs, MemModel
 from pipeloom.core.ir import Placement
-from pipeloom.schedule.search import greedy as g, vblock
+from pipeloom.schedule.search import greedy as g, vblock, vsqueeze
 
-pytestmark = pytest.mark.skipif(vblock.ext is None, reason="C extension not built")
+pytestmark = pytest.mark.skipif(vsqueeze.ext is None, reason="C extension not built")
 
 
 def _tables(prob, blk):
@@ -50,16 +50,16 @@ def test_compiled_squeezes_equal_the_python_ones(case):
     pp, m = prob.pp, prob.m
     T, dm = _tables(prob, blk)
     want, got = copy.deepcopy(T), copy.deepcopy(T)
-    vblock._squeeze_py(pp, m, want, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
-    vblock._squeeze(pp, m, got, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
+    vsqueeze._squeeze_py(pp, m, want, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
+    vsqueeze._squeeze(pp, m, got, dm, cap, 6, movable=(0, 1, 2, 3, 4, 5))
     assert got == want
     want4, got4 = [row[:4] for row in want], [row[:4] for row in copy.deepcopy(want)]
     b_py, b_c = copy.deepcopy(want4), copy.deepcopy(want4)
-    vblock._squeeze_py(pp, m, b_py, dm, cap, 4, movable=(2, 3), warm=False)
-    vblock._squeeze(pp, m, b_c, dm, cap, 4, movable=(2, 3), warm=False)
+    vsqueeze._squeeze_py(pp, m, b_py, dm, cap, 4, movable=(2, 3), warm=False)
+    vsqueeze._squeeze(pp, m, b_c, dm, cap, 4, movable=(2, 3), warm=False)
     assert b_c == b_py
-    vblock._squeeze_implicit_w_py(pp, m, want4, dm, cap)
-    vblock._squeeze_implicit_w(pp, m, got4, dm, cap)
+    vsqueeze._squeeze_implicit_w_py(pp, m, want4, dm, cap)
+    vsqueeze._squeeze_implicit_w(pp, m, got4, dm, cap)
     assert got4 == want4
 
 
@@ -69,9 +69,9 @@ def test_the_squeezes_move_jobs():
     blk = next(vblock.blocks(6))
     T, dm = _tables(prob, blk)
     before = copy.deepcopy(T)
-    vblock._squeeze(6, 24, T, dm, 4.0, 6, movable=(0, 1, 2, 3, 4, 5))
+    vsqueeze._squeeze(6, 24, T, dm, 4.0, 6, movable=(0, 1, 2, 3, 4, 5))
     assert T != before
     T4 = [row[:4] for row in T]
     before4 = copy.deepcopy(T4)
-    vblock._squeeze_implicit_w(6, 24, T4, dm, 4.0)
+    vsqueeze._squeeze_implicit_w(6, 24, T4, dm, 4.0)
     assert T4 != before4

@@ -7,7 +7,7 @@
  * lockstep_pass()  the lock-step pass of pipeloom.schedule.search.lockstep, on the compiled form of the
  *                  list-scheduling board of pipeloom.sim.listsched (board_ready / board_commit, reading
  *                  the rule tables that time_order reads); board_replay() exposes the board to the tests
- * vblock_squeeze(), vblock_squeeze_w()  the two squeezes of the building blocks (schedule/search/vblock.py)
+ * vblock_squeeze(), vblock_squeeze_w()  the two squeezes of the building blocks (schedule/search/vsqueeze.py)
  *
  * run_pass() here is a line-by-line transcription of the greedy pass (greedy.GreedyPolicy on the
  * list-scheduling loop pipeloom.sim.listsched.run, the pure-Python reference, which stays the
@@ -243,9 +243,15 @@ fail:
 typedef struct {
     RuleTab rt;
     Py_ssize_t pp, nc, m, mnc, per_dev;
+    Py_ssize_t evs; /* the stride between the events' sections of done: m * nc and a few cache lines, so that
+                       the same (mb, chunk) of two events does not fall on one cache set */
     double *dur, *dmem, *done, *free_t, *mem, *peak;
     long *dev, *cnt, *jmb, *jc;
     long *schunk; /* per slot: its chunk (slot % nc, looked up: no division in the hot loops) */
+    Py_ssize_t *nkey, *pkey; /* per need / produced event of a slot: its place in done, less mb * nc */
+    Py_ssize_t *pbeg; /* the produced events some job needs (the only ones written): pkey[pbeg[s] .. pbeg[s+1]-1] */
+    Py_ssize_t *k01; /* per slot: nkey of its first two needs (the common case read without the CSR loop) */
+    double *c01;     /* per slot: their comm */
     unsigned char *jk, *skind; /* skind per slot: its kind index (slot / nc) */
 } Board;
 
@@ -253,13 +259,14 @@ static void board_free(Board *b) {
     rules_free(&b->rt);
     free(b->dur); free(b->dmem); free(b->done); free(b->free_t); free(b->mem); free(b->peak);
     free(b->dev); free(b->cnt); free(b->jmb); free(b->jc); free(b->jk); free(b->schunk); free(b->skind);
+    free(b->nkey); free(b->pkey); free(b->pbeg); free(b->k01); free(b->c01);
 }
 
 /* 0, or -1 with an exception set (call board_free either way) */
 static int board_init(Board *b, Py_ssize_t pp, Py_ssize_t nc, Py_ssize_t m, Py_ssize_t per_dev, PyObject *o_needs,
                       PyObject *o_prod, PyObject *o_dur, PyObject *o_dmem, PyObject *o_dev) {
     memset(b, 0, sizeof(*b));
-    b->pp = pp, b->nc = nc, b->m = m, b->mnc = m * nc, b->per_dev = per_dev;
+    b->pp = pp, b->nc = nc, b->m = m, b->mnc = m * nc, b->per_dev = per_dev, b->evs = m * nc + 40;
     const Py_ssize_t nslot = 4 * nc;
     if (rules_parse(o_needs, o_prod, nslot, &b->rt) < 0) return -1;
     if (!(b->dur = as_doubles(o_dur, nslot, "durations")) || !(b->dmem = as_doubles(o_dmem, nslot, "memory deltas")) ||
@@ -274,7 +281,7 @@ static int board_init(Board *b, Py_ssize_t pp, Py_ssize_t nc, Py_ssize_t m, Py_s
             }
         }
     }
-    b->done = malloc((size_t)(3 * b->mnc) * sizeof(double));
+    b->done = malloc((size_t)(3 * b->evs) * sizeof(double));
     b->free_t = calloc((size_t)pp, sizeof(double));
     b->mem = calloc((size_t)pp, sizeof(double));
     b->peak = calloc((size_t)pp, sizeof(double));
@@ -293,16 +300,63 @@ static int board_init(Board *b, Py_ssize_t pp, Py_ssize_t nc, Py_ssize_t m, Py_s
         b->schunk[s] = (long)(s % nc);
         b->skind[s] = (unsigned char)(s / nc);
     }
-    for (Py_ssize_t q = 0; q < 3 * b->mnc; q++) b->done[q] = -1.0;
+    b->nkey = malloc((size_t)(b->rt.nstart[nslot] + 1) * sizeof(Py_ssize_t));
+    b->pkey = malloc((size_t)(b->rt.pstart[nslot] + 1) * sizeof(Py_ssize_t));
+    b->pbeg = malloc((size_t)(nslot + 1) * sizeof(Py_ssize_t));
+    b->k01 = calloc((size_t)nslot * 2, sizeof(Py_ssize_t));
+    b->c01 = calloc((size_t)nslot * 2, sizeof(double));
+    if (!b->nkey || !b->pkey || !b->pbeg || !b->k01 || !b->c01) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int needed[3] = {0, 0, 0}; /* an event no job needs (WGRAD) is not recorded: nothing reads it */
+    for (Py_ssize_t q = 0; q < b->rt.nstart[nslot]; q++) needed[b->rt.nev[q]] = 1;
+    Py_ssize_t np = 0;
+    for (Py_ssize_t s = 0; s < nslot; s++) {
+        for (Py_ssize_t q = b->rt.nstart[s]; q < b->rt.nstart[s + 1]; q++)
+            b->nkey[q] = b->rt.nev[q] * b->evs + (s % nc + b->rt.noff[q]) * m;
+        b->pbeg[s] = np;
+        for (Py_ssize_t q = b->rt.pstart[s]; q < b->rt.pstart[s + 1]; q++)
+            if (needed[b->rt.pev[q]]) b->pkey[np++] = b->rt.pev[q] * b->evs + (s % nc) * m;
+    }
+    b->pbeg[nslot] = np;
+    for (Py_ssize_t s = 0; s < nslot; s++)
+        for (Py_ssize_t q = b->rt.nstart[s], h = 0; q < b->rt.nstart[s + 1] && h < 2; q++, h++) {
+            b->k01[2 * s + h] = b->nkey[q];
+            b->c01[2 * s + h] = b->rt.ncm[q];
+        }
+    for (Py_ssize_t q = 0; q < 3 * b->evs; q++) b->done[q] = -1.0;
     return 0;
+}
+
+/* when event ev of (mb, c) happened, -1.0 while it has not (Board.done; here chunk-major, ev * mnc + c * m + mb:
+   a device runs a chunk's microbatches in turn, so its reads and writes stay close in memory) */
+static inline double board_event(const Board *b, long ev, long mb, long c) {
+    return b->done[ev * b->evs + (Py_ssize_t)c * b->m + mb];
 }
 
 /* Board.ready: when the inputs of job `slot` of `mb` are on its device; -1.0 while one is missing */
 static inline double board_ready(const Board *b, long slot, long mb) {
-    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + b->schunk[slot];
+    const Py_ssize_t at = mb;
+    const Py_ssize_t q0 = b->rt.nstart[slot], q1 = b->rt.nstart[slot + 1];
     double r = 0.0;
-    for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
-        double e = b->done[b->rt.nev[q] * b->mnc + at + b->rt.noff[q]];
+    if (q1 - q0 == 2) { /* the operations of the loop below (both loads issued at once) */
+        double e0 = b->done[b->k01[2 * slot] + at], e1 = b->done[b->k01[2 * slot + 1] + at];
+        if (e0 < 0 || e1 < 0) return -1.0;
+        e0 += b->c01[2 * slot];
+        if (e0 > r) r = e0;
+        e1 += b->c01[2 * slot + 1];
+        if (e1 > r) r = e1;
+        return r;
+    }
+    if (q1 - q0 == 1) {
+        double e0 = b->done[b->k01[2 * slot] + at];
+        if (e0 < 0) return -1.0;
+        e0 += b->c01[2 * slot];
+        return e0 > r ? e0 : r;
+    }
+    for (Py_ssize_t q = q0; q < q1; q++) {
+        double e = b->done[b->nkey[q] + at];
         if (e < 0) return -1.0;
         e += b->rt.ncm[q];
         if (e > r) r = e;
@@ -316,7 +370,7 @@ static inline int board_arrival(const Board *b, long slot, long mb, double *out)
     for (Py_ssize_t q = b->rt.nstart[slot]; q < b->rt.nstart[slot + 1]; q++) {
         long off = b->rt.noff[q];
         if (off && b->dev[c + off] != b->dev[c]) {
-            double e = b->done[b->rt.nev[q] * b->mnc + (Py_ssize_t)mb * b->nc + c + off];
+            double e = board_event(b, b->rt.nev[q], mb, c + off);
             if (e < 0) return 0;
             *out = e + b->rt.ncm[q];
             return 1;
@@ -329,8 +383,8 @@ static inline int board_arrival(const Board *b, long slot, long mb, double *out)
 static inline double board_commit(Board *b, long d, long slot, long mb, double start) {
     const long c = b->schunk[slot];
     double e = start + b->dur[slot];
-    const Py_ssize_t at = (Py_ssize_t)mb * b->nc + c;
-    for (Py_ssize_t q = b->rt.pstart[slot]; q < b->rt.pstart[slot + 1]; q++) b->done[b->rt.pev[q] * b->mnc + at] = e;
+    const Py_ssize_t at = mb;
+    for (Py_ssize_t q = b->pbeg[slot]; q < b->pbeg[slot + 1]; q++) b->done[b->pkey[q] + at] = e;
     double md = b->mem[d] + b->dmem[slot];
     b->mem[d] = md;
     if (md > b->peak[d]) b->peak[d] = md;
@@ -1269,9 +1323,7 @@ static int ls_fill(LS *s, long d, int slot, int extra) {
 
 static int ls_run(LS *s, int fill_b, int fill_f, long *firsts, long *seconds) {
     const long pp = s->pp, m = s->m, nc = s->nc;
-    const Py_ssize_t mnc = s->b.mnc;
-    const double *done = s->b.done, *dur = s->b.dur, *a_unused = NULL;
-    (void)a_unused;
+    const double *dur = s->b.dur;
     long *cnt = s->cnt4;
     int rc;
 #define LS_TRY(x) do { if ((rc = (x))) return rc; } while (0)
@@ -1310,7 +1362,7 @@ static int ls_run(LS *s, int fill_b, int fill_f, long *firsts, long *seconds) {
         for (long d = 0; d < pp; d++) {
             if (cnt[d * 4 + 3] >= cnt[d * 4 + 2])
                 seconds[ns++] = d;
-            else if (d == pp - 1 || cnt[d * 4 + 2] >= m || done[1 * mnc + cnt[d * 4 + 3] * nc + (d + 1)] >= 0)
+            else if (d == pp - 1 || cnt[d * 4 + 2] >= m || board_event(&s->b, 1, cnt[d * 4 + 3], d + 1) >= 0)
                 firsts[nf++] = d;
             else
                 seconds[ns++] = d;
@@ -1332,9 +1384,9 @@ static int ls_run(LS *s, int fill_b, int fill_f, long *firsts, long *seconds) {
             int slot = -1;
             if (cnt[d * 4 + 1] >= cnt[d * 4])
                 slot = 0;
-            else if (d == pp - 1 || done[0 * mnc + cnt[d * 4 + 1] * nc + (nc - 2 - d)] >= 0)
+            else if (d == pp - 1 || board_event(&s->b, 0, cnt[d * 4 + 1], nc - 2 - d) >= 0)
                 slot = 1;
-            else if (cnt[d * 4] < m && (d == 0 || done[0 * mnc + cnt[d * 4] * nc + (d - 1)] >= 0))
+            else if (cnt[d * 4] < m && (d == 0 || board_event(&s->b, 0, cnt[d * 4], d - 1) >= 0))
                 slot = 0;
             if (slot < 0) continue;
             long js = s->slot_of[d * 4 + slot];
@@ -1430,14 +1482,14 @@ done:
 }
 
 /* ---------------------------------------------------------------- building-block squeezes
- * The compiled form of the two squeezes of pipeloom.schedule.search.vblock (the Python functions stay the
+ * The compiled form of the two squeezes of pipeloom.schedule.search.vsqueeze (the Python functions stay the
  * specification; tests/schedule/test_vblock_c.py holds both to identical slot tables):
  *
- * vblock_squeeze(pp, m, ntypes, T, dm, cap, jobs, deps, movable, warm) -> T'   (vblock._squeeze)
- * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vblock._squeeze_implicit_w)
+ * vblock_squeeze(pp, m, ntypes, T, dm, cap, jobs, deps, movable, warm) -> T'   (vsqueeze._squeeze)
+ * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vsqueeze._squeeze_implicit_w)
  *   T: the slot table flattened, T[(d * ntypes + k) * m + j] (ntypes 6 or 4; 4 for squeeze_w); dm: per device
- *   the memory change of its 6 types; jobs: the walk of vblock._unsteady_jobs as (t, d, k, j, cool) tuples,
- *   in order; deps: per device and type (pp * 6) the (device, type) pairs of vblock._dep_table, flattened as
+ *   the memory change of its 6 types; jobs: the walk of vsqueeze._unsteady_jobs as (t, d, k, j, cool) tuples,
+ *   in order; deps: per device and type (pp * 6) the (device, type) pairs of vsqueeze._dep_table, flattened as
  *   4 ints (d1, k1, d2, k2; -1 where absent); movable: the types that may move.
  */
 static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssize_t pp, PyObject *o_jobs,
@@ -1465,7 +1517,7 @@ static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssiz
     return 0;
 }
 
-/* vblock._deps: the row's previous job and the jobs that complete the events the job needs */
+/* vsqueeze._deps: the row's previous job and the jobs that complete the events the job needs */
 static inline long vb_dep(const long *T, long ntypes, long m, const long *deps, long d, long k, long j) {
     long dep = j ? T[(d * ntypes + k) * m + j - 1] : -1;
     const long *x = deps + 4 * (d * 6 + k);
@@ -1587,7 +1639,7 @@ done:
     return result;
 }
 
-/* vblock._w_states over one row: after each slot the chunk-1 and chunk-0 W still due and the level; the peak */
+/* vsqueeze._w_states over one row: after each slot the chunk-1 and chunk-0 W still due and the level; the peak */
 static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv) {
     long due1 = 0, due0 = 0;
     double cur = 0.0, pk = 0.0;
@@ -1614,7 +1666,7 @@ static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long 
     return pk;
 }
 
-/* vblock._peak_implicit_w */
+/* vsqueeze._peak_implicit_w */
 static double vb_peak(const long *row, Py_ssize_t n, const double *dm) {
     long due1 = 0, due0 = 0;
     double cur = 0.0, pk = 0.0;
@@ -1640,7 +1692,7 @@ static double vb_peak(const long *row, Py_ssize_t n, const double *dm) {
     return pk;
 }
 
-/* vblock._move_fits */
+/* vsqueeze._move_fits */
 static int vb_move_fits(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv, long s,
                         long t, double cap, int update) {
     long due1 = 0, due0 = 0;
@@ -1765,9 +1817,9 @@ static PyMethodDef methods[] = {
     {"run_pass", run_pass, METH_VARARGS, "One greedy pass (see pipeloom.schedule.search.greedy)."},
     {"proven_valid", proven_valid, METH_VARARGS, "The validator's witness check (see pipeloom.schedule.validate)."},
     {"time_order", time_order, METH_VARARGS, "Time a fixed per-device order (see pipeloom.sim.kernel)."},
-    {"vblock_squeeze", vblock_squeeze, METH_VARARGS, "vblock._squeeze, compiled (see pipeloom.schedule.search.vblock)."},
+    {"vblock_squeeze", vblock_squeeze, METH_VARARGS, "vsqueeze._squeeze, compiled (see pipeloom.schedule.search.vsqueeze)."},
     {"vblock_squeeze_w", vblock_squeeze_w, METH_VARARGS,
-     "vblock._squeeze_implicit_w, compiled (see pipeloom.schedule.search.vblock)."},
+     "vsqueeze._squeeze_implicit_w, compiled (see pipeloom.schedule.search.vsqueeze)."},
     {"board_replay", board_replay, METH_VARARGS, "Place jobs in a given order on the compiled board (for tests)."},
     {"lockstep_pass", lockstep_pass, METH_VARARGS,
      "One lock-step pass on the list-scheduling board (see pipeloom.schedule.search.lockstep)."},

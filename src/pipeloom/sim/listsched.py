@@ -92,7 +92,7 @@ class Board:
     @classmethod
     def for_problem(cls, prob) -> "Board":
         """An empty board for a :class:`pipeloom.schedule.search.greedy.Problem` (its tables, durations, memory)."""
-        return cls(prob.pp, prob.m, prob.tables, prob.dur_table, mem_table(prob.nc, prob.a, prob.b))
+        return cls(prob.pp, prob.m, prob.tables, prob.dur_table, prob.mem_tab)
 
     @classmethod
     def make(cls, pp: int, m: int, tables: Rules, dF, dB, dW, a, b) -> "Board":

@@ -106,7 +106,7 @@ def _one_pass(prob, fill_b: bool, fill_f: bool, approved: list[float] | None):
     if accelerated():
         out = ext.lockstep_pass((prob.pp, prob.m, prob.limit + _EPS, _EPS, bool(fill_b), bool(fill_f)),
                                 prob.tables.needs, prob.tables.produces, prob.dur_table,
-                                listsched.mem_table(prob.nc, prob.a, prob.b), prob.tables.dev, prob.a,
+                                prob.mem_tab, prob.tables.dev, prob.a,
                                 None if approved is None else list(approved), Job, kernel.KINDS)
         if out is None:
             raise _Broken
