@@ -5,7 +5,6 @@ from hypothesis import strategies as st
 
 from pipeloom import MemModel
 from pipeloom.schedule.search import greedy as g, portfolio
-from pipeloom.sim import kernel, listsched
 from pipeloom.core.ir import Placement
 from strategies import draw_costs
 
@@ -61,19 +60,12 @@ def test_pure_python_switch(monkeypatch):
 
 def test_bad_arguments_raise_not_crash():
     prob = g.make_problem(2, 2, 2, Placement.V, g.Costs(), MemModel(), None)
-    hand = listsched.handoff_table(prob.tables)
-    tables = [prob.tables.needs, prob.tables.produces, prob.dur_table, listsched.mem_table(prob.nc, prob.a, prob.b),
-              prob.dev, [h[0] if h else 0 for h in hand], [h[1] if h else 0.0 for h in hand]]
-
-    def call(tabs):
-        return g._accel.run_pass((2, 2, 2, 9.0, 1e-9), tuple(tabs),
-                                 ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
-                                 (False, True, False, 0.0, False, -1), g.Job, kernel.KINDS)
-
-    assert call(tables) is not None
-    with pytest.raises(ValueError):  # a duration table of the wrong length
-        call([tables[0], tables[1], (1.0,)] + tables[3:])
+    with pytest.raises(ValueError):
+        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), ((1.0,),) * 8 + ((0, 1, 1, 0),),
+                             ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
+                             (False, True, False, 0.0, False, -1), g.Job, g._KINDS)
     with pytest.raises(ValueError):  # chunk index out of range
-        call(tables[:4] + [(0, 1, 1, 7)] + tables[5:])
-    with pytest.raises(ValueError):  # a handoff outside the chunks
-        call(tables[:5] + [[5] * 16, tables[6]])
+        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF,
+                                                    prob.mB, prob.mW, (0, 1, 1, 7)),
+                             ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
+                             (False, True, False, 0.0, False, -1), g.Job, g._KINDS)

@@ -11,8 +11,9 @@
  *
  * run_pass() here is a line-by-line transcription of the greedy pass (greedy.GreedyPolicy on the
  * list-scheduling loop pipeloom.sim.listsched.run, the pure-Python reference, which stays the
- * specification); it keeps its own per-chunk copy of readiness (F ends, B ends, comm per edge), which
- * tests/schedule/test_accel.py and tests/sim/test_listsched.py hold against the board: the same decisions, the
+ * specification); it keeps its own per-chunk copy of readiness (F ends, B ends, comm per edge; see
+ * run_pass below), which tests/schedule/test_accel.py and tests/sim/test_listsched.py hold against the
+ * board: the same decisions, the
  * same floating-point operations in the same order (built with -ffp-contract=off), and the
  * same event order (a min-heap of (time, device) pairs with stale entries skipped, as heapq).
  * tests/test_accel.py checks that both give identical job lists, orders, clocks and peaks.
@@ -442,36 +443,41 @@ done:
     return seqs;
 }
 
-/* run_pass(shape, tables, device_arrays, policy, job_type, kinds)
+/* run_pass(shape, chunk_arrays, device_arrays, policy, job_type, kinds)
  *   shape        = (pp, vpp, m, limit, eps)
- *   tables       = (needs, produces, durations, dmem, dev, hoff, hcm): the board's tables (pipeloom.sim.kernel.Rules,
- *                  duration_table, listsched.mem_table), dev per chunk, and per slot the chunk offset of the
- *                  job's handoff (0: none) and the comm on that edge (listsched.Board.handoff)
+ *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, mF, mB, mW, dev)          each of length nc = pp*vpp;
+ *                  mF/mB/mW: the memory change of F/B/W per chunk (pipeloom.core.rules.memory_deltas)
  *   device_arrays= (first, capd, need, bord, ford)                       bord/ford: pp*vpp chunks
  *   policy       = (reserve, b_first, fill_always, lookahead, h_warm, warmup or -1)
- *   kinds        = pipeloom.sim.kernel.KINDS
  * -> None on deadlock, else (seqs, order_bytes, t, peak, start0)
- * The greedy pass: greedy.GreedyPolicy on the loop of pipeloom.sim.listsched.run, on the compiled board.
+ *
+ * The greedy pass (greedy.GreedyPolicy on the loop of pipeloom.sim.listsched.run), transcribed for speed with
+ * the board's readiness written out per chunk (F(mb, c) waits for F(mb, c-1) + fcomm[c]; B(mb, c) for F(mb, c)
+ * and B(mb, c+1) + bcomm[c]; the comm and memory arrays are core.rules.edge_comm and memory_deltas): this copy
+ * reads fe/be chunk by chunk without the board's table walk, which made the pass about 10% slower (pp 64,
+ * m 512: 33 ms against 30). It is held to the board by tests/schedule/test_accel.py (identical results over
+ * hypothesis-drawn shapes, costs, limits and policies) and tests/sim/test_listsched.py (a mutated dependency
+ * rule reaches the Python pass, not this one: the two then differ).
  */
 static PyObject *run_pass(PyObject *self, PyObject *args) {
     (void)self;
     int pp, vpp, m;
     double limit, eps;
-    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_hoff, *o_hcm;
+    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_w, *o_dev;
     PyObject *o_first, *o_capd, *o_need, *o_bord, *o_ford;
     int reserve, b_first, fill_always, h_warm, warm;
     double look;
     PyObject *job_type, *kinds;
-    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_needs, &o_prod,
-                          &o_dur, &o_dmem, &o_dev, &o_hoff, &o_hcm, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
+    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
+                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_w, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
                           &reserve, &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
         return NULL;
     if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "job_type must be a tuple subclass");
         return NULL;
     }
-    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
-        PyErr_SetString(PyExc_TypeError, "kinds must be a 4-tuple (F, B, W, BW)");
+    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 3) {
+        PyErr_SetString(PyExc_TypeError, "kinds must be a 3-tuple (F, B, W)");
         return NULL;
     }
     if (pp < 1 || vpp < 1 || m < 1) {
@@ -481,23 +487,28 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     const Py_ssize_t nc = (Py_ssize_t)pp * vpp;
     const Py_ssize_t per_dev = 3 * (Py_ssize_t)m * vpp; /* jobs each device runs */
     const Py_ssize_t total = per_dev * pp;
-    const long sF = 0, sB = (long)nc, sW = 2 * (long)nc; /* board slots: kind index * nc + chunk */
+    const long last = (long)nc - 1;
     const double INF = HUGE_VAL;
 
     PyObject *result = NULL;
-    Board bd;
-    double *capd = NULL, *need = NULL, *resv = NULL, *key = NULL, *start0 = NULL, *hcm = NULL;
-    long *first = NULL, *bord = NULL, *ford = NULL, *hoff = NULL;
-    long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL;
+    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *mB = NULL, *mW = NULL;
+    double *capd = NULL, *need = NULL;
+    long *dev = NULL, *first = NULL, *bord = NULL, *ford = NULL;
+    double *fe = NULL, *be = NULL, *t = NULL, *mem = NULL, *resv = NULL, *peak = NULL, *key = NULL,
+           *start0 = NULL;
+    long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL, *cnt = NULL;
     long *pend_mb = NULL, *pend_c = NULL, *ph = NULL, *pt = NULL;
+    unsigned char *jk = NULL;
+    long *jmb = NULL, *jc = NULL;
     int64_t *ord = NULL;
+    PyObject **ints = NULL;
     Heap heap = {NULL, 0, 0};
+    Py_ssize_t nints = (m > nc ? m : nc) + 1;
 
-    if (board_init(&bd, pp, nc, m, per_dev, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
-    const double *done_t = bd.done, *dmem = bd.dmem, *dur = bd.dur;
-    double *t = bd.free_t, *mem = bd.mem;
-    const long *dev = bd.dev;
-    if (!(hoff = as_longs(o_hoff, 4 * nc, "hoff")) || !(hcm = as_doubles(o_hcm, 4 * nc, "hcm")) ||
+    if (!(dF = as_doubles(o_dF, nc, "dF")) || !(dB = as_doubles(o_dB, nc, "dB")) ||
+        !(dW = as_doubles(o_dW, nc, "dW")) || !(fcomm = as_doubles(o_fc, nc, "fcomm")) ||
+        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "mF")) ||
+        !(mB = as_doubles(o_b, nc, "mB")) || !(mW = as_doubles(o_w, nc, "mW")) || !(dev = as_longs(o_dev, nc, "dev")) ||
         !(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
         !(need = as_doubles(o_need, pp, "need")) || !(bord = as_longs(o_bord, nc, "bord")) ||
         !(ford = as_longs(o_ford, nc, "ford")))
@@ -508,31 +519,35 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    for (Py_ssize_t s = 0; s < 4 * nc; s++) {
-        if (s % nc + hoff[s] < 0 || s % nc + hoff[s] >= nc) {
-            PyErr_SetString(PyExc_ValueError, "handoff outside the chunks");
-            goto done;
-        }
-    }
+    fe = malloc((size_t)nc * m * sizeof(double));
+    be = malloc((size_t)nc * m * sizeof(double));
+    t = calloc((size_t)pp, sizeof(double));
+    mem = calloc((size_t)pp, sizeof(double));
     resv = calloc((size_t)pp, sizeof(double));
+    peak = calloc((size_t)pp, sizeof(double));
     key = calloc((size_t)pp, sizeof(double));
     start0 = calloc((size_t)pp, sizeof(double));
     nf = calloc((size_t)nc, sizeof(long));
     nb = calloc((size_t)nc, sizeof(long));
     nfwd = calloc((size_t)pp, sizeof(long));
     started_b = calloc((size_t)pp, sizeof(long));
+    cnt = calloc((size_t)pp, sizeof(long));
     pend_mb = malloc((size_t)pp * m * vpp * sizeof(long));
     pend_c = malloc((size_t)pp * m * vpp * sizeof(long));
     ph = calloc((size_t)pp, sizeof(long));
     pt = calloc((size_t)pp, sizeof(long));
+    jk = malloc((size_t)total);
+    jmb = malloc((size_t)total * sizeof(long));
+    jc = malloc((size_t)total * sizeof(long));
     ord = malloc((size_t)total * sizeof(int64_t));
     heap.cap = pp + 16;
     heap.v = malloc((size_t)heap.cap * sizeof(HItem));
-    if (!resv || !key || !start0 || !nf || !nb || !nfwd || !started_b || !pend_mb || !pend_c || !ph || !pt ||
-        !ord || !heap.v) {
+    if (!fe || !be || !t || !mem || !resv || !peak || !key || !start0 || !nf || !nb || !nfwd || !started_b ||
+        !cnt || !pend_mb || !pend_c || !ph || !pt || !jk || !jmb || !jc || !ord || !heap.v) {
         PyErr_NoMemory();
         goto done;
     }
+    for (Py_ssize_t i = 0; i < nc * m; i++) fe[i] = be[i] = -1.0;
     for (int d = 0; d < pp; d++) {
         heap.v[d].t = 0.0;
         heap.v[d].d = d;
@@ -556,8 +571,13 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             long c = bord[d * vpp + j];
             long mb = nb[c];
             if (mb >= nf[c]) continue;
-            double r = board_ready(&bd, sB + c, mb);
-            if (r < 0) continue;
+            double r = fe[c * m + mb];
+            if (c != last) {
+                double e = be[(c + 1) * m + mb];
+                if (e < 0) continue;
+                e += bcomm[c];
+                if (e > r) r = e;
+            }
             if (r <= T) {
                 bc = c;
                 break;
@@ -574,9 +594,15 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
                 long c = ford[d * vpp + j];
                 long mb = nf[c];
                 if (mb >= m) continue;
-                double r = board_ready(&bd, sF + c, mb);
-                if (r < 0) continue;
-                double ac = dmem[sF + c];
+                double r;
+                if (c == 0) {
+                    r = 0.0;
+                } else {
+                    r = fe[(c - 1) * m + mb];
+                    if (r < 0) continue;
+                    r += fcomm[c];
+                }
+                double ac = a[c];
                 int ok;
                 if (c == first[d]) {
                     if (warm >= 0 && !started_b[d] && nfwd[d] >= warm) continue;
@@ -604,7 +630,7 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             kind = 1;
             c = bc;
         } else if (fc >= 0) {
-            if (look > 0.0 && rb - T < look * dur[sF + fc])
+            if (look > 0.0 && rb - T < look * dF[fc])
                 rf = INF; /* hold the device for the coming B */
             else {
                 kind = 0;
@@ -615,7 +641,7 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             int pw = ph[d] < pt[d];
             double nxt = rb < rf ? rb : rf;
             if (pw && (blocked || fill_always || nxt == INF ||
-                       nxt - T >= dur[sW + pend_c[(Py_ssize_t)d * m * vpp + ph[d]]] - eps)) {
+                       nxt - T >= dW[pend_c[(Py_ssize_t)d * m * vpp + ph[d]]] - eps)) {
                 kind = 2;
             } else if (nxt < INF && nxt > T) {
                 key[d] = nxt;
@@ -631,74 +657,138 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
                 continue;
             }
         }
-        /* ---- the chosen job (GreedyPolicy.step's counters), then the board commits it */
-        long mb, slot;
+        /* ---- commit */
+        double e;
+        long mb;
         if (kind == 0) {
             mb = nf[c];
             nf[c] = mb + 1;
+            e = T + dF[c];
+            fe[c * m + mb] = e;
+            double md = mem[d] + a[c];
+            mem[d] = md;
+            if (md > peak[d]) peak[d] = md;
             if (reserve && c == first[d]) resv[d] += need[d];
             if (!started_b[d]) nfwd[d] += 1;
-            slot = sF + c;
+            if (c != last) {
+                int d2 = (int)dev[c + 1];
+                if (d2 != d) {
+                    double k = e + fcomm[c + 1];
+                    if (t[d2] > k) k = t[d2];
+                    if (k < key[d2]) {
+                        key[d2] = k;
+                        HItem hi = {k, d2};
+                        if (heap_push(&heap, hi) < 0) {
+                            PyErr_NoMemory();
+                            goto done;
+                        }
+                    }
+                }
+            }
         } else if (kind == 1) {
             mb = nb[c];
             nb[c] = mb + 1;
-            resv[d] += dmem[sB + c];
+            e = T + dB[c];
+            be[c * m + mb] = e;
+            mem[d] += mB[c];
+            resv[d] += mB[c];
             started_b[d] = 1;
-            Py_ssize_t q = (Py_ssize_t)d * m * vpp + pt[d];
+            Py_ssize_t slot = (Py_ssize_t)d * m * vpp + pt[d];
             if (pt[d] >= (long)m * vpp) {
                 PyErr_SetString(PyExc_RuntimeError, "internal error: W queue overflow");
                 goto done;
             }
-            pend_mb[q] = mb;
-            pend_c[q] = c;
+            pend_mb[slot] = mb;
+            pend_c[slot] = c;
             pt[d] += 1;
-            slot = sB + c;
-        } else {
-            Py_ssize_t q = (Py_ssize_t)d * m * vpp + ph[d];
-            mb = pend_mb[q];
-            c = pend_c[q];
-            ph[d] += 1;
-            resv[d] += dmem[sW + c];
-            slot = sW + c;
-        }
-        if (bd.cnt[d] >= per_dev) {
-            PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
-            goto done;
-        }
-        if (!bd.cnt[d]) start0[d] = T;
-        ord[(Py_ssize_t)d * per_dev + bd.cnt[d]] = ncommit;
-        double e = board_commit(&bd, d, slot, mb, T);
-        ncommit += 1;
-        /* the loop: a job on another device that receives the handoff decides again when it arrives */
-        if (hoff[slot]) {
-            int d2 = (int)dev[c + hoff[slot]];
-            if (d2 != d) {
-                double k = e + hcm[slot];
-                if (t[d2] > k) k = t[d2];
-                if (k < key[d2]) {
-                    key[d2] = k;
-                    HItem hi = {k, d2};
-                    if (heap_push(&heap, hi) < 0) {
-                        PyErr_NoMemory();
-                        goto done;
+            if (c) {
+                int d2 = (int)dev[c - 1];
+                if (d2 != d) {
+                    double k = e + bcomm[c - 1];
+                    if (t[d2] > k) k = t[d2];
+                    if (k < key[d2]) {
+                        key[d2] = k;
+                        HItem hi = {k, d2};
+                        if (heap_push(&heap, hi) < 0) {
+                            PyErr_NoMemory();
+                            goto done;
+                        }
                     }
                 }
             }
+        } else {
+            Py_ssize_t slot = (Py_ssize_t)d * m * vpp + ph[d];
+            mb = pend_mb[slot];
+            c = pend_c[slot];
+            ph[d] += 1;
+            e = T + dW[c];
+            double fr = mW[c];
+            mem[d] += fr;
+            resv[d] += fr;
         }
+        if (cnt[d] >= per_dev) {
+            PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
+            goto done;
+        }
+        if (!cnt[d]) start0[d] = T;
+        Py_ssize_t at = (Py_ssize_t)d * per_dev + cnt[d];
+        jk[at] = (unsigned char)kind;
+        jmb[at] = mb;
+        jc[at] = c;
+        ord[at] = ncommit;
+        cnt[d] += 1;
+        ncommit += 1;
+        t[d] = e;
         key[d] = e;
         HItem hi = {e, d};
         item = heap_pushpop(&heap, hi);
     }
-    (void)done_t;
     if (ncommit != total) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    /* ---- (seqs, order_bytes, t, peak, start0); jobs are job_type(kind, mb, chunk) tuples */
-    PyObject *seqs = board_seqs(&bd, job_type, kinds);
+    /* ---- build (seqs, order_bytes, t, peak, start0); jobs are job_type(kind, mb, chunk) tuples */
+    ints = calloc((size_t)nints, sizeof(PyObject *));
+    if (!ints) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nints; i++) {
+        ints[i] = PyLong_FromSsize_t(i);
+        if (!ints[i]) goto done;
+    }
+    PyTypeObject *jt = (PyTypeObject *)job_type;
+    PyObject *seqs = PyList_New(pp);
     if (!seqs) goto done;
+    for (int d = 0; d < pp; d++) {
+        PyObject *lst = PyList_New(per_dev);
+        if (!lst) {
+            Py_DECREF(seqs);
+            goto done;
+        }
+        PyList_SET_ITEM(seqs, d, lst);
+        for (Py_ssize_t i = 0; i < per_dev; i++) {
+            Py_ssize_t at = (Py_ssize_t)d * per_dev + i;
+            PyObject *job = jt->tp_alloc(jt, 3);
+            if (!job) {
+                Py_DECREF(seqs);
+                goto done;
+            }
+            PyObject *k = PyTuple_GET_ITEM(kinds, jk[at]);
+            Py_INCREF(k);
+            Py_INCREF(ints[jmb[at]]);
+            Py_INCREF(ints[jc[at]]);
+            PyTuple_SET_ITEM(job, 0, k);
+            PyTuple_SET_ITEM(job, 1, ints[jmb[at]]);
+            PyTuple_SET_ITEM(job, 2, ints[jc[at]]);
+            /* (Kind member, int, int) can close no reference cycle: keep the 200k jobs out of the
+               cyclic GC, as CPython does for tuples of atoms (else each collection walks them all) */
+            PyObject_GC_UnTrack(job);
+            PyList_SET_ITEM(lst, i, job);
+        }
+    }
     PyObject *ob = PyBytes_FromStringAndSize((const char *)ord, (Py_ssize_t)(total * sizeof(int64_t)));
-    PyObject *lt = list_of_doubles(t, pp), *lp = list_of_doubles(bd.peak, pp), *ls = list_of_doubles(start0, pp);
+    PyObject *lt = list_of_doubles(t, pp), *lp = list_of_doubles(peak, pp), *ls = list_of_doubles(start0, pp);
     if (!ob || !lt || !lp || !ls) {
         Py_XDECREF(ob);
         Py_XDECREF(lt);
@@ -710,12 +800,16 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(NNNNN)", seqs, ob, lt, lp, ls);
 
 done:
-    board_free(&bd);
-    free(capd); free(need); free(resv); free(key); free(start0); free(hcm);
-    free(first); free(bord); free(ford); free(hoff);
-    free(nf); free(nb); free(nfwd); free(started_b);
+    if (ints) {
+        for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
+        free(ints);
+    }
+    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(mB); free(mW); free(capd); free(need);
+    free(dev); free(first); free(bord); free(ford);
+    free(fe); free(be); free(t); free(mem); free(resv); free(peak); free(key); free(start0);
+    free(nf); free(nb); free(nfwd); free(started_b); free(cnt);
     free(pend_mb); free(pend_c); free(ph); free(pt);
-    free(ord); free(heap.v);
+    free(jk); free(jmb); free(jc); free(ord); free(heap.v);
     return result;
 }
 

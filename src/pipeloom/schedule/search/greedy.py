@@ -90,9 +90,6 @@ class Problem:
     """memory change of W per chunk (-(a-b); derived)"""
     mem_tab: list[float] | None = field(default=None, compare=False, repr=False)
     """the list-scheduling board's memory table (:func:`pipeloom.sim.listsched.mem_table`; derived)"""
-    hand: tuple[list[int], list[float]] | None = field(default=None, compare=False, repr=False)
-    """per slot, the chunk offset (0: none) and comm of the job's handoff (:func:`pipeloom.sim.listsched.handoff_table`;
-    derived)"""
 
     def __post_init__(self) -> None:  # derived again by every dataclasses.replace (e.g. other durations)
         object.__setattr__(self, "tables", kernel.Rules.make(self.pp, self.nc, self.placement, self.comm))
@@ -101,8 +98,6 @@ class Problem:
         for name, k in (("mF", Kind.F), ("mB", Kind.B), ("mW", Kind.W)):
             object.__setattr__(self, name, tuple(md[k]))
         object.__setattr__(self, "mem_tab", listsched.mem_table(len(self.a), self.a, self.b))
-        hand = listsched.handoff_table(self.tables)
-        object.__setattr__(self, "hand", ([h[0] if h else 0 for h in hand], [h[1] if h else 0.0 for h in hand]))
 
     @property
     def nc(self) -> int:
@@ -196,7 +191,7 @@ def run_pass(prob: Problem, pol: Policy) -> PassResult | None:
     """One greedy pass; None if it deadlocks (memory full, nothing can run).
 
     Runs :func:`_run_pass_py` (the specification) or, when built, its C transcription in
-    ``_accel.c`` (on the compiled board), which gives the identical result (tests/schedule/test_accel.py).
+    ``_accel.c``, which gives the identical result (tests/schedule/test_accel.py).
     """
     if accelerated():
         return _run_pass_c(prob, pol)
@@ -216,12 +211,12 @@ def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
     capd, b_order, f_order = _pass_inputs(prob, pol)
     out = _accel.run_pass(
         (prob.pp, prob.vpp, prob.m, prob.limit + _EPS, _EPS),
-        (prob.tables.needs, prob.tables.produces, prob.dur_table, prob.mem_tab, prob.dev, prob.hand[0], prob.hand[1]),
+        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF, prob.mB, prob.mW, prob.dev),
         ([loc[0] for loc in prob.local], capd, prob.need, [c for o in b_order for c in o],
          [c for o in f_order for c in o]),
         (pol.admit == "reserve", pol.b_first, pol.w_fill == "always", float(pol.lookahead), pol.h_warm,
          -1 if pol.warmup is None else int(pol.warmup)),
-        Job, kernel.KINDS)
+        Job, _KINDS)
     if out is None:
         return None
     seqs, order_bytes, t, peak, start0 = out
