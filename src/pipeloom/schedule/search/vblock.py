@@ -189,6 +189,9 @@ def _with_w(ev, chunks, dm, cap) -> list[Job]:
         elif p0:
             app(new(Job, (KW, p0.popleft(), c0)))
             mem += w0
+        else:  # no W due: the free slots up to the next job change nothing
+            t = slot
+            continue
         t += 1
     for mb in p1:
         app(new(Job, (KW, mb, c1)))
