@@ -54,10 +54,23 @@ def test_async_hides_the_dgrad_reduce_behind_the_wgrad_only_in_a_fused_backward(
     assert fused["B"]["tp_grad_gather"][1] == pytest.approx(2 * G)
     # a fast GEMM hides all of it
     assert _terms("async", True, RATE_SLOW_GEMM * 1e-3)["B"]["tp_dgrad_reduce"][1] == 0.0
-    # the W re-gather: behind the dgrad GEMMs when fused, exposed when split
+    # W has no collective: the runtime keeps the gathered column inputs from F (no re-gather charged)
+    assert fused["W"] == {} and split["W"] == {}
+    assert ct.exposed(split, "W") == 0.0 and ct.exposed(_terms("off", False, RATE_SLOW_GEMM), "W") == 0.0
+
+
+def test_chunked_fused_backward_runs_as_async():
+    """The runtime runs a fused BW (and a B fused with its W) under chunked:K as async: the wgrad GEMMs hide
+    the whole collective, no token pieces (the old model charged chunked pieces, then took the wgrad off)."""
+    for rate in (RATE_SLOW_GEMM, RATE_SLOW_GEMM * 0.3, RATE_SLOW_GEMM * 4):
+        chunked = _terms("chunked:4", True, rate)["B"]["tp_dgrad_reduce"]
+        assert chunked == pytest.approx(_terms("async", True, rate)["B"]["tp_dgrad_reduce"])
+    # at this rate the old rule (pieces, then the wgrad) exposed less than the runtime does
+    wcol = ct.column_wgrad_flops(M, T) / TP / RATE_SLOW_GEMM
     g_dgrad = ct.gemm_flops(M, T) / TP / RATE_SLOW_GEMM
-    assert fused["W"]["tp_input_regather"][1] == pytest.approx(max(0.0, 2 * G - g_dgrad))
-    assert split["W"]["tp_input_regather"][1] == pytest.approx(2 * G)
+    old = max(0.0, ct.chunked_exposed(RED, g_dgrad, 4) - wcol)
+    now = _terms("chunked:4", True, RATE_SLOW_GEMM)["B"]["tp_dgrad_reduce"][1]
+    assert now == pytest.approx(RED - wcol) and now > old
 
 
 def test_off_exposes_everything():

@@ -17,21 +17,30 @@ and an all-reduce of X takes ``2g``. Per layer (attention block, then MLP block)
   what Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` launches asynchronously and waits for
   after the weight-gradient GEMM (Narayanan et al. 2021, Sec. 4.2; Megatron-LM's
   ``tensor_parallel/layers.py``).
-* weight gradient (W): the column-parallel wgrad needs the all-gathered layer input again (``2g``,
-  :func:`tp_input_regather`); Megatron launches it before the dgrad GEMM and hides it there.
+* weight gradient (W): no collective. pipeloom's runtime keeps the all-gathered input of each
+  column-parallel group from F to W (:mod:`pipeloom.models.tp_comm`; its memory is counted at full width by
+  :func:`pipeloom.memory.layers.layer_activations`), so W does not re-gather it. Megatron instead saves the
+  sequence shard and re-gathers (``2g``, :func:`tp_input_regather`, not charged here): the runtime does not,
+  because ``fill`` decides per rank how much W work runs where, and a W-side re-gather would first need the
+  ranks to agree on it.
 
 What each mode exposes (:func:`tp_layer_terms`; ``G_*`` are GEMM seconds of the layer on one rank):
 
 * ``off``: every collective in full, in the job that issues it.
 * ``async`` (Megatron's default): in a fused backward (BW) the dgrad reduce-scatter hides behind the
-  column-parallel wgrad GEMMs, ``max(0, dgrad_reduce - G_wgrad_col)``, and the re-gather behind the dgrad GEMMs;
-  a split B (zero-bubble schedules) has no wgrad left to hide behind: the reduce-scatter is exposed in B and the
-  re-gather in W (issue 30; the zero-bubble authors' fork makes it blocking when it splits).
-* ``chunked:K``: the dgrad is micro-pipelined in K token chunks, the reduce-scatter of chunk i runs during the
-  dgrad GEMM of chunk i+1: exposed ``c + (K-1) max(0, c - G_dgrad/K)`` with ``c = dgrad_reduce / K``; in a
-  fused BW what is left then hides behind the wgrad as in ``async``.
+  column-parallel wgrad GEMMs, ``max(0, dgrad_reduce - G_wgrad_col)``; a split B (zero-bubble schedules) has no
+  wgrad left to hide behind: the reduce-scatter is exposed in B (issue 30; the zero-bubble authors' fork makes
+  it blocking when it splits).
+* ``chunked:K``: in a split B the dgrad is micro-pipelined in K token chunks, the reduce-scatter of chunk i
+  runs during the dgrad GEMM of chunk i+1: exposed ``c + (K-1) max(0, c - G_dgrad/K)`` with
+  ``c = dgrad_reduce / K``; a fused BW runs as in ``async`` (the runtime's
+  :mod:`pipeloom.runtime.tp_overlap` does: the wgrad GEMMs hide the whole collective, no token pieces).
 * ``fill``: a split B runs an earlier microbatch's pending W while its reduce-scatter is in flight:
-  ``max(0, dgrad_reduce - G_wgrad_col)`` as in a fused BW (the W work is moved, not removed).
+  ``max(0, dgrad_reduce - G_wgrad_col)`` as in a fused BW (the W work is moved, not removed); a fused BW as
+  in ``async``.
+
+Per job of a plan (a split B whose own W is the next job, which the runtime fuses; a fill that finds no
+pending W) :mod:`pipeloom.sim.tp_jobs` applies these rules job by job for ``pipeloom simulate --tp-overlap``.
 * ``userbuffers`` (Megatron's ``--tp-comm-overlap``, TransformerEngine): the forward all-gathers and
   reduce-scatters and the backward's output-gradient all-gathers are split into ``t`` ring steps that overlap the
   GEMMs consuming them: exposed ``max(comm / t, comm - G)`` (the first step cannot overlap).
@@ -116,7 +125,8 @@ def tp_dgrad_reduce(model: ModelConfig, tokens: float, tp: int, link: Link) -> f
 
 
 def tp_input_regather(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
-    """W: all-gather of the QKV and fc1 inputs for their weight gradients (2 g)."""
+    """The all-gather of the QKV and fc1 inputs for their weight gradients that Megatron runs in W (2 g). Not
+    charged by :func:`tp_layer_terms`: pipeloom's runtime keeps the gathered inputs instead (module docstring)."""
     return 2 * _g(model, tokens, tp, link)
 
 
@@ -155,36 +165,37 @@ def tp_layer_terms(model: ModelConfig, tokens: float, tp: int, link: Link, rate:
                    *, fused: bool) -> dict:
     """Every TP term of one layer on one rank (seconds): ``{"F"|"B"|"W": {term: (total, exposed)}}``, where
     ``B`` (with ``fused``) is the B part of a fused BW, whose wgrad GEMMs hide the dgrad reduce-scatter.
-    ``rate``: FLOP/s a rank reaches (peak x efficiency). The module docstring has the rules."""
+    ``rate``: FLOP/s a rank reaches (peak x efficiency). The module docstring has the rules. ``W`` has no term:
+    the runtime keeps the gathered column-parallel inputs (no re-gather)."""
     if tp <= 1:
         return {"F": {}, "B": {}, "W": {}}
     fwd = tp_forward(model, tokens, tp, link)
     gat = tp_grad_gather(model, tokens, tp, link)
     red = tp_dgrad_reduce(model, tokens, tp, link)
-    reg = tp_input_regather(model, tokens, tp, link)
     g_gemm = gemm_flops(model, tokens) / tp / rate  # F's GEMMs; B's dgrad GEMMs
     g_wcol = column_wgrad_flops(model, tokens) / tp / rate
     ub = overlap.userbuffers
     f_exp = _userbuffers(fwd, g_gemm, tp) if ub else fwd
     gat_exp = _userbuffers(gat, g_gemm, tp) if ub else gat
-    mode = overlap.mode
-    if mode == "off":
-        red_exp, reg_exp = red, reg
-    else:
-        if mode == "chunked":
-            red_exp = chunked_exposed(red, g_gemm, overlap.chunks)
-            if fused:
-                red_exp = max(0.0, red_exp - g_wcol)
-        elif fused or mode == "fill":
-            red_exp = max(0.0, red - g_wcol)
-        else:  # async in a split B: nothing independent of the reduced gradient is left in B
-            red_exp = red
-        # the re-gather for the wgrad: behind the dgrad GEMMs in a fused BW; in a split W, exposed
-        # (with userbuffers as the forward's all-gathers, behind the wgrad GEMMs)
-        reg_exp = max(0.0, reg - g_gemm) if fused else (_userbuffers(reg, g_wcol, tp) if ub else reg)
+    red_exp = dgrad_reduce_exposed(overlap, red, g_gemm, g_wcol, fused=fused)
     return {"F": {"tp_forward": (fwd, f_exp)},
             "B": {"tp_grad_gather": (gat, gat_exp), "tp_dgrad_reduce": (red, red_exp)},
-            "W": {"tp_input_regather": (reg, reg_exp)}}
+            "W": {}}
+
+
+def dgrad_reduce_exposed(overlap: TPOverlap, red: float, g_dgrad: float, g_wcol: float, *, fused: bool) -> float:
+    """Exposed seconds of the column-parallel input-gradient collective ``red`` of a B (``fused``: of a BW, or of
+    a B the runtime fuses with its W) under ``overlap``, with ``g_dgrad`` / ``g_wcol`` the seconds of the
+    column groups' dgrad / wgrad GEMMs. ``fill`` assumes an earlier microbatch's W of at least ``g_wcol``
+    is pending (:mod:`pipeloom.sim.tp_jobs` checks per job)."""
+    mode = overlap.mode
+    if mode == "off":
+        return red
+    if fused or mode == "fill":
+        return max(0.0, red - g_wcol)
+    if mode == "chunked":
+        return chunked_exposed(red, g_dgrad, overlap.chunks)
+    return red  # async in a split B: nothing independent of the reduced gradient is left in B
 
 
 def exposed(terms: dict, kind: str) -> float:
@@ -193,5 +204,5 @@ def exposed(terms: dict, kind: str) -> float:
 
 
 __all__ = ["ACT_BYTES", "TPOverlap", "TPOverlapError", "TP_OVERLAP_MODES", "chunked_exposed", "column_wgrad_flops",
-           "exposed", "gemm_flops", "tp_dgrad_reduce", "tp_forward", "tp_grad_gather", "tp_input_regather",
+           "dgrad_reduce_exposed", "exposed", "gemm_flops", "tp_dgrad_reduce", "tp_forward", "tp_grad_gather", "tp_input_regather",
            "tp_layer_terms"]
