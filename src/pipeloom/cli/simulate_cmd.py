@@ -8,6 +8,7 @@ from .common import (PARTITION_KEYS, add_builder_options, add_costs_option, add_
                      add_partition_options, add_schedule_option, add_shape_options, fmt, mem_model_from_args,
                      plan_named, print_json, spec_from_args, print_table)
 from .dp_options import add_dp_options, dp_result, dp_wanted
+from .tp_options import add_tp_options, tp_result, tp_wanted
 
 
 def add_parser(sub) -> None:
@@ -39,6 +40,7 @@ def add_parser(sub) -> None:
     add_builder_options(p)
     add_partition_options(p)
     add_dp_options(p, gantt=True)
+    add_tp_options(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object (public contract)")
     p.set_defaults(func=run)
 
@@ -59,7 +61,12 @@ def run(args) -> int:
             raise ValueError(f"simulate needs {', '.join(missing)} (or --plan FILE to simulate a schedule file)")
         spec = _spec(args)
         sched = plan_named(args.schedule, spec, check=False)
+    tp = None
+    if tp_wanted(args):
+        sched, tp = tp_result(args, sched, spec)
     res = evaluate(sched, spec)
+    if tp is not None:
+        res.update(tp)
     from .plan_cmd import _bound
     res.update(_bound(sched, spec, res, spec.mem_limit if args.plan is not None else None))
     if dp_wanted(args) and res["makespan"] is not None:
@@ -171,6 +178,13 @@ def print_result(res: dict, costs: tuple[str, str, str | None] | None = None, li
         t.add_row(f"step time with dp={res['dp']} reduction", fmt(res["step_time"]))
         t.add_row("dp exposed (un-hidden tail)", fmt(res["dp_exposed"]))
         t.add_row("dp hidden share", "-" if res["dp_hidden_share"] is None else f"{res['dp_hidden_share']:.1%}")
+    if "tp" in res:
+        tp = res["tp"]
+        t.add_row(f"makespan with TP collectives ({tp['overlap']})", fmt(tp["makespan"]))
+        t.add_row("makespan with TP collectives (off)", fmt(tp["makespan_off"]))
+        t.add_row("TP collective exposed (all jobs)", fmt(tp["exposed"]))
+        if "fuse" in tp:
+            t.add_row("B fused with W (--tp-fuse)", f"{len(tp['fuse']['fused'])} of {tp['fuse']['tried']} tried")
     t.add_row("memory limit", (fmt(res["memory_limit"]) + limit_note) if res["memory_limit"] is not None else "none")
     t.add_row("valid", "yes" if res["valid"] else "[red]NO[/red]")
     con = Console()

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from ..models import flops as _flops
 from ..models.config import ModelConfig
 from ..sim.dp import Link, collective_seconds
+from ..sim.tp_jobs import chunked_exposed, exposed_dgrad
 
 #: bytes per activation value on the TP wire (bf16)
 ACT_BYTES = 2
@@ -148,17 +149,16 @@ def gemm_flops(model: ModelConfig, tokens: float) -> float:
     return 2.0 * tokens * _flops.active_layer_params(model)
 
 
+def column_share(model: ModelConfig) -> float:
+    """Share of a layer's weight-GEMM time in its column-parallel groups (QKV, fc1/gate+up): the part of a W
+    (wgrad) or B (dgrad) that can hide the input-gradient collective (:class:`pipeloom.sim.tp_jobs.TPJobTerms`)."""
+    return column_wgrad_flops(model, 1.0) / gemm_flops(model, 1.0)
+
+
 # ------------------------------------------------------------------------------------------ overlap
 def _userbuffers(comm: float, gemm: float, tp: int) -> float:
     """TransformerEngine's ring-exchange overlap: ``max(comm / t, comm - gemm)`` stays exposed."""
     return max(comm / tp, comm - gemm)
-
-
-def chunked_exposed(comm: float, gemm: float, k: int) -> float:
-    """Micro-pipelined dgrad in ``k`` token chunks: the collective of chunk i runs during the GEMM of chunk i+1;
-    exposed beyond the GEMMs: ``c + (k-1) max(0, c - gemm/k)``, ``c = comm/k``."""
-    c = comm / k
-    return c + (k - 1) * max(0.0, c - gemm / k)
 
 
 def tp_layer_terms(model: ModelConfig, tokens: float, tp: int, link: Link, rate: float, overlap: TPOverlap,
@@ -188,14 +188,7 @@ def dgrad_reduce_exposed(overlap: TPOverlap, red: float, g_dgrad: float, g_wcol:
     a B the runtime fuses with its W) under ``overlap``, with ``g_dgrad`` / ``g_wcol`` the seconds of the
     column groups' dgrad / wgrad GEMMs. ``fill`` assumes an earlier microbatch's W of at least ``g_wcol``
     is pending (:mod:`pipeloom.sim.tp_jobs` checks per job)."""
-    mode = overlap.mode
-    if mode == "off":
-        return red
-    if fused or mode == "fill":
-        return max(0.0, red - g_wcol)
-    if mode == "chunked":
-        return chunked_exposed(red, g_dgrad, overlap.chunks)
-    return red  # async in a split B: nothing independent of the reduced gradient is left in B
+    return exposed_dgrad(overlap.mode, overlap.chunks, red, g_dgrad, g_wcol, fused=fused)
 
 
 def exposed(terms: dict, kind: str) -> float:
@@ -203,6 +196,6 @@ def exposed(terms: dict, kind: str) -> float:
     return sum(e for _, e in terms[kind].values())
 
 
-__all__ = ["ACT_BYTES", "TPOverlap", "TPOverlapError", "TP_OVERLAP_MODES", "chunked_exposed", "column_wgrad_flops",
+__all__ = ["ACT_BYTES", "TPOverlap", "TPOverlapError", "TP_OVERLAP_MODES", "chunked_exposed", "column_share", "column_wgrad_flops",
            "dgrad_reduce_exposed", "exposed", "gemm_flops", "tp_dgrad_reduce", "tp_forward", "tp_grad_gather", "tp_input_regather",
            "tp_layer_terms"]

@@ -1,0 +1,157 @@
+"""Per-job durations of a plan under a tensor-parallel overlap mode (``pipeloom simulate --tp-overlap``; no torch).
+
+The TP collective that the modes overlap is the column-parallel input-gradient collective of a B (the dgrad
+all-reduce, or reduce-scatter with sequence parallelism: :func:`pipeloom.tune.comm_terms.tp_dgrad_reduce`).
+What hides it depends on the job, exactly as the runtime chooses (:mod:`pipeloom.runtime.tp_overlap`):
+
+    mode     BW job / a B whose own W is the next job     any other B (the split's B)
+    off      collective in full                            collective in full
+    async    max(0, comm - column wgrad GEMMs)             collective in full
+    chunked  as async                                      c + (K-1) max(0, c - dgrad/K), c = comm/K
+    fill     as async                                      collective in full, but the pending W work of an
+                                                           earlier microbatch (eligible as the runtime takes
+                                                           it) runs under it: that W job gets shorter
+
+``comm`` is the collective of one chunk pass (in the units of the plan's costs); ``col_share`` the share of a
+pass's GEMM time in the column-parallel groups (QKV and fc1/gate+up of a Llama layer:
+:func:`pipeloom.tune.comm_terms.column_wgrad_flops` / :func:`~pipeloom.tune.comm_terms.gemm_flops`), so the
+column wgrad GEMMs of a W take ``col_share x W`` and the column dgrad GEMMs of a B ``col_share x B``. The other
+TP collectives (the forward's, the output-gradient all-gathers) are the same in every mode: fold them into the
+F and B costs. Fill moves W work into the B (never removes it), from the earliest W jobs after the B on the
+device whose B has run, not the B's own, with no BW of the same chunk in between, as the runtime does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..core.ir import Kind, Schedule
+
+__all__ = ["TPJobTerms", "chunked_exposed", "exposed_dgrad", "fused_pairs", "tp_job_durations"]
+
+
+def chunked_exposed(comm: float, gemm: float, k: int) -> float:
+    """Micro-pipelined dgrad in ``k`` token chunks: the collective of chunk i runs during the GEMM of chunk i+1;
+    exposed beyond the GEMMs: ``c + (k-1) max(0, c - gemm/k)``, ``c = comm/k``."""
+    c = comm / k
+    return c + (k - 1) * max(0.0, c - gemm / k)
+
+
+def exposed_dgrad(mode: str, chunks: int, comm: float, g_dgrad: float, g_wcol: float, *, fused: bool) -> float:
+    """Exposed seconds of the input-gradient collective ``comm`` of a B (``fused``: a BW, or a B the runtime
+    fuses with its W) under ``mode`` (off, async, chunked with ``chunks`` pieces, fill); ``g_dgrad`` / ``g_wcol``:
+    seconds of the column groups' dgrad / wgrad GEMMs. ``fill`` here assumes at least ``g_wcol`` of pending W
+    (:func:`tp_job_durations` looks per job)."""
+    if mode == "off":
+        return comm
+    if fused or mode == "fill":
+        return max(0.0, comm - g_wcol)
+    if mode == "chunked":
+        return chunked_exposed(comm, g_dgrad, chunks)
+    return comm  # async in a split B: nothing independent of the reduced gradient is left in B
+
+
+@dataclass(frozen=True, slots=True)
+class TPJobTerms:
+    """The TP collective of one chunk pass and what can hide it (see the module docstring)."""
+
+    comm: float | tuple[float, ...]
+    """the column-parallel input-gradient collective of one B, in cost units (one value, or one per chunk)"""
+    col_share: float = 0.5
+    """share of a B's / W's GEMM time in the column-parallel groups, 0..1"""
+    mode: str = "async"
+    """off, async, chunked or fill"""
+    chunks: int = 1
+    """token pieces of ``chunked``"""
+
+    def __post_init__(self) -> None:
+        for v in (self.comm if isinstance(self.comm, tuple) else (self.comm,)):
+            if not (v >= 0 and v < float("inf")):
+                raise ValueError(f"tp comm must be a finite number >= 0, got {v}")
+        if not 0.0 <= self.col_share <= 1.0:
+            raise ValueError(f"tp column share must lie in [0, 1], got {self.col_share}")
+        if self.mode not in ("off", "async", "chunked", "fill"):
+            raise ValueError(f"tp overlap {self.mode!r}: choose off, async, chunked:K or fill")
+
+
+def fused_pairs(devices: Sequence[Sequence]) -> set[tuple[int, int]]:
+    """``(device, index)`` of every B whose own W is the next job on its device (the runtime fuses them)."""
+    out = set()
+    for d, jobs in enumerate(devices):
+        for i in range(len(jobs) - 1):
+            j, n = jobs[i], jobs[i + 1]
+            if j.kind is Kind.B and n.kind is Kind.W and (n.mb, n.chunk) == (j.mb, j.chunk):
+                out.add((d, i))
+    return out
+
+
+def tp_job_durations(schedule: Schedule, dF: Sequence[float], dB: Sequence[float], dW: Sequence[float],
+                     terms: TPJobTerms) -> tuple[list[list[float]], dict]:
+    """``(durations[d][i], detail)``: each job's duration with the exposed TP collective of ``terms.mode``;
+    ``detail``: exposed collective seconds in total, W seconds moved into B by fill, B jobs run fused."""
+    mode, share = terms.mode, terms.col_share
+    nc = schedule.num_chunks
+    if isinstance(terms.comm, tuple):
+        if len(terms.comm) != nc:
+            raise ValueError(f"tp comm has {len(terms.comm)} values, the plan has {nc} chunks")
+        comms = list(terms.comm)
+    else:
+        comms = [float(terms.comm)] * nc
+    fused = fused_pairs(schedule.devices) if mode != "off" else set()
+    out: list[list[float]] = []
+    exposed_total = moved_total = 0.0
+    for d, jobs in enumerate(schedule.devices):
+        dur = [0.0] * len(jobs)
+        moved = [0.0] * len(jobs)          # W work already run inside an earlier B (fill)
+        pos = {(j.kind, j.mb, j.chunk): i for i, j in enumerate(jobs)}
+        for i, j in enumerate(jobs):
+            c = j.chunk
+            comm = comms[c]
+            if j.kind is Kind.F:
+                dur[i] = dF[c]
+            elif j.kind is Kind.W:
+                dur[i] = max(0.0, dW[c] - moved[i])
+            elif j.kind is Kind.BW:
+                e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=True)
+                dur[i] = dB[c] + dW[c] + e
+                exposed_total += e
+            elif j.kind is Kind.B:
+                if (d, i) in fused:
+                    e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=True)
+                elif mode == "fill":
+                    took = _fill(jobs, i, pos, dW, moved, comm)
+                    e = max(0.0, comm - took)
+                    moved_total += took
+                else:
+                    e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=False)
+                # fill: the moved W work runs under the collective, B lasts B + max(comm, moved) = B + comm
+                dur[i] = dB[c] + (comm if mode == "fill" and (d, i) not in fused else e)
+                exposed_total += e
+            else:
+                dur[i] = 0.0
+        out.append(dur)
+    return out, {"tp_exposed": exposed_total, "tp_fill_moved": moved_total, "tp_fused_b": len(fused)}
+
+
+def _fill(jobs, i: int, pos: dict, dW: Sequence[float], moved: list[float], budget: float) -> float:
+    """W work (seconds) the B at ``i`` runs while its collective (``budget``) is in flight: the runtime's rule
+    (:meth:`pipeloom.runtime.tp_overlap.TPOverlap._fill`)."""
+    cur = (jobs[i].mb, jobs[i].chunk)
+    took = 0.0
+    for k in range(i + 1, len(jobs)):
+        if took >= budget:
+            break
+        w = jobs[k]
+        if w.kind is not Kind.W:
+            continue
+        key = (w.mb, w.chunk)
+        b = pos.get((Kind.B, w.mb, w.chunk))
+        if key == cur or b is None or b > i:  # the current pair's, or its B has not run
+            break
+        if any(jobs[x].kind is Kind.BW and jobs[x].chunk == w.chunk for x in range(i + 1, k)):
+            break  # a BW of that chunk adds to the same gradients first
+        left = dW[w.chunk] - moved[k]
+        t = min(left, budget - took)
+        moved[k] += t
+        took += t
+    return took
