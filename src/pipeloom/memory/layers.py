@@ -115,6 +115,10 @@ class TrainConfig:
     """True (Megatron's ``deallocate_pipeline_outputs``, Llama 3's early freeing): a chunk's output is freed once
     sent (only its autograd node stays) and its received input is held only as the first layer's saved input;
     False: every chunk but the last also holds its output, per microbatch, until its backward"""
+    keep_gathered_input: bool = False
+    """with sequence parallelism: True (pipeloom's TP runtime, :mod:`pipeloom.models.tp_comm`) keeps the
+    all-gathered input of each column-parallel GEMM group (QKV, fc1) from F to its weight gradient, full
+    width; False (Megatron): the sequence shard is saved and all-gathered again in the backward"""
 
     def __post_init__(self) -> None:
         for f in ("micro_batch", "tp", "dp"):
@@ -261,7 +265,8 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
     expand = train.attention == "math" or train.impl == "eager"   # hf + flash: SDPA's native GQA
     kvw = q if expand else model.kv_dim
     items = _norm_items("attn_norm", model, train, tokens, rep)
-    items.append(Item("qkv.input", e * h * tokens / rep, w_input=True))
+    rep_in = 1 if train.keep_gathered_input else rep   # the column groups' input: gathered, or the shard
+    items.append(Item("qkv.input", e * h * tokens / rep_in, w_input=True))
     if model.qk_norm:                                    # per-head RMSNorm of q and k (Qwen3)
         items += _norm_items("q_norm", model, train, tokens, t, width=model.head_dim, rows=model.heads)
         items += _norm_items("k_norm", model, train, tokens, t, width=model.head_dim, rows=model.kv_heads)
@@ -288,7 +293,7 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
         items += _moe_items(model, train, tokens, rep)
     else:
         mlp = _mlp_items("mlp", model, train, f, tokens)
-        mlp[0] = Item("fc1.input", e * h * tokens / rep, w_input=True)
+        mlp[0] = Item("fc1.input", e * h * tokens / rep_in, w_input=True)
         items += [Item(it.name.removeprefix("mlp."), it.bytes, it.w_input, it.core) for it in mlp]
     if drop:
         items.append(Item("mlp.residual_dropout_mask", h * tokens / rep))
