@@ -44,6 +44,10 @@ def add_parser(sub) -> None:
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (default: 1)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron sequence parallelism (split norm/dropout activations over tp)")
+    p.add_argument("--keep-gathered-input", action="store_true",
+                   help="with --sequence-parallel: the QKV and fc1 inputs stay all-gathered from F to W, as "
+                        "'pipeloom run --tp --sequence-parallel' keeps them (default: Megatron's, the sequence "
+                        "shard saved and gathered again in the backward)")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none",
                    help="activation recompute: selective = attention core, full = keep layer inputs only "
                         "(default: %(default)s)")
@@ -178,7 +182,7 @@ def run(args) -> int:
     train = TrainConfig(seq=seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,
                         attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero,
-                        free_stage_io=not args.keep_stage_io)
+                        free_stage_io=not args.keep_stage_io, keep_gathered_input=args.keep_gathered_input)
     vpp, lpc = stage_shape(args, model.layers)
     rep = estimate(model, train, schedule=args.schedule, pp=args.pp, vpp=vpp,
                    microbatches=args.microbatches, layers_per_chunk=lpc,
