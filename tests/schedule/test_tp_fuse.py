@@ -110,3 +110,21 @@ def test_cli_simulate_tp_overlap_and_fuse():
         r = _cli("-s", "zbv", "--pp", "4", "-m", "8", *bad)
         assert r.returncode == 2 and r.stderr.startswith("pipeloom: error:") and words in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_plan_tp_fuse_writes_the_fused_plan(tmp_path):
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "pipeloom", "plan", "-s", "zbv", "--pp", "4", "-m", "8", "--tp-comm",
+                        "0.4", "--tp-overlap", "async", "--tp-fuse", "-o", str(out), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    n = len(res["tp"]["fuse"]["fused"])
+    assert n > 0 and res["valid"]
+    r = _cli("--plan", str(out), "--tp-comm", "0.4", "--tp-overlap", "async", "--json")
+    assert r.returncode == 0, r.stderr
+    back = json.loads(r.stdout)
+    assert back["tp"]["makespan"] == pytest.approx(res["tp"]["makespan"])
+    from pipeloom.schedule import io as schedule_io
+    s = schedule_io.load(str(out))
+    assert sum(j.kind is Kind.BW for d in s.devices for j in d) == n

@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
                         "config module pipeloom_torchtitan.py and torchtitan_args.txt beside the CSV, so torchtitan "
                         "builds the plan's stages, layer split and placement (docs/torch.md)")
     p.add_argument("--json", action="store_true", help="print the simulate-style JSON summary")
+    from .tp_options import add_tp_options
+    add_tp_options(p)  # --tp-fuse: the written plan fuses B+W where the split buys nothing under TP costs
     p.set_defaults(func=run, _config_flags=PLAN_FLAGS)
 
 
@@ -56,6 +58,10 @@ def run(args) -> int:
     dt = time.perf_counter() - t0
     # the file remembers what the plan was made for ('simulate --plan' checks it against that limit)
     sched = dataclasses.replace(sched, meta={"builder": args.schedule, "mem_limit": spec.mem_limit, **sched.meta})
+    tp = None
+    from .tp_options import tp_result, tp_wanted
+    if tp_wanted(args):
+        sched, tp = tp_result(args, sched, spec)
     titan = job = None
     if args.torchtitan:  # before writing anything: can torchtitan place this plan's stages?
         from ..integrations import torchtitan as tt
@@ -77,6 +83,7 @@ def run(args) -> int:
         res["out"] = args.out
         res["meta"] = sched.meta
         res.update(_bound(sched, spec, res))
+        res.update(tp or {})
         if titan is not None:
             res["torchtitan"] = titan
         if pplan is not None:  # which layers each stage holds: the plan's costs are this split's
