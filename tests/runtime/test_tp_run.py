@@ -96,3 +96,22 @@ def test_torchrun_world_mismatch_counts_the_tp_ranks(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"torchrun started 2 ranks; pp\*dp\*tp = 2\*1\*2 = 4"):
         run(RunConfig(schedule="1f1b", pp=2, tp=2, microbatches=2))
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_pp2_tp2_interleaved_zbh1_dualpipev_and_a_random_plan_match_one_process():
+    """The rest of issue 30's schedule list against the single-process reference (1f1b and zbv above): interleaved
+    (vpp 2), zbh1 and a random valid plan (B/W and BW mixed, W far from its B) with sequence parallelism, dualpipev."""
+    from fuzzplans import random_plan  # tests/: pytest puts it on sys.path
+
+    one = dict(SMALL, steps=1)
+    cases = [dict(schedule="interleaved", **one), dict(schedule="zbh1", sequence_parallel=True, **one),
+             dict(schedule="dualpipev", **one),
+             dict(schedule=random_plan(2, 2, 4, seed=5, split=0.6), sequence_parallel=True, **one)]
+    res = spawn(cases_worker, 4, (cases,), timeout_s=180)
+    for c, r in zip(cases, res):
+        assert r["tp"] == 2 and r["world_size"] == 4, c
+        assert r["params_missing_grad"] == 0, c
+        assert r["max_loss_diff"] <= TOL and r["max_grad_diff"] <= TOL and r["max_param_diff"] <= REF_PARAM_TOL, (c, r)
+        assert r["tp_replica_param_diff"] == 0.0, c
