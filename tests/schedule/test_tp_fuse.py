@@ -128,3 +128,19 @@ def test_cli_plan_tp_fuse_writes_the_fused_plan(tmp_path):
     from pipeloom.schedule import io as schedule_io
     s = schedule_io.load(str(out))
     assert sum(j.kind is Kind.BW for d in s.devices for j in d) == n
+
+
+def test_cli_column_share_from_the_model():
+    from pipeloom.models.presets import preset
+    from pipeloom.tune.comm_terms import column_share
+
+    m = preset("llama-tiny")
+    r = _cli("-s", "zbv", "--pp", "2", "-m", "4", "--model", "llama-tiny", "--tp-comm", "0.05", "--tp-overlap",
+             "fill", "--json")
+    assert r.returncode == 0, r.stderr
+    tp = json.loads(r.stdout)["tp"]
+    share = column_share(m)
+    # QKV (h x (q + 2 kv)) and gate+up (2 x h x ffn) of all four GEMM groups' weights
+    want = (m.q_dim + 2 * m.kv_dim + 2 * m.ffn) / (m.q_dim + 2 * m.kv_dim + m.q_dim + 3 * m.ffn)
+    assert tp["column_share"] == pytest.approx(share) == pytest.approx(want) and 0.5 < share < 1
+    assert tp["makespan"] < tp["makespan_off"]
