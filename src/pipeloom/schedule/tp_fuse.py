@@ -92,10 +92,7 @@ def fuse_for_tp(schedule: Schedule, costs: Costs, terms: TPJobTerms, *, mem: Mem
             continue
         tried += 1
         trial = replace(cur, devices=cur.devices[:d] + (jobs,) + cur.devices[d + 1:])
-        try:
-            span, _ = tp_makespan(trial, costs, terms)
-        except Exception:  # a fusion that deadlocks the plan (the W moved above a job it waited on): not taken
-            continue
+        span, _ = tp_makespan(trial, costs, terms)  # a B's inputs are a BW's; nothing waits for a W: no deadlock
         if span > best + _EPS * max(1.0, best):
             continue
         if mem_limit is not None and max(memory_profile(trial, mem)[0], default=0.0) > mem_limit + 1e-9:
