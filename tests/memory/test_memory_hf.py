@@ -26,10 +26,14 @@ def test_moe_activations_follow_top_k_not_the_expert_count():
     # twice the experts, same top-k: only the router's fp32 probabilities grow (4 bytes per token per expert)
     more = dataclasses.replace(MOE, experts=16)
     assert _layer_bytes(more) - base == 4 * 8 * MOE.seq
-    # twice the top-k: the routed copies (input, MLP activations, output) double
+    # twice the top-k: the routed copies (input, MLP activations; the output only where it is weighed outside
+    # the expert, transformers' modules: Megatron's fused path applies the weight inside the SwiGLU) double
     k4 = dataclasses.replace(MOE, experts_per_token=4)
-    per_copy = 2 * (64 + 2 * 48 + 48 + 64)        # bf16: gathered input, gate|up, fc2 input, expert output
+    per_copy = 2 * (64 + 2 * 48 + 48)             # bf16: gathered input, gate|up, fc2 input
     assert _layer_bytes(k4) - base == MOE.seq * (2 * per_copy + 12 * 2)
+    hf = an.TrainConfig(impl="hf")
+    per_copy_hf = 2 * (64 + 3 * 48 + 48 + 64)     # eager SwiGLU (gate, silu, up), fc2 input, expert output
+    assert _layer_bytes(k4, hf) - _layer_bytes(MOE, hf) == MOE.seq * (2 * per_copy_hf + 12 * 2)
     # parameters hold all experts
     assert layer_params(more) - layer_params(MOE) == 8 * 3 * 64 * 48 + 8 * 64
 

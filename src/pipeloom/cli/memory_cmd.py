@@ -90,6 +90,7 @@ def add_parser(sub) -> None:
     g.add_argument("--keep-stage-io", action="store_true",
                    help="each chunk keeps its sent output until its backward (no early freeing); default: freed "
                         "once sent, as Megatron's deallocate_pipeline_outputs and Llama 3 do")
+    add_moe_options(p)
     add_mem_limit_option(p, default=None, bytes_ok=True,
                          purpose="memory limit for memory-aware schedules (a size in bytes is converted into units "
                                  "with this estimate)")
@@ -103,6 +104,33 @@ def add_parser(sub) -> None:
                         "device with params, "
                         "params_bytes, grads_bytes, optimizer_bytes, activations_bytes, peak_bytes")
     p.set_defaults(func=run)
+
+
+def add_moe_options(p) -> None:
+    """Expert and context parallelism, light recompute and FP8 (``memory`` and ``tune``'s pins share them)."""
+    from .common import positive_int
+
+    g = p.add_argument_group("mixture of experts, long context, FP8 (docs/moe.md)")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel degree: experts / ep routed experts per rank, carved out of dp*cp "
+                        "(Megatron); must divide the experts and dp*cp (default: 1)")
+    g.add_argument("--capacity-factor", type=float, default=None, metavar="X",
+                   help="expert capacity over the mean load (buffers padded to it); default: dropless")
+    g.add_argument("--moe-imbalance", type=float, default=1.0, metavar="X",
+                   help="dropless: the busiest rank's expert load over the mean, >= 1 (default: 1, balanced)")
+    g.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel degree (ring attention, zig-zag split): activations / cp (default: 1)")
+    g.add_argument("--recompute-norms", action="store_true",
+                   help="recompute RMSNorm outputs and MLA up-projections in backward (DeepSeek-V3)")
+    g.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
+                   help="GEMM precision: fp8 caches GEMM inputs in FP8 and keeps an FP8 weight copy (default: "
+                        "%(default)s; the rest of the model stays in --dtype)")
+
+
+def moe_train_kwargs(args) -> dict:
+    """The :class:`~pipeloom.memory.layers.TrainConfig` fields of :func:`add_moe_options`."""
+    return dict(ep=args.ep, capacity_factor=args.capacity_factor, moe_imbalance=args.moe_imbalance, cp=args.cp,
+                recompute_norms=args.recompute_norms, fp8=args.precision == "fp8")
 
 
 def _lpc(text: str | None):
@@ -182,13 +210,17 @@ def run(args) -> int:
     train = TrainConfig(seq=seq, micro_batch=args.micro_batch, dtype=args.dtype, tp=args.tp,
                         sequence_parallel=args.sequence_parallel, recompute=args.recompute,
                         attention=args.attention, impl=args.impl, dp=args.dp, zero=args.zero,
-                        free_stage_io=not args.keep_stage_io, keep_gathered_input=args.keep_gathered_input)
+                        free_stage_io=not args.keep_stage_io, keep_gathered_input=args.keep_gathered_input,
+                        **moe_train_kwargs(args))
     vpp, lpc = stage_shape(args, model.layers)
     rep = estimate(model, train, schedule=args.schedule, pp=args.pp, vpp=vpp,
                    microbatches=args.microbatches, layers_per_chunk=lpc,
                    gpu_bytes=args.gpu_memory, reserve_bytes=args.reserve, mem_limit=args.mem_limit)
     if args.json:
-        print_json(rep.to_dict())
+        from ..models.moe import group_sizes
+
+        print_json({**rep.to_dict(), **moe_train_kwargs(args), "precision": args.precision,
+                    "groups": group_sizes(tp=args.tp, cp=args.cp, ep=args.ep, dp=args.dp, pp=args.pp)})
     else:
         print_report(rep)
     return 0 if rep.fits in (None, True) else 1
@@ -209,8 +241,10 @@ def print_report(rep) -> None:
     active = f", {active_params(rep.model) / 1e9:.2f}B active" if rep.model.moe else ""
     title = (f"{rep.model.name} ({rep.total_params / 1e9:.2f}B{active})  {rep.schedule_name} pp={rep.pp} vpp={rep.vpp} "
              f"m={rep.microbatches}\ntp={t.tp}{'+sp' if t.sequence_parallel else ''} seq={t.seq or rep.model.seq} "
-             f"b={t.micro_batch} {t.dtype} recompute={t.recompute}"
-             + (f" dp={t.dp} zero={t.zero}" if t.dp > 1 else "") + ("" if t.free_stage_io else " stage-io-kept"))
+             f"b={t.micro_batch} {t.dtype}{'+fp8' if t.fp8 else ''} recompute={t.recompute}"
+             f"{'+norms' if t.recompute_norms else ''}"
+             + (f" dp={t.dp} zero={t.zero}" if t.dp > 1 else "") + (f" ep={t.ep}" if t.ep > 1 else "")
+             + (f" cp={t.cp}" if t.cp > 1 else "") + ("" if t.free_stage_io else " stage-io-kept"))
     tab = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption="GiB per device; act = peak held activations over the schedule, "
                                      "units = full-stage microbatch activations; tmp = transient working set")
     for c in ("dev", "chunks", "params", "weights", "grads", "optim", "act", "units", "tmp", "peak"):

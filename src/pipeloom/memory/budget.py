@@ -40,6 +40,20 @@ def device_params(model: ModelConfig, train: TrainConfig, mine: Sequence[ChunkMe
     return params
 
 
+def _static(params: int, train: TrainConfig, mine: Sequence[ChunkMemory]) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes of a device: dense parameters sharded over dp * cp with ZeRO, routed
+    experts over dp * cp / ep (:func:`pipeloom.memory.moe.split_static`)."""
+    if train.ep == 1 and train.cp == 1 and not train.fp8:
+        return static_bytes(params, train)
+    import dataclasses
+
+    from .moe import split_static
+
+    dense = dataclasses.replace(train, dp=train.dp * train.cp)
+    return split_static(static_bytes, params, sum(c.expert_params for c in mine), dense,
+                        train.dp * train.cp // train.ep)
+
+
 def mem_model_for(chunks: Sequence[ChunkMemory], pp: int) -> tuple[float, list[float], list[float]]:
     """(unit bytes U, a per chunk, b per chunk) in schedule units; b may be < 0 (B allocates)."""
     U = sum(c.activation_bytes for c in chunks) / pp
@@ -146,7 +160,7 @@ def device_budget(model: ModelConfig, training: TrainConfig, layout: tuple[int, 
     for mine in mine_of:
         p = device_params(model, training, mine)
         params.append(p)
-        static.append(static_bytes(p, training))
+        static.append(_static(p, training, mine))
         # sharded data parallel (ZeRO-2/3): the largest chunk's unsharded gradients / gathered parameters
         shard = shard_transient_bytes(training, max((c.params for c in mine), default=0))
         tr.append(transient_bytes(model, training, mine, split=True) + shard)

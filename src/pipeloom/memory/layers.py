@@ -119,6 +119,19 @@ class TrainConfig:
     """with sequence parallelism: True (pipeloom's TP runtime, :mod:`pipeloom.models.tp_comm`) keeps the
     all-gathered input of each column-parallel GEMM group (QKV, fc1) from F to its weight gradient, full
     width; False (Megatron): the sequence shard is saved and all-gathered again in the backward"""
+    # MoE, long context, FP8: pipeloom.memory.moe says what they change, pipeloom.models.moe the layout rules
+    ep: int = 1
+    """expert-parallel degree: experts / ep routed experts per rank, carved out of dp * cp"""
+    capacity_factor: float | None = None
+    """expert capacity over the mean load (GShard/Switch: buffers padded to it); None = dropless"""
+    moe_imbalance: float = 1.0
+    """dropless: the busiest rank's expert load over the mean (the stated imbalance assumption)"""
+    cp: int = 1
+    """context-parallel degree (ring attention): each rank holds seq / cp tokens of every sequence"""
+    recompute_norms: bool = False
+    """recompute RMSNorm outputs and MLA's up-projections in B (DeepSeek-V3 sec. 3.2.3)"""
+    fp8: bool = False
+    """FP8 GEMMs: inputs cached in FP8 for the weight gradient, an FP8 copy of the weights"""
 
     def __post_init__(self) -> None:
         for f in ("micro_batch", "tp", "dp"):
@@ -139,6 +152,10 @@ class TrainConfig:
             raise MemoryConfigError(f"zero must be one of {zero_help()}; got {self.zero!r}")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)  # nothing to split
+        from .moe import train_error
+
+        if train_error(self):  # ep, cp, capacity factor, imbalance, fp8 (memory/moe.py)
+            raise MemoryConfigError(train_error(self))
 
     @property
     def elem(self) -> int:
@@ -237,13 +254,16 @@ def _moe_items(model: ModelConfig, train: TrainConfig, tokens: float, rep: int) 
     only) cannot defer; so nothing of theirs is held from B to W. The shared experts and their gate are
     ``nn.Linear``: deferred to W (they keep the router's input, their own input, until W).
     """
+    from .moe import train_load
+
     e, h, k, E = train.elem, model.hidden, model.experts_per_token, model.experts
-    routed = tokens * k
+    routed = tokens * k * train_load(train)  # a rank's experts carry the mean load times the load factor
     items = [Item("router.input", e * h * tokens / rep, w_input=bool(model.shared_experts)),
              Item("router.probs_fp32", 4 * E * tokens), Item("router.topk_weights", 4 * k * tokens),
              Item("router.topk_indices", 8 * k * tokens)]
     items += _mlp_items("experts", model, train, model.expert_ffn, routed, deferred=False)
-    items.append(Item("experts.output", e * h * routed))
+    if train.impl != "fused":  # transformers weighs the expert's output; Megatron's weighted SwiGLU does not keep it
+        items.append(Item("experts.output", e * h * routed))
     for i in range(model.shared_experts):
         items += _mlp_items(f"shared{i}", model, train, model.shared_expert_ffn, tokens, with_input=False)
     if model.shared_experts and model.shared_expert_gate:
@@ -252,7 +272,9 @@ def _moe_items(model: ModelConfig, train: TrainConfig, tokens: float, rep: int) 
 
 
 def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str | None = None) -> list[Item]:
-    """Saved tensors of one transformer layer for one microbatch on one device (see module docstring)."""
+    """Saved tensors of one transformer layer for one microbatch on one device (see module docstring).
+    ``recompute`` given (e.g. 'none' for what W needs) overrides the training's own, light recompute included."""
+    own = recompute is None
     recompute = train.recompute if recompute is None else recompute
     e, h, f, a, t = train.elem, model.hidden, model.ffn, model.heads, train.tp
     q = model.q_dim
@@ -265,6 +287,11 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
     expand = train.attention == "math" or train.impl == "eager"   # hf + flash: SDPA's native GQA
     kvw = q if expand else model.kv_dim
     items = _norm_items("attn_norm", model, train, tokens, rep)
+    from . import moe as _moe
+
+    if _moe.is_mla(model):  # DeepSeek's multi-head latent attention: its own items (memory/moe.py)
+        items += [Item(*x) for x in _moe.mla_items(model, train, tokens, rep)]
+        return _finish(model, train, items + _mlp_block(model, train, tokens, rep, f, drop), recompute, own)
     rep_in = 1 if train.keep_gathered_input else rep   # the column groups' input: gathered, or the shard
     items.append(Item("qkv.input", e * h * tokens / rep_in, w_input=True))
     if model.qk_norm:                                    # per-head RMSNorm of q and k (Qwen3)
@@ -286,19 +313,38 @@ def layer_activations(model: ModelConfig, train: TrainConfig, *, recompute: str 
                   Item("attn.v", e * kvw * tokens / t),
                   Item("attn.lse", 4 * a * tokens / t, core=True),
                   Item("proj.input", e * q * tokens / t, w_input=True)]  # = the attention output
-    if drop:
-        items.append(Item("attn.residual_dropout_mask", h * tokens / rep))
+    return _finish(model, train, items + _mlp_block(model, train, tokens, rep, f, drop), recompute, own)
+
+
+def _mlp_block(model: ModelConfig, train: TrainConfig, tokens: float, rep: int, f: int, drop: bool) -> list[Item]:
+    e, h = train.elem, model.hidden
+    items = [Item("attn.residual_dropout_mask", h * tokens / rep)] if drop else []
     items += _norm_items("mlp_norm", model, train, tokens, rep)
     if model.moe:
         items += _moe_items(model, train, tokens, rep)
     else:
         mlp = _mlp_items("mlp", model, train, f, tokens)
+        rep_in = 1 if train.keep_gathered_input else rep   # the column groups' input: gathered, or the shard
         mlp[0] = Item("fc1.input", e * h * tokens / rep_in, w_input=True)
         items += [Item(it.name.removeprefix("mlp."), it.bytes, it.w_input, it.core) for it in mlp]
     if drop:
         items.append(Item("mlp.residual_dropout_mask", h * tokens / rep))
+    return items
+
+
+def _finish(model: ModelConfig, train: TrainConfig, items: list[Item], recompute: str, own: bool) -> list[Item]:
+    """Selective recompute drops the attention core; FP8 caches the weight GEMMs' inputs in 1 byte; light
+    recompute (``recompute_norms``) drops the norm and up-projection outputs from what F keeps, only for the
+    training's own recompute (the items of ``recompute='none'`` are what B re-makes and W needs)."""
+    from .moe import FP8_CACHED, LIGHT_RECOMPUTED, fp8_bytes
+
     if recompute == "selective":
         items = [it for it in items if not it.core]
+    if train.fp8:
+        items = [Item(it.name, fp8_bytes(it.bytes, train.elem), it.w_input, it.core)
+                 if it.w_input or it.name.endswith(FP8_CACHED) else it for it in items]
+    if train.recompute_norms and own:
+        items = [it for it in items if it.name not in LIGHT_RECOMPUTED]
     return items
 
 
@@ -311,6 +357,10 @@ def layer_w_grads(model: ModelConfig, train: TrainConfig) -> float:
     gated = 2 if model.mlp == "swiglu" else 1
     qkv = e * (model.q_dim + 2 * model.kv_dim) * tokens / t
     proj = e * h * tokens                                   # row-parallel output grad is full width
+    from .moe import is_mla, mla_w_grads
+
+    if is_mla(model):  # MLA's five projections (memory/moe.py)
+        qkv, proj = mla_w_grads(model, train, tokens), 0.0
     if not model.moe:
         return qkv + proj + gated * e * f * tokens / t + e * h * tokens
     mlp = model.shared_experts * (gated * e * model.shared_expert_ffn / t + e * h) * tokens
@@ -407,10 +457,16 @@ class ChunkMemory:
     """one layer's saved activations without recompute (for the transient estimate)"""
     first: bool
     last: bool
+    expert_params: int = 0
+    """of ``params``: the routed experts' (their optimizer states shard over the expert-data-parallel group)"""
 
 
 def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Sequence[int]) -> list[ChunkMemory]:
     check_tp(model, train)
+    from ..models.moe import ep_saving, expert_params
+    from .moe import local_train
+
+    train = local_train(model, train)  # checks ep; cp: every rank holds seq / cp tokens of each sequence
     n = len(layers_per_chunk)
     if sum(layers_per_chunk) != model.layers or any(x < 0 for x in layers_per_chunk):
         raise MemoryConfigError(f"layers per chunk {list(layers_per_chunk)} must be >= 0 and sum to the "
@@ -422,7 +478,8 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
     for c, nl in enumerate(layers_per_chunk):
         first, last = c == 0, c == n - 1
         # each layer counted as its own kind (DeepSeek's first dense layers are not MoE layers)
-        params = layers_params(model, start, nl, train.tp)
+        params = layers_params(model, start, nl, train.tp) - ep_saving(model, start, nl, tp=train.tp, ep=train.ep)
+        experts = expert_params(model, start, nl, tp=train.tp, ep=train.ep)
         start += nl
         A, H = nl * per_layer, nl * held_layer
         if nl:
@@ -439,7 +496,12 @@ def chunk_memory(model: ModelConfig, train: TrainConfig, layers_per_chunk: Seque
             hi = head_activations(model, train)
             A += sum(it.bytes for it in hi)
             H += sum(it.bytes for it in hi if it.w_input) + head_w_grads(model, train)
-        out.append(ChunkMemory(c, nl, params, A, H, per_layer_none, first, last))
+            if getattr(model, "mtp_layers", 0):  # DeepSeek-V3's MTP modules sit with the head (memory/moe.py)
+                from .moe import mtp_chunk
+
+                p_, e_, a_, h_ = mtp_chunk(model, train, per_layer, held_layer, hi, head_w_grads(model, train))
+                params, experts, A, H = params + p_, experts + e_, A + a_, H + h_
+        out.append(ChunkMemory(c, nl, params, A, H, per_layer_none, first, last, experts))
     return out
 
 
@@ -463,6 +525,9 @@ def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[Chu
     """
     if not chunks:
         return 0.0
+    from .moe import local_train, routing_buffer_bytes
+
+    train = local_train(model, train)
     e, t, h, f = train.elem, train.tp, model.hidden, model.ffn
     f_mat = f
     if model.moe:  # ffn-wide activations per token: the routed experts' and the shared ones'
@@ -477,5 +542,6 @@ def transient_bytes(model: ModelConfig, train: TrainConfig, chunks: Sequence[Chu
         work += chunks[0].layer_activation_bytes
     if split:
         work += e * f * tokens / t
+    work += routing_buffer_bytes(model, train, tokens)  # one dispatch/combine in flight (0 for a dense model)
     logits = 8 * model.vocab * tokens / t if any(c.last for c in chunks) else 0.0
     return max(work, logits)

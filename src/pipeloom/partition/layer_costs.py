@@ -220,6 +220,10 @@ def activation_bytes_per_token(model: ModelConfig) -> float:
         return (e if model.mlp == "gelu" else 2 * e) * ffn + e * ffn
 
     n = norm(h) + e * h + e * q + 2 * e * kv + 4 * a + e * q            # norm, qkv in, q, k, v, lse, proj in
+    if hasattr(model, "kv_lora_rank"):  # DeepSeek's MLA: latents and per-head q, k, v of their own widths
+        from ..models.families.deepseek import mla_bytes_per_token
+
+        n = norm(h) + mla_bytes_per_token(model, e)
     if model.qk_norm:
         n += norm(model.head_dim, a) + norm(model.head_dim, model.kv_heads)
     if model.dropout > 0:
@@ -229,7 +233,8 @@ def activation_bytes_per_token(model: ModelConfig) -> float:
         return n + e * h + mlp(model.ffn)
     k = model.experts_per_token
     n += e * h + 4 * model.experts + 12 * k                              # router input, fp32 probs, top-k
-    n += k * (e * h + mlp(model.expert_ffn) + e * h)                     # per routed copy: in, MLP, out
+    n += k * (e * h + mlp(model.expert_ffn))                             # per routed copy: in, MLP (weighted
+    #                                                                      SwiGLU: the output is not kept)
     n += model.shared_experts * mlp(model.shared_expert_ffn)
     if model.shared_experts and model.shared_expert_gate:
         n += 4 + e * h

@@ -171,6 +171,16 @@ def mtp_active_params(model: MLAConfig) -> int:
     return mtp_params(model) - model.mtp_layers * idle
 
 
+def mla_bytes_per_token(model: MLAConfig, e: int = 2) -> float:
+    """Bytes one token of MLA saves for the backward after the input norm (16-bit, flash attention, one TP
+    rank): the norm output ``h``, the query latent ``r_q`` into its RMSNorm (+ fp32 rstd) and out of it, the
+    same for the KV latent ``r_kv``, q and k (``H*d_q`` each), v (``H*d_v``), the fp32 log-sum-exp ``4H`` and
+    the attention output ``H*d_v``; :func:`pipeloom.memory.moe.mla_items` lists the same tensors."""
+    H, dq, dv = model.heads, model.qk_head_dim, model.v_head_dim
+    n = e * model.hidden + (2 * e * model.q_lora_rank + 4 if model.q_lora_rank else 0)
+    return n + 2 * e * model.kv_lora_rank + 4 + 2 * e * H * dq + 2 * e * H * dv + 4 * H
+
+
 # ------------------------------------------------------------------------------------- reader
 def _read(r, label):
     if r.bool("mlp_bias", False):
