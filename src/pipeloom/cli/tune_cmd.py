@@ -110,6 +110,24 @@ def add_parser(sub) -> None:
     s.add_argument("--top", type=capped_int(1, MAX_TOP), default=5, help="configurations to rank (default: %(default)s)")
     s.add_argument("--workers", type=capped_int(1, MAX_WORKERS), default=None,
                    help="processes that build schedules (default: one per core, at most 2; the result is the same)")
+    e = p.add_argument_group("mixture of experts, long context, FP8 (docs/moe.md)")
+    e.add_argument("--ep", type=positive_int, default=None,
+                   help="fix the expert-parallel degree (default: search every ep dividing the experts and dp*cp)")
+    e.add_argument("--max-ep", type=positive_int, default=None, help="largest expert-parallel degree to search")
+    e.add_argument("--cp", type=positive_int, default=None, help="fix the context-parallel degree (default: search "
+                   "up to --max-cp)")
+    e.add_argument("--max-cp", type=positive_int, default=1, help="largest context-parallel degree (default: 1)")
+    e.add_argument("--capacity-factor", type=number_type(0), default=None, metavar="X",
+                   help="expert capacity over the mean load (default: dropless)")
+    e.add_argument("--moe-imbalance", type=number_type(1), default=1.0, metavar="X",
+                   help="dropless: the busiest rank's expert load over the mean (default: 1, balanced)")
+    e.add_argument("--route-nodes", type=positive_int, default=None, metavar="N",
+                   help="node-limited routing: each token to at most N nodes (DeepSeek-V3: 4; default: unlimited)")
+    e.add_argument("--recompute-norms", action="store_true",
+                   help="recompute RMSNorm outputs and MLA up-projections in backward (DeepSeek-V3)")
+    e.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
+                   help="GEMM precision: fp8 runs the weight GEMMs at twice the rate with quantisation traffic "
+                        "and caches their inputs in FP8 (default: %(default)s)")
     p.add_argument("--explain", action="store_true", help="print every number the cost model used for the best one")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write the best plan into DIR: plan.json, plan.torch.csv, plan.gantt.png, pipeloom_torchtitan.py "
@@ -218,7 +236,21 @@ def problem_from_args(args):
                    microbatch_sizes=None if args.microbatch_size is None else (args.microbatch_size,),
                    max_microbatch_size=max(args.max_microbatch_size, args.microbatch_size or 1),
                    max_vpp=max(args.max_vpp, args.vpp or 1),
-                   tp_overlap=args.tp_overlap, tp_comm_overlap=args.tp_comm_overlap, dp_bucket_params=args.dp_bucket_size)
+                   tp_overlap=args.tp_overlap, tp_comm_overlap=args.tp_comm_overlap, dp_bucket_params=args.dp_bucket_size,
+                   **_moe_fields(args, model))
+
+
+def _moe_fields(args, model) -> dict:
+    """The Problem's expert / context parallel and FP8 fields; a pin that cannot work is one line."""
+    if args.ep is not None and args.ep > 1 and not model.moe:
+        raise ValueError(f"--ep {args.ep}: {model.name} is not a mixture-of-experts model (ep must be 1)")
+    if args.ep is not None and model.moe and model.experts % args.ep:
+        raise ValueError(f"--ep {args.ep} does not divide the {model.experts} routed experts of {model.name}")
+    if args.cp is not None and args.gpus % args.cp:
+        raise ValueError(f"--cp {args.cp} does not divide --gpus {args.gpus}")
+    return dict(ep=args.ep, max_ep=args.max_ep, cp=args.cp, max_cp=args.max_cp,
+                capacity_factor=args.capacity_factor, moe_imbalance=args.moe_imbalance, fp8=args.precision == "fp8",
+                route_nodes=args.route_nodes, recompute_norms=args.recompute_norms)
 
 
 def _resolve_model(spec: str):
@@ -322,12 +354,14 @@ def _print(res, explain: bool, written: list[str], before: set = frozenset(), ti
                     f"(efficiency {p.calibration.efficiency:g})",
               box=box.SIMPLE_HEAD, caption="step = simulated pipeline + exposed DP comm + optimizer; peak = the "
                                            "fullest device; headroom = GPU - reserve - peak")
-    for c in ("#", "tp", "pp", "vpp", "dp", "mbs", "m", "schedule", "limit", "recomp", "zero", "split",
+    extra = (["ep"] if p.model.moe else []) + (["cp"] if p.cp not in (None, 1) or p.max_cp > 1 else [])
+    for c in ("#", "tp", "pp", "vpp", "dp", *extra, "mbs", "m", "schedule", "limit", "recomp", "zero", "split",
               "tokens/s", "MFU", "step s", "bubble", "exp. comm s", "peak GiB", "headroom", "fits"):
         t.add_column(c, justify="left" if c in ("schedule", "recomp", "split") else "right", no_wrap=True)
     ranked = [c for c in res.configs if c.fits][:p.top]
     for i, c in enumerate(ranked):
-        t.add_row(str(i + 1), str(c.tp), str(c.pp), str(c.vpp), str(c.dp), str(c.microbatch_size),
+        t.add_row(str(i + 1), str(c.tp), str(c.pp), str(c.vpp), str(c.dp), *[str(getattr(c, x)) for x in extra],
+                  str(c.microbatch_size),
                   str(c.microbatches), c.schedule, "-" if c.mem_limit is None else f"{c.mem_limit:.3g}",
                   c.recompute, str(c.zero), c.partition[:4], f"{c.tokens_per_s:,.0f}", f"{c.mfu * 100:.1f}%",
                   f"{c.step_time_s:.3f}", f"{c.bubble * 100:.1f}%", f"{c.exposed_comm_s:.3f}",

@@ -53,7 +53,12 @@ class Costs:
     comm: float = 0.0
     """latency added to every dependency edge that crosses devices"""
     overlap: float = 0.0
-    """fraction of the shorter job hidden when two jobs run as an overlapped pair (DualPipe), 0..1"""
+    """fraction of the shorter job hidden when two jobs run as an overlapped pair (DualPipe), 0..1; used only
+    when no all-to-all is given (``a2a_F``/``a2a_B``), which then price the pair by what it hides"""
+    a2a_F: PerChunk = 0.0
+    """of each F duration, the communication an overlapped pair can hide (MoE dispatch + combine all-to-all)"""
+    a2a_B: PerChunk = 0.0
+    """of each B (and BW) duration, the communication an overlapped pair can hide (their gradients' all-to-all)"""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.comm) and self.comm >= 0):
@@ -61,10 +66,21 @@ class Costs:
         _expand(self.comm, 1, "comm")
         if not (0.0 <= self.overlap <= 1.0):
             raise ValueError(f"overlap must lie in [0, 1], got {self.overlap}")
-        for name in ("F", "B", "W"):
+        for name in ("F", "B", "W", "a2a_F", "a2a_B"):
             v = getattr(self, name)
             if isinstance(v, (int, float)):
                 _expand(v, 1, name)
+
+    @property
+    def hides_pairs(self) -> bool:
+        """True when an overlapped pair takes less than its two jobs one after the other."""
+        return self.overlap > 0 or any(x > 0 for n in ("a2a_F", "a2a_B") for x in
+                                       (getattr(self, n) if not isinstance(getattr(self, n), (int, float))
+                                        else (getattr(self, n),)))
+
+    def a2a_per_chunk(self, num_chunks: int) -> tuple[list[float], list[float]]:
+        """(hideable communication of F, of B) per global chunk (:func:`pair_hidden`)."""
+        return _expand(self.a2a_F, num_chunks, "a2a_F"), _expand(self.a2a_B, num_chunks, "a2a_B")
 
     def per_chunk(self, num_chunks: int) -> tuple[list[float], list[float], list[float]]:
         """(F, B, W) durations as lists indexed by global chunk."""
@@ -76,7 +92,8 @@ class Costs:
 
     @classmethod
     def parse(cls, text: str | None) -> "Costs":
-        """Parse ``F=1,B=1,W=1,comm=1[,overlap=0.5]``; per-chunk lists as ``F=1:2:1:3``."""
+        """Parse ``F=1,B=1,W=1,comm=1[,overlap=0.5][,a2a=0.3]``; per-chunk lists as ``F=1:2:1:3``; ``a2a`` sets
+        both ``a2a_F`` and ``a2a_B`` (the all-to-all inside each F and B), ``a2a_f``/``a2a_b`` one of them."""
         if text is None or not text.strip():
             return cls()
         kw: dict = {}
@@ -85,13 +102,14 @@ class Costs:
             if "=" not in part:
                 raise ValueError(f"bad cost item {part!r}: expected KEY=VALUE with KEY in F, B, W, comm, overlap")
             k, v = (s.strip() for s in part.split("=", 1))
-            key = {"f": "F", "b": "B", "w": "W", "comm": "comm", "overlap": "overlap"}.get(k.lower())
+            key = {"f": "F", "b": "B", "w": "W", "comm": "comm", "overlap": "overlap", "a2a": "a2a",
+                   "a2a_f": "a2a_F", "a2a_b": "a2a_B"}.get(k.lower())
             if key is None:
-                raise ValueError(f"unknown cost key {k!r}: allowed are F, B, W, comm, overlap")
+                raise ValueError(f"unknown cost key {k!r}: allowed are F, B, W, comm, overlap, a2a, a2a_F, a2a_B")
             if key in kw:
                 raise ValueError(f"cost {key} is given twice in {text!r}; give each of F, B, W, comm, overlap once")
             try:
-                if ":" in v and key in ("F", "B", "W"):
+                if ":" in v and key in ("F", "B", "W", "a2a", "a2a_F", "a2a_B"):
                     kw[key] = tuple(float(x) for x in v.split(":"))
                 else:
                     kw[key] = float(v)
@@ -104,13 +122,33 @@ class Costs:
                 _expand(vals, len(vals), f"cost {k}")
             if key in ("F", "B", "W") and not any(vals):
                 zero.add(key)
+        if "a2a" in kw:
+            both = kw.pop("a2a")
+            for k2 in ("a2a_F", "a2a_B"):
+                if k2 in kw:
+                    raise ValueError(f"costs {text!r}: give a2a or {k2}, not both")
+                kw[k2] = both
         if zero == {"F", "B", "W"}:  # (the defaults are 1: a duration left out is not 0)
             raise ValueError(f"costs {text!r}: F, B and W are all 0, so every schedule takes no time; give F, B or "
                              f"W > 0 (W=0 alone is fine)")
         return cls(**kw)
 
     def to_dict(self) -> dict:
-        return {"F": self.F, "B": self.B, "W": self.W, "comm": self.comm, "overlap": self.overlap}
+        out = {"F": self.F, "B": self.B, "W": self.W, "comm": self.comm, "overlap": self.overlap}
+        for k in ("a2a_F", "a2a_B"):  # only when given (the JSON of runs without them is unchanged)
+            if getattr(self, k) != 0.0:
+                out[k] = getattr(self, k)
+        return out
+
+
+def pair_hidden(d1: float, c1: float, d2: float, c2: float) -> float:
+    """What an overlapped pair of two jobs hides: job 1 lasts ``d1`` of which ``c1`` is communication (the
+    all-to-all), job 2 likewise. Each job's communication runs while the other computes (DualPipe's F&B
+    overlap, DeepSeek-V3 report sec. 3.2.1, fig. 4; Megatron-Core's combined 1F1B EP overlap), so the pair
+    hides ``min(c1, d2 - c2) + min(c2, d1 - c1)`` and takes at least ``max(compute sum, comm sum)``: nothing
+    when neither communicates, all of the shorter side when one's communication equals the other's compute."""
+    c1, c2 = min(max(c1, 0.0), d1), min(max(c2, 0.0), d2)
+    return min(c1, d2 - c2) + min(c2, d1 - c1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,8 @@
 transformer; :mod:`.sharding` says what each ZeRO level shards over the data-parallel replicas (static bytes
 and the transient of one unsharded chunk); :mod:`.budget` says what each device of a layout holds besides the schedule's activations
 (:func:`device_budget`) and turns a size in bytes into a limit in units; :mod:`.analytic` turns a
-schedule's memory trace into per-device peak bytes (:func:`estimate`); :mod:`.traced` measures the same
+schedule's memory trace into per-device peak bytes (:func:`estimate`); :mod:`.moe` what expert and context
+parallelism, MLA, DeepSeek-V3's MTP module, light recompute and FP8 change in them (docs/moe.md); :mod:`.traced` measures the same
 quantities on a real ``torch.nn.Module`` per chunk.
 """
 from .analytic import (PRESETS, MemoryConfigError, MemoryReport, ModelConfig, TrainConfig, estimate,

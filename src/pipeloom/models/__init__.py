@@ -11,6 +11,8 @@
     hf_config  a Hugging Face config.json as ModelConfig (read as JSON by its family's reader, no torch) and
              resolve_model, the one --model resolution; published configs shipped in hf_configs/
     flops    parameters of a layer / embedding / head and per-layer F/B/W FLOPs, dense and MoE (no torch)
+    moe      expert / context parallel layouts (ep carved out of dp * cp, group sizes), routed-expert
+             parameters per rank, the capacity factor or dropless imbalance (no torch)
     slicing  cut a model's layers into the schedule's chunks (even_layer_split: no torch;
              chunk_modules: torch)
     llama    the built-in tiny Llama used by the demo, the tests and the benchmarks (torch)

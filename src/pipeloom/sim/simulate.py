@@ -18,7 +18,7 @@ from ..core import rules
 from . import kernel
 from ..core.errors import DeadlockError  # noqa: F401  (raised by the kernel; re-exported)
 from ..core.ir import Kind, Schedule
-from ..core.costs import Costs, MemModel
+from ..core.costs import Costs, MemModel, pair_hidden
 
 
 @dataclass(slots=True)
@@ -65,14 +65,20 @@ def simulate(schedule: Schedule, costs: Costs | None = None, mem: MemModel | Non
     ov = 1.0 - costs.overlap
     table = rules.durations(nc, dF, dB, dW)
     pair_cost = {}
-    for d, i in pairs:  # an overlapped pair takes d1 + d2 - overlap * min(d1, d2)
+    comm_of = None
+    aF, aB = costs.a2a_per_chunk(nc) if pairs else ([], [])
+    if any(aF) or any(aB):  # all-to-all given: the pair hides what core/costs.pair_hidden says, not `overlap`
+        comm_of = {Kind.F: aF, Kind.B: aB, Kind.BW: aB, Kind.W: [0.0] * nc}
+    for d, i in pairs:  # an overlapped pair takes d1 + d2 - hidden
         if 0 <= d < pp and i + 1 < len(devices[d]):
             j1, j2 = devices[d][i], devices[d][i + 1]
             try:
                 d1, d2 = table[j1[0]][j1[2]], table[j2[0]][j2[2]]
+                hidden = ((1.0 - ov) * min(d1, d2) if comm_of is None
+                          else pair_hidden(d1, comm_of[j1[0]][j1[2]], d2, comm_of[j2[0]][j2[2]]))
             except (KeyError, IndexError, TypeError):
                 continue  # a job out of range: the kernel names it
-            pair_cost[(d, i)] = (d1, d2, (1.0 - ov) * min(d1, d2))
+            pair_cost[(d, i)] = (d1, d2, hidden)
     tm = kernel.time_order(devices, m, kernel.Rules.make(pp, nc, schedule.placement, costs.comm),
                            durations=table, pairs=pair_cost)
     start, end = tm.start, tm.end

@@ -9,6 +9,8 @@
 * :mod:`.bounds` -- every lower bound of a configuration: memory, step time, and the memory-aware step time
                     (warm-up, last forward, DP bucket)
 * :mod:`.search` -- evaluation (plan, simulate, DP buckets, memory), simulation in bound order, ranking
+* :mod:`.moe_costs` -- the expert-parallel all-to-all, routing permutation and expert load, ring attention
+                    (context parallel) and FP8 terms of a layer, and what an F&B pair hides (docs/moe.md)
 * :mod:`.measured` -- a calibration file from a measured run (``pipeloom run --calibrate``)
 * :mod:`.launch` -- the chosen plan as files: schedule, Gantt, pipeloom/torchrun, torchtitan, Megatron-Core
 

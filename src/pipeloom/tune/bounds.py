@@ -151,11 +151,14 @@ def memory_lower_bound(space, c) -> float:
 def _shape(space, c):
     """Per (costs, partition, placement): prefix sums of F and of the device crossings, each device's
     first chunk and work per microbatch sum(F+B+W), sum(B), F of chunk 0 (what :func:`lower_bound` reads)."""
+    from .moe_costs import PAIRED, hideable
+
     k = (c.tp, c.microbatch_size, c.recompute, c.seg_layer_num, c.pp, c.vpp, c.placement,
-         backward_fused(c.schedule))
+         backward_fused(c.schedule), c.ep, c.cp, c.schedule in PAIRED)
     hit = space.shapes.get(k)
     if hit is None:
         F, B, W, _ = chunk_costs(space, c)
+        F, B = hideable(space, c, F, B)  # what overlapped pairs can hide is not work a bound may count
         owned, cross = space.owned(c.pp, c.vpp, c.placement)
         fp, cc = [0.0], [0]
         for x, y in zip(F, cross):
@@ -219,7 +222,11 @@ def memory_bound(space, c) -> float:
     the larger of the bound under each device's room on the GPU (in the exact memory model: holds for every
     schedule of ``c`` that fits) and, for the builders of :data:`BOUNDED`, the bound under the limit the
     builder plans with (in the rounded model it plans with: holds for its plan)."""
+    from .moe_costs import hideable
+
     F, B, W, comm = chunk_costs(space, c)
+    B0 = B  # the longest a chunk's last weight-gradient job can be (the DP tail below): nothing hidden
+    F, B = hideable(space, c, F, B)
     owned, cross = space.owned(c.pp, c.vpp, c.placement)
     owned = [sorted(o) for o in owned]
     budget = space.budget(c)
@@ -228,7 +235,7 @@ def memory_bound(space, c) -> float:
     chm = budget.chunk_memory
     dev_params = {k: sum(chm[j].params for j in mine) for mine in owned for k in mine}
     # B + W: the longest the chunk's last weight-gradient job can be (a BW; a W alone is shorter), so the tail holds
-    buckets = [dp_tail(space, c, ch.params, dev_params[k], B[k] + W[k], c.seg_layer_num[k] if c.seg_layer_num else 1)
+    buckets = [dp_tail(space, c, ch.params, dev_params[k], B0[k] + W[k], c.seg_layer_num[k] if c.seg_layer_num else 1)
                for k, ch in enumerate(budget.chunk_memory)]
     opt = max(optimizer_time(space, c, p) for p in budget.params)
     m = c.microbatches

@@ -380,8 +380,12 @@ def chunk_costs(space, c) -> tuple[list[float], list[float], list[float], float]
     the same, the head on the last chunk) and the P2P seconds of one chunk boundary."""
     from ..partition.layer_costs import uniform_chunk_costs
 
-    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule))
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule), getattr(c, "ep", 1),
+                         getattr(c, "cp", 1))
     F, B, W = uniform_chunk_costs(c.seg_layer_num, (lt.F, lt.B, lt.W), (ht.F, ht.B, ht.W))
+    n = getattr(space.p.model, "mtp_layers", 0)
+    if n:  # DeepSeek-V3's MTP modules run with the head on the last chunk: one more layer and head pass each
+        F[-1], B[-1], W[-1] = F[-1] + n * (lt.F + ht.F), B[-1] + n * (lt.B + ht.B), W[-1] + n * (lt.W + ht.W)
     return F, B, W, comm_p2p(space, c)
 
 
@@ -389,8 +393,9 @@ def comm_p2p(space, c) -> float:
     if c.pp == 1:
         return 0.0
     p = space.p
-    link = space.gpu.intra if c.tp * c.dp * c.pp <= p.gpn else space.gpu.inter
-    nbytes = c.microbatch_size * p.seq * p.model.hidden * ACT_BYTES / c.tp
+    cp = getattr(c, "cp", 1)
+    link = space.gpu.intra if c.tp * cp * c.dp * c.pp <= p.gpn else space.gpu.inter
+    nbytes = c.microbatch_size * p.seq * p.model.hidden * ACT_BYTES / c.tp / cp
     return p2p(nbytes, link)
 
 
@@ -457,7 +462,8 @@ def dp_tail(space, c, chunk_params: float, device_params: float, job_s: float = 
     return t
 
 
-def optimizer_time(space, c, params: float) -> float:
-    z = c.dp if c.zero else 1
-    return params * (28.0 / z + 2.0) / space.gpu.hbm_bandwidth
+def optimizer_time(space, c, params: float, expert_params: float = 0.0) -> float:
+    n = c.dp * getattr(c, "cp", 1)
+    z, ze = (n, n // getattr(c, "ep", 1)) if c.zero else (1, 1)
+    return ((params - expert_params) * (28.0 / z + 2.0) + expert_params * (28.0 / ze + 2.0)) / space.gpu.hbm_bandwidth
 

@@ -57,6 +57,10 @@ GPUS: dict[str, GPU] = {
     # H200 SXM: same compute as H100, 141 GB HBM3e (143,771 MiB), 4.8 TB/s
     "h200": GPU(name="h200", peak_flops=989.4e12, memory=143771 * MiB, hbm_bandwidth=4.8e12,
                 intra=Link(bandwidth=360e9, latency=5e-6), inter=Link(bandwidth=45e9, latency=10e-6)),
+    # H800 SXM: H100 compute and memory, NVLink cut to 400 GB/s; the figures DeepSeek-V3's report (arXiv 2412.19437,
+    # sec. 3.2.2) gives for its cluster: NVLink 160 GB/s and InfiniBand 50 GB/s per GPU achieved
+    "h800": GPU(name="h800", peak_flops=989.4e12, memory=81559 * MiB, hbm_bandwidth=3.35e12,
+                intra=Link(bandwidth=160e9, latency=5e-6), inter=Link(bandwidth=50e9, latency=10e-6)),
     # A100 SXM4 80GB: 312 TFLOP/s dense BF16, 81,920 MiB, 2.039 TB/s; NVLink 3 300 GB/s per direction;
     # 8 x 200 Gb/s InfiniBand HDR per node
     "a100-80g": GPU(name="a100-80g", peak_flops=312e12, memory=81920 * MiB, hbm_bandwidth=2.039e12,

@@ -139,8 +139,11 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     if plan[0] is None:
         hit = (None, None, plan[1])
     else:
+        from .moe_costs import chunk_a2a
+
+        aF, aB = chunk_a2a(space, c)  # the all-to-all an overlapped pair hides (0 without expert parallelism)
         exact = Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B), W=tuple(x / unit for x in W),
-                      comm=comm / unit)
+                      comm=comm / unit, a2a_F=tuple(x / unit for x in aF), a2a_B=tuple(x / unit for x in aB))
         hit = (plan[0], simulate(plan[0], exact), None)
     sched, sim, err = hit
     if err:
@@ -165,7 +168,8 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
         finish.append(end * scale)
         dp_ivs.append(ivs)
     pipe = max(finish) if finish else makespan
-    opt = max(optimizer_time(space, c, params) for params in budget.params)
+    opt = max(optimizer_time(space, c, params, sum(ch.expert_params for ch in mine))
+              for params, mine in zip(budget.params, budget.chunks))
     c.makespan_s = makespan
     c.exposed_comm_s = max(0.0, pipe - makespan)
     c.optimizer_s = opt
@@ -343,15 +347,18 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
 
 def _explain(space: _Space, c: Config) -> dict:
     p = space.p
-    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule))
+    lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule), c.ep, c.cp)
     return {"gpu": space.gpu.to_dict(), "efficiency": space.eff, "calibration": p.calibration.to_dict(),
             "layer": {"F_s": lt.F, "B_s": lt.B, "W_s": lt.W, **lt.parts},
             "head": {"F_s": ht.F, "B_s": ht.B, "W_s": ht.W, **ht.parts},
             "p2p_s": comm_p2p(space, c), "dp_link": c.detail.get("dp_link"),
             "dp_bucket_s_per_chunk": [dp_time(space, c, ch.params) for ch in space.memory(
-                c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)[1]],
+                c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep, c.cp)[1]],
             "dp_bucket_params": dp_bucket_params(space, c),
             "communication": _comm_explain(space, c, lt),
+            "parallel": {"ep": c.ep, "cp": c.cp, "fp8": p.fp8, "capacity_factor": p.capacity_factor,
+                         "moe_imbalance": p.moe_imbalance, "route_nodes": p.route_nodes,
+                         "pairs_hide_a2a": c.schedule in ("dualpipev",)},
             "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
             "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
             "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,

@@ -90,18 +90,34 @@ class Problem:
     """Megatron's ``--tp-comm-overlap`` (TransformerEngine userbuffers): forward collectives behind the GEMMs too"""
     dp_bucket_params: int | None = None
     """parameters per DP gradient bucket (None: Megatron's default max(40M, 1M x dp); :mod:`pipeloom.sim.dp`)"""
+    # mixture of experts, long context, FP8 (pipeloom.tune.moe_costs, pipeloom.memory.moe)
+    ep: int | None = None
+    """fix the expert-parallel degree (None: search every ep dividing the experts and dp*cp, up to max_ep)"""
+    max_ep: int | None = None
+    cp: int | None = None
+    """fix the context-parallel degree (None: search up to max_cp)"""
+    max_cp: int = 1
+    capacity_factor: float | None = None
+    moe_imbalance: float = 1.0
+    fp8: bool = False
+    route_nodes: int | None = None
+    """node-limited routing: each token to at most this many nodes (DeepSeek-V3: 4)"""
+    recompute_norms: bool = False
+    """light recompute: norms and MLA up-projections re-run in B (DeepSeek-V3)"""
 
     def __post_init__(self) -> None:
         for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top", "vpp", "dp"):
             v = getattr(self, k)
             if (v is not None or k not in ("vpp", "dp")) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise TuneError(f"{k} must be an integer >= 1, got {v!r}")
-        pinned = {k: v for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp)) if v is not None}
+        pinned = {k: v for k, v in (("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("cp", self.cp))
+                  if v is not None}
         prod = math.prod(pinned.values())
-        if len(pinned) > 1 and (self.gpus % prod or (len(pinned) == 3 and prod != self.gpus)):
+        every = {"tp", "pp", "dp"} <= set(pinned) and (self.cp is not None or self.max_cp == 1)
+        if len(pinned) > 1 and (self.gpus % prod or (every and prod != self.gpus)):
             raise TuneError(f"{' x '.join(f'{k} {v}' for k, v in pinned.items())} = {prod} "
-                            f"{'is not' if len(pinned) == 3 else 'does not divide'} the {self.gpus} GPUs "
-                            f"(tp x pp x dp = GPUs); pin fewer degrees or change them")
+                            f"{'is not' if every else 'does not divide'} the {self.gpus} GPUs "
+                            f"(tp x cp x pp x dp = GPUs); pin fewer degrees or change them")
         if self.vpp is not None and self.vpp > 1 and self.pp == 1:
             raise TuneError(f"vpp {self.vpp} with pp 1: virtual stages need a pipeline; fix pp > 1 or vpp 1")
         if self.gpus % self.gpu.gpus_per_node and self.gpus > self.gpu.gpus_per_node:
@@ -149,6 +165,8 @@ class Config:
     mem_limit_mode: str
     seg_layer_num: tuple[int, ...] = ()
     placement: Placement = Placement.INTERLEAVED
+    ep: int = 1
+    cp: int = 1
     lower_bound_s: float = 0.0
     mem_lower_bound: float = 0.0
     # filled by evaluate()
@@ -170,7 +188,7 @@ class Config:
 
     def key(self) -> tuple:
         return (self.tp, self.pp, self.dp, self.vpp, self.microbatch_size, self.microbatches, self.schedule,
-                self.recompute, self.zero, self.seg_layer_num, self.mem_limit_mode)
+                self.recompute, self.zero, self.seg_layer_num, self.mem_limit_mode, self.ep, self.cp)
 
     def to_dict(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "dp": self.dp,
@@ -183,7 +201,7 @@ class Config:
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "step_time_s": self.step_time_s,
                 "makespan_s": self.makespan_s, "bubble": self.bubble, "exposed_comm_s": self.exposed_comm_s,
                 "optimizer_s": self.optimizer_s, "peak_bytes": self.peak_bytes, "fits": self.fits,
-                "lower_bound_s": self.lower_bound_s}
+                "lower_bound_s": self.lower_bound_s, "ep": self.ep, "cp": self.cp}
 
 
 
@@ -222,15 +240,22 @@ class _Space:
         self.shapes: dict = {}
 
     # -------------------------------------------------------------- costs
-    def times(self, tp: int, b: int, r: str, fused: bool = True):
-        k = (tp, b, r, fused)
+    def times(self, tp: int, b: int, r: str, fused: bool = True, ep: int = 1, cp: int = 1):
+        k = (tp, b, r, fused, ep, cp)
         if k not in self.layer_t:
             p = self.p
+            from ..models.moe import load_factor
+            from .moe_costs import Parallel, layer_times as moe_layer_times
+
             ov = TPOverlap.parse(p.tp_overlap, p.tp_comm_overlap)
             half = p.calibration.efficiency_half_hidden
-            self.layer_t[k] = (layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r,
-                                           tp_overlap=ov, fused=fused, half_hidden=half),
-                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, half_hidden=half))
+            par = Parallel(ep=ep, cp=cp, load=load_factor(p.capacity_factor, p.moe_imbalance) if p.model.moe else 1.0,
+                           fp8=p.fp8, route_nodes=p.route_nodes, recompute_norms=p.recompute_norms,
+                           moe=p.model.moe)
+            self.layer_t[k] = (moe_layer_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq, recompute=r,
+                                               par=par, tp_overlap=ov, fused=fused, half_hidden=half),
+                               head_times(p.model, self.gpu, self.eff, tp=tp, micro_batch=b, seq=p.seq // cp,
+                                          half_hidden=half))
         return self.layer_t[k]
 
     def split(self, pp: int, vpp: int, placement: Placement, how: str, tp: int, b: int, r: str) -> tuple[int, ...]:
@@ -246,7 +271,8 @@ class _Space:
                 self.parts[k] = tuple(uniform(L, pp, vpp, placement).seg_layer_num)
             return self.parts[k]
         lt, ht = self.times(tp, b, r)
-        ratio = float(f"{(ht.F + ht.B + ht.W) / (lt.F + lt.B + lt.W):.2g}")
+        mtp = getattr(self.p.model, "mtp_layers", 0)  # DeepSeek-V3's MTP modules: with the head (tune/costs.py)
+        ratio = float(f"{((1 + mtp) * (ht.F + ht.B + ht.W) + mtp * (lt.F + lt.B + lt.W)) / (lt.F + lt.B + lt.W):.2g}")
         k = (pp, vpp, placement, ratio)
         if k not in self.parts:
             layer = LayerCost(F=1.0, B=0.0, W=0.0, mem=1.0)
@@ -254,11 +280,13 @@ class _Space:
             self.parts[k] = tuple(bottleneck_dp(lc, pp, vpp, placement).seg_layer_num)
         return self.parts[k]
 
-    def memory(self, tp: int, b: int, r: str, zero: int, dp: int, seg: tuple[int, ...]):
-        k = (tp, b, r, zero, dp, seg)
+    def memory(self, tp: int, b: int, r: str, zero: int, dp: int, seg: tuple[int, ...], ep: int = 1, cp: int = 1):
+        k = (tp, b, r, zero, dp, seg, ep, cp)
         if k not in self.chunk_mem:
+            p = self.p
             train = TrainConfig(seq=self.p.seq, micro_batch=b, tp=tp, sequence_parallel=tp > 1, recompute=r,
-                                dp=dp, zero=zero)
+                                dp=dp, zero=zero, ep=ep, cp=cp, capacity_factor=p.capacity_factor,
+                                moe_imbalance=p.moe_imbalance, fp8=p.fp8, recompute_norms=p.recompute_norms)
             chunks = chunk_memory(self.p.model, train, list(seg))
             self.chunk_mem[k] = (train, chunks)
         return self.chunk_mem[k]
@@ -267,10 +295,11 @@ class _Space:
     def budget(self, c) -> DeviceBudget:
         """What each device of ``c`` holds: one :func:`~pipeloom.memory.budget.device_budget` call per
         layout (cached), the only way the tuner reads the memory model."""
-        k = (c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.pp, c.vpp, c.placement)
+        k = (c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.pp, c.vpp, c.placement, c.ep, c.cp)
         hit = self.budgets.get(k)
         if hit is None:
-            train, chunks = self.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+            train, chunks = self.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep,
+                                        c.cp)
             hit = self.budgets[k] = device_budget(self.p.model, train, (c.pp, c.vpp, c.placement, c.seg_layer_num),
                                                   chunks=chunks)
         return hit
@@ -343,7 +372,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
         if prob.gpus % tp:
             drop("tp: does not divide the GPU count")
             continue
-        for pp in _divisors(prob.gpus // tp):
+        for pp, cp in cp_pairs(prob, tp, drop):
             if prob.pp is not None and pp != prob.pp:
                 continue
             if prob.max_pp is not None and pp > prob.max_pp:
@@ -352,7 +381,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
             if pp > model.layers:
                 drop("pp: more stages than layers")
                 continue
-            dp = prob.gpus // (tp * pp)
+            dp = prob.gpus // (tp * pp * cp)
             if prob.dp is not None and dp != prob.dp:
                 continue
             if prob.global_batch % dp:
@@ -366,7 +395,7 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                     continue
                 m = per // b
                 for r in prob.recompute:
-                    for z in prob.zero:
+                    for z, ep in ep_pairs(prob, dp, cp, drop):
                         if z and dp == 1:
                             continue  # any ZeRO level over one replica shards nothing: the plain optimizer
                         for name in names:
@@ -397,7 +426,8 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                                         searched += 1
                                         c = Config(tp=tp, pp=pp, dp=dp, vpp=vpp, microbatch_size=b, microbatches=m,
                                                    schedule=name, recompute=r, zero=z, partition=how,
-                                                   mem_limit_mode=lim, seg_layer_num=seg, placement=placement)
+                                                   mem_limit_mode=lim, seg_layer_num=seg, placement=placement,
+                                                   ep=ep, cp=cp)
                                         c.mem_lower_bound = memory_lower_bound(space, c)
                                         if c.mem_lower_bound > avail_bytes:
                                             drop("memory: weights + optimizer + one microbatch over the GPU")
@@ -416,6 +446,38 @@ def enumerate_space(prob: Problem, space: _Space, pruned: dict[str, int]) -> tup
                         f"{prob.gpus} GPUs (dp = GPUs / (tp*pp) in {', '.join(map(str, ok))}); global batches "
                         f"that work are multiples of one of them, e.g. {_nearest(prob.global_batch, ok)}")
     return out, searched
+
+
+def cp_pairs(prob: Problem, tp: int, drop) -> list[tuple[int, int]]:
+    """(pp, cp) of the enumeration: cp pinned (``prob.cp``) or every divisor up to ``max_cp`` whose zig-zag split
+    divides the sequence (``seq % 2cp == 0``), pp every divisor of what is left."""
+    out = []
+    cps = [prob.cp] if prob.cp is not None else [c for c in _divisors(prob.gpus // tp) if c <= prob.max_cp]
+    for cp in cps:
+        if (prob.gpus // tp) % cp:
+            drop("cp: does not divide the GPUs left after tp")
+            continue
+        if cp > 1 and prob.seq % (2 * cp):
+            drop("cp: sequence not divisible by 2*cp (zig-zag split)")
+            continue
+        out += [(pp, cp) for pp in _divisors(prob.gpus // (tp * cp))]
+    return out
+
+
+def ep_pairs(prob: Problem, dp: int, cp: int, drop) -> list[tuple[int, int]]:
+    """(zero, ep) of the enumeration: ep pinned (``prob.ep``) or, for a MoE model, every ep dividing the routed
+    experts and dp * cp (Megatron carves EP out of DP), up to ``max_ep``; 1 for a dense model."""
+    model = prob.model
+    if prob.ep is not None:
+        eps = [prob.ep]
+    elif model.moe:
+        eps = [e for e in _divisors(dp * cp) if model.experts % e == 0 and (prob.max_ep is None or e <= prob.max_ep)]
+    else:
+        eps = [1]
+    ok = [e for e in eps if (dp * cp) % e == 0 and (e == 1 or (model.moe and model.experts % e == 0))]
+    if len(ok) < len(eps):
+        drop("ep: does not divide the experts and dp*cp", len(eps) - len(ok))
+    return [(z, e) for z in prob.zero for e in ok]
 
 
 def _nearest(gb: int, dps: list[int]) -> str:

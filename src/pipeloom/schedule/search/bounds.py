@@ -250,7 +250,7 @@ def plan_bound(sched, spec: PlanSpec, makespan: float | None, peak: float | None
     are None where no bound applies: no makespan, overlapped pairs (two jobs at once on a device) or a
     memory model the bound does not cover."""
     out = {"lower_bound": None, "gap": None, "bound_limit": None}
-    if makespan is None or (sched.overlapped and spec.costs.overlap > 0):
+    if makespan is None or (sched.overlapped and spec.costs.hides_pairs):
         return out
     if limit is None:
         limit = sched.meta.get("mem_limit", spec.mem_limit) if isinstance(sched.meta, dict) else spec.mem_limit
