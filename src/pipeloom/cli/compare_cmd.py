@@ -38,9 +38,9 @@ def _stage_costs(args, vpp: int):
     from ..core.costs import Costs
 
     c = Costs.parse(args.costs)
-    if not c.is_uniform():
+    if not c.is_uniform() or not all(isinstance(x, (int, float)) for x in (c.a2a_F, c.a2a_B)):
         raise ValueError("per-chunk cost lists need --costs-per chunk and an explicit --vpp")
-    return replace(c, F=c.F / vpp, B=c.B / vpp, W=c.W / vpp)
+    return replace(c, F=c.F / vpp, B=c.B / vpp, W=c.W / vpp, a2a_F=c.a2a_F / vpp, a2a_B=c.a2a_B / vpp)
 
 
 def _torch_rows(spec, vpp: int, *, explicit_vpp: bool) -> list[dict]:
