@@ -181,3 +181,14 @@ def test_tune_cli_pins_ep_and_explains_the_all_to_all(tmp_path):
     assert layer["a2a_F_s"] > 0 and layer["a2a_B_s"] > 0 and d["explain"]["parallel"]["pairs_hide_a2a"]
     bad = subprocess.run(cmd + ["--ep", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("pipeloom: error: --ep 3 does not divide the 128")
+
+
+def test_simulate_cli_prices_pairs_by_the_all_to_all():
+    cmd = [sys.executable, "-m", "pipeloom", "simulate", "-s", "interleaved", "--vpp", "2", "--pp", "4", "-m", "8",
+           "--costs", "F=1,B=1.5,W=0.2,a2a=0.6", "--json"]
+    plain = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    paired = json.loads(subprocess.run(cmd + ["--pair-fb"], capture_output=True, text=True, check=True).stdout)
+    assert paired["valid"] and paired["makespan"] < plain["makespan"]
+    assert paired["lower_bound"] is None  # a bound that ignores what pairs hide is not claimed
+    bad = subprocess.run(cmd[:-1] + ["--costs", "F=1,a2a=x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "a2a" in bad.stderr and "Traceback" not in bad.stderr

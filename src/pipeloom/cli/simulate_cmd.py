@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
                    help="'chunk' (default): --costs F/B/W are per chunk pass, so a schedule with vpp 2 does twice "
                         "the passes of vpp 1; 'stage': per full-stage pass, split over the vpp chunks, as "
                         "'pipeloom compare' does by default (then the makespans agree with its table)")
+    p.add_argument("--pair-fb", action="store_true",
+                   help="add F&B overlapped pairs (one microbatch's forward with another's backward, Megatron's "
+                        "combined 1F1B) where the simulated step does not get longer; a pair hides the a2a= "
+                        "all-to-all of --costs (docs/moe.md)")
     add_mem_option(p)
     add_builder_options(p)
     add_partition_options(p)
@@ -61,6 +65,10 @@ def run(args) -> int:
             raise ValueError(f"simulate needs {', '.join(missing)} (or --plan FILE to simulate a schedule file)")
         spec = _spec(args)
         sched = plan_named(args.schedule, spec, check=False)
+    if getattr(args, "pair_fb", False):
+        from ..schedule.pairing import pair_forward_backward
+
+        sched = pair_forward_backward(sched, spec.costs)
     tp = None
     if tp_wanted(args):
         sched, tp = tp_result(args, sched, spec)
