@@ -192,3 +192,18 @@ def test_simulate_cli_prices_pairs_by_the_all_to_all():
     assert paired["lower_bound"] is None  # a bound that ignores what pairs hide is not claimed
     bad = subprocess.run(cmd[:-1] + ["--costs", "F=1,a2a=x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "a2a" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tune_searches_context_parallel_in_the_layout():
+    from pipeloom.models.presets import preset
+    from pipeloom.tune.search import tune
+    from pipeloom.tune.space import Problem
+
+    base = dict(model=preset("llama3-8b"), gpus=32, gpu=gpu_preset("h100"), global_batch=8, seq=65536,
+                schedules=("1f1b",), recompute=("full",), zero=(0, 1), microbatch_sizes=(1,), max_vpp=1, top=1)
+    best = tune(Problem(**base, cp=4, tp=2), workers=1).best
+    assert best is not None and best.cp == 4 and best.tp * best.cp * best.pp * best.dp == 32
+    assert best.to_dict()["cp"] == 4
+    # searched up to --max-cp: the 64K-token sequence does not fit one GPU's activations at cp 1, tp 1, pp 1
+    free = tune(Problem(**base, max_cp=8, tp=1, pp=1), workers=1).best
+    assert free is not None and free.cp > 1

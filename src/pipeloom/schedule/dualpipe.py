@@ -3,9 +3,11 @@
 V placement with two chunks per device: device d holds chunk ``c0 = d`` (the forward goes down
 devices 0..pp-1) and chunk ``c1 = 2pp-1-d`` (it comes back up). In the steady phase a device
 runs the forward of one microbatch and the backward of another as one *overlapped pair*
-(``Schedule.overlapped``): the simulator starts both together and charges
-``d1 + d2 - overlap * min(d1, d2)``, where ``overlap`` is the cost option (0 = no overlap,
-1 = the shorter job fully hidden behind the longer one, e.g. its all-to-all communication).
+(``Schedule.overlapped``): the simulator starts both together and charges ``d1 + d2 - hidden``. With the
+all-to-all of each job given (``Costs.a2a_F``/``a2a_B``: a MoE layer's dispatch and combine, which the pair
+exists to hide, DeepSeek-V3 report sec. 3.2.1) ``hidden = min(comm1, compute2) + min(comm2, compute1)``
+(:func:`pipeloom.core.costs.pair_hidden`); without it, ``hidden = overlap * min(d1, d2)`` with the
+constant cost option (0 = no overlap, 1 = the shorter job fully hidden behind the longer one).
 
 Phase program of device d (counts per device; ``F0``/``F1`` = forward on c0/c1, ``BW`` = fused
 backward, ``B``/``W`` = split backward whose W is deferred to fill a bubble, W in FIFO order):
