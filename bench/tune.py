@@ -57,7 +57,8 @@ def run(prob: Problem):
 
 
 def _fmt(c) -> str:
-    return (f"tp{c.tp} pp{c.pp} vpp{c.vpp} dp{c.dp} mbs{c.microbatch_size} m{c.microbatches} {c.schedule}"
+    return (f"tp{c.tp} pp{c.pp} vpp{c.vpp} dp{c.dp}{f' ep{c.ep}' if c.ep > 1 else ''}"
+            f"{f' cp{c.cp}' if c.cp > 1 else ''} mbs{c.microbatch_size} m{c.microbatches} {c.schedule}"
             f"{' lim ' + format(c.mem_limit, '.3g') if c.mem_limit is not None else ''} rc={c.recompute}"
             f" z{c.zero}")
 

@@ -179,6 +179,8 @@ def test_tune_cli_pins_ep_and_explains_the_all_to_all(tmp_path):
     assert d["configs"][0]["ep"] == 8
     layer = d["explain"]["layer"]
     assert layer["a2a_F_s"] > 0 and layer["a2a_B_s"] > 0 and d["explain"]["parallel"]["pairs_hide_a2a"]
+    groups = d["explain"]["parallel"]["groups"]
+    assert groups["ep"] == 8 and groups["expert_dp"] * 8 == groups["dp"] and groups["world"] == 64
     bad = subprocess.run(cmd + ["--ep", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("pipeloom: error: --ep 3 does not divide the 128")
 

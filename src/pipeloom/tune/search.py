@@ -346,6 +346,8 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
 
 
 def _explain(space: _Space, c: Config) -> dict:
+    from ..models.moe import group_sizes
+
     p = space.p
     lt, ht = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule), c.ep, c.cp)
     return {"gpu": space.gpu.to_dict(), "efficiency": space.eff, "calibration": p.calibration.to_dict(),
@@ -356,7 +358,8 @@ def _explain(space: _Space, c: Config) -> dict:
                 c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep, c.cp)[1]],
             "dp_bucket_params": dp_bucket_params(space, c),
             "communication": _comm_explain(space, c, lt),
-            "parallel": {"ep": c.ep, "cp": c.cp, "fp8": p.fp8, "capacity_factor": p.capacity_factor,
+            "parallel": {"groups": group_sizes(tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp), "ep": c.ep, "cp": c.cp,
+                         "fp8": p.fp8, "capacity_factor": p.capacity_factor,
                          "moe_imbalance": p.moe_imbalance, "route_nodes": p.route_nodes,
                          "pairs_hide_a2a": c.schedule in ("dualpipev",)},
             "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
