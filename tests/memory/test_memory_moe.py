@@ -66,11 +66,13 @@ def test_capacity_factor_and_imbalance_scale_the_routed_items_only():
 
 
 def test_routing_buffers_in_the_transient():
-    tr = an.TrainConfig()
+    tr = an.TrainConfig(dp=2)
     chunks = an.chunk_memory(MOE, tr, [2, 2])
-    cf = an.TrainConfig(capacity_factor=2.0)
-    # send + receive buffers of tokens * k * h values (bf16), times the load: 2 * 2 * 32 * 2 * 64 * (2 - 1) more
-    assert an.transient_bytes(MOE, cf, chunks[:1]) - an.transient_bytes(MOE, tr, chunks[:1]) == 2 * 2 * 32 * 2 * 64
+    ep = an.TrainConfig(dp=2, ep=2)
+    cf = an.TrainConfig(dp=2, ep=2, capacity_factor=2.0)
+    # send + receive buffers of tokens * k * h values (bf16) with ep > 1, times the load: 2 * 2 * 32 * 2 * 64 * load
+    assert an.transient_bytes(MOE, ep, chunks[:1]) - an.transient_bytes(MOE, tr, chunks[:1]) == 2 * 2 * 32 * 2 * 64
+    assert an.transient_bytes(MOE, cf, chunks[:1]) - an.transient_bytes(MOE, tr, chunks[:1]) == 2 * 2 * 32 * 2 * 64 * 2
 
 
 def test_context_parallel_halves_the_activations_and_needs_a_zigzag_split():

@@ -209,3 +209,16 @@ def test_tune_searches_context_parallel_in_the_layout():
     # searched up to --max-cp: the 64K-token sequence does not fit one GPU's activations at cp 1, tp 1, pp 1
     free = tune(Problem(**base, max_cp=8, tp=1, pp=1), workers=1).best
     assert free is not None and free.cp > 1
+
+
+def test_light_recompute_reruns_mla_up_projections_in_b():
+    v3 = resolve_model("DeepSeek-V3")
+    kw = dict(tp=1, micro_batch=1, seq=4096, recompute="none")
+    base = layer_times(v3, GPU_, 0.5, **kw, par=Parallel(moe=True))
+    light = layer_times(v3, GPU_, 0.5, **kw, par=Parallel(moe=True, recompute_norms=True))
+    # q_b_proj r_q x H*(d_nope + d_rope) and kv_b_proj r_kv x H*(d_nope + d_v), 2 FLOPs per multiply-add
+    up = 1536 * 128 * 192 + 512 * 128 * 256
+    assert light.B - base.B == pytest.approx(2 * 4096 * up / (1e15 * 0.5))
+    assert light.F == base.F and light.W == base.W
+    # MLA's GEMM inputs per token: h, r_q, r_kv, the attention output H*d_v; router h; k routed (h + f_e); shared
+    assert gemm_input_width(v3) == 7168 + 1536 + 512 + 128 * 128 + 7168 + 8 * (7168 + 2048) + 1 * (7168 + 2048)

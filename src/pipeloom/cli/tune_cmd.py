@@ -354,7 +354,8 @@ def _print(res, explain: bool, written: list[str], before: set = frozenset(), ti
                     f"(efficiency {p.calibration.efficiency:g})",
               box=box.SIMPLE_HEAD, caption="step = simulated pipeline + exposed DP comm + optimizer; peak = the "
                                            "fullest device; headroom = GPU - reserve - peak")
-    extra = (["ep"] if p.model.moe else []) + (["cp"] if p.cp not in (None, 1) or p.max_cp > 1 else [])
+    extra = ((["ep"] if getattr(p.model, "moe", False) else [])
+             + (["cp"] if getattr(p, "cp", None) not in (None, 1) or getattr(p, "max_cp", 1) > 1 else []))
     for c in ("#", "tp", "pp", "vpp", "dp", *extra, "mbs", "m", "schedule", "limit", "recomp", "zero", "split",
               "tokens/s", "MFU", "step s", "bubble", "exp. comm s", "peak GiB", "headroom", "fits"):
         t.add_column(c, justify="left" if c in ("schedule", "recomp", "split") else "right", no_wrap=True)

@@ -8,7 +8,7 @@ into its items (so that this module never imports it):
   the expert's SwiGLU, ``weighted_bias_swiglu_impl`` of Megatron-Core's ``experts.py``, so no ``h``-wide
   expert output is kept; transformers' ``'hf'``/``'eager'`` modules weigh the output and keep it) scale with the load a rank's experts carry, ``load =`` the capacity factor
   or the dropless imbalance assumption (:func:`pipeloom.models.moe.load_factor`);
-* **routing buffers** (transient, :func:`routing_buffer_bytes`): while a dispatch or combine all-to-all runs,
+* **routing buffers** (transient, :func:`routing_buffer_bytes`, ep > 1): while a dispatch or combine all-to-all runs,
   its send and its receive buffer, ``2 * tokens * k * h * load`` values (the dispatch in FP8 with ``fp8``);
 * **MLA** (DeepSeek-V2/V3, :func:`mla_items`): the low-rank latents, their RMSNorms, the up-projected
   per-head queries, keys and values and the attention output, instead of the generic Q/K/V items;
@@ -125,9 +125,9 @@ def mla_w_grads(model, train, tokens: float) -> float:
 
 
 def routing_buffer_bytes(model: ModelConfig, train, tokens: float) -> float:
-    """Transient bytes of one all-to-all in flight: its send and receive buffers of ``tokens * k * h * load``
+    """Transient bytes of one all-to-all in flight (ep > 1): its send and receive buffers of ``tokens * k * h * load``
     values each (FP8 for the dispatch with ``fp8``, the activation dtype for the combine: the larger)."""
-    if not model.moe:
+    if not model.moe or train.ep == 1:  # no all-to-all without expert parallelism
         return 0.0
     rep = train.tp if train.sequence_parallel else 1
     return 2.0 * train.elem * tokens / rep * model.experts_per_token * model.hidden * train_load(train)
