@@ -222,3 +222,24 @@ def test_light_recompute_reruns_mla_up_projections_in_b():
     assert light.F == base.F and light.W == base.W
     # MLA's GEMM inputs per token: h, r_q, r_kv, the attention output H*d_v; router h; k routed (h + f_e); shared
     assert gemm_input_width(v3) == 7168 + 1536 + 512 + 128 * 128 + 7168 + 8 * (7168 + 2048) + 1 * (7168 + 2048)
+
+
+def test_bounds_stay_below_the_simulated_step_when_pairs_hide_the_all_to_all():
+    """tune prunes by lower bounds; with DualPipeV's pairs hiding the all-to-all a bound that counted it as work
+    would prune the best (tune/moe_costs.hideable). Every simulated configuration's bound is below its step, and
+    pruning finds the exhaustive search's best."""
+    from pipeloom.tune.search import tune
+    from pipeloom.tune.space import Problem
+
+    gpu = GPU(name="slow-net", peak_flops=989e12, memory=80 * 2 ** 30, hbm_bandwidth=3.35e12,
+              intra=Link(bandwidth=40e9, latency=5e-6), inter=Link(bandwidth=5e9, latency=1e-5), gpus_per_node=4)
+    prob = Problem(model=resolve_model("Qwen3-30B-A3B"), gpus=16, gpu=gpu, global_batch=64, seq=2048, tp=1,
+                   schedules=("dualpipev", "zbv", "1f1b"), recompute=("full",), zero=(1,), microbatch_sizes=(1,),
+                   max_vpp=2, partitions=("uniform",), mem_limits=("default",), top=3)
+    full = tune(prob, workers=1, exhaustive=True)
+    pruned = tune(prob, workers=1)
+    sims = [c for c in full.configs if c.step_time_s is not None]
+    assert any(c.schedule == "dualpipev" and c.ep > 1 for c in sims)
+    for c in sims:
+        assert c.lower_bound_s <= c.step_time_s * (1 + 1e-9), (c.schedule, c.ep, c.pp)
+    assert pruned.best.step_time_s == pytest.approx(full.best.step_time_s)
