@@ -243,3 +243,17 @@ def test_bounds_stay_below_the_simulated_step_when_pairs_hide_the_all_to_all():
     for c in sims:
         assert c.lower_bound_s <= c.step_time_s * (1 + 1e-9), (c.schedule, c.ep, c.pp)
     assert pruned.best.step_time_s == pytest.approx(full.best.step_time_s)
+
+
+def test_tune_out_records_ep_and_asks_it_again(tmp_path):
+    out = tmp_path / "plan"
+    cmd = [sys.executable, "-m", "pipeloom", "tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
+           "256", "--seq", "4096", "--schedules", "dualpipev", "--max-vpp", "2", "--recompute", "none", "--top", "1",
+           "--tp", "1", "--ep", "8", "--precision", "fp8", "--out", str(out)]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    toml = (out / "pipeloom.toml").read_text()
+    assert "ep = 8" in toml and "pin_ep = 8" in toml and 'precision = "fp8"' in toml
+    assert "--expert-model-parallel-size 8" in (out / "megatron_args.txt").read_text()
+    again = subprocess.run([sys.executable, "-m", "pipeloom", "tune", "--config", str(out / "pipeloom.toml"), "--json"],
+                           capture_output=True, text=True, check=True)
+    assert json.loads(again.stdout)["configs"][0]["ep"] == 8

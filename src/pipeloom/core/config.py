@@ -350,9 +350,39 @@ class TuneSection:
     """parameters per DP gradient bucket (--dp-bucket-size)"""
     efficiency_half_hidden: float | None = None
     """hidden size at which a layer reaches half the efficiency (--efficiency-half-hidden)"""
+    # mixture of experts, long context, FP8 (docs/moe.md): the chosen degrees and the question's flags
+    ep: int | None = None
+    """expert-parallel degree chosen"""
+    cp: int | None = None
+    """context-parallel degree chosen"""
+    pin_ep: int | None = None
+    """the expert-parallel degree, fixed (--ep)"""
+    max_ep: int | None = None
+    """largest expert-parallel degree searched (--max-ep)"""
+    pin_cp: int | None = None
+    """the context-parallel degree, fixed (--cp)"""
+    max_cp: int | None = None
+    """largest context-parallel degree searched (--max-cp)"""
+    capacity_factor: float | None = None
+    """expert capacity over the mean load (--capacity-factor)"""
+    moe_imbalance: float | None = None
+    """dropless: the busiest rank's expert load over the mean (--moe-imbalance)"""
+    route_nodes: int | None = None
+    """node-limited routing: nodes per token (--route-nodes)"""
+    precision: str | None = None
+    """GEMM precision, bf16 or fp8 (--precision)"""
+    recompute_norms: bool | None = None
+    """light recompute of norms and MLA up-projections (--recompute-norms)"""
 
     def __post_init__(self) -> None:
         s = self.SECTION
+        for k in ("ep", "cp", "pin_ep", "max_ep", "pin_cp", "max_cp", "route_nodes"):
+            _int(s, k, getattr(self, k), none=True)
+        _num(s, "capacity_factor", self.capacity_factor, none=True)
+        _num(s, "moe_imbalance", self.moe_imbalance, none=True)
+        _str(s, "precision", self.precision, choices=("bf16", "fp8"))
+        if self.recompute_norms is not None:
+            _bool(s, "recompute_norms", self.recompute_norms)
         for k in ("gpus", "global_batch", "seq", "tp", "gpus_per_node", "max_tp", "pin_tp", "pin_pp", "max_pp",
                   "max_vpp", "max_microbatch_size", "top", "pin_vpp", "pin_dp", "pin_microbatch_size",
                   "dp_bucket_size"):

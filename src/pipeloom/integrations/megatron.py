@@ -113,7 +113,7 @@ def split_args(counts: Sequence[int], pp: int) -> tuple[list[str], int]:
 def megatron_args(*, pp: int, vpp: int, placement: Placement, seg_layer_num: Sequence[int], schedule: str,
                   tp: int = 1, microbatch_size: int = 1, microbatches: int, global_batch: int | None = None,
                   seq: int | None = None, recompute: str = "none", zero: int = 0,
-                  num_layers_flag: bool = True) -> MegatronArgs:
+                  num_layers_flag: bool = True, ep: int = 1, cp: int = 1, fp8: bool = False) -> MegatronArgs:
     """Megatron-LM arguments for a plan (see the module docstring)."""
     counts = [int(c) for c in seg_layer_num]
     notes: list[str] = []
@@ -168,6 +168,19 @@ def megatron_args(*, pp: int, vpp: int, placement: Placement, seg_layer_num: Seq
         notes.append(f"the plan shards {'gradients and parameters' if zero == 3 else 'gradients'} too (ZeRO-{zero}); "
                      f"--use-distributed-optimizer shards the optimizer states only: more memory than planned")
     args += ["--overlap-grad-reduce", "--bf16"]
+    if ep > 1:  # expert parallel (docs/moe.md); pairs that hide its all-to-all: Megatron-Core 0.14's EP A2A overlap
+        args += [f"--expert-model-parallel-size {ep}", "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+        if schedule == "dualpipev" and recompute != "full" and (pp == 1 or vpp_out > 1):
+            args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+            notes.append("the plan pairs F and B to hide the all-to-all: Megatron-Core's --overlap-moe-expert-"
+                         "parallel-comm (its combined 1F1B) does that inside its interleaved order")
+        elif schedule == "dualpipev":  # Megatron-Core refuses its EP overlap with full recompute or without vpp
+            notes.append("the plan pairs F and B to hide the all-to-all; Megatron-Core's EP overlap needs virtual "
+                         "stages and no full recompute, so these arguments leave it off")
+    if cp > 1:
+        args.append(f"--context-parallel-size {cp}")
+    if fp8:
+        args.append("--fp8-format hybrid")
     return MegatronArgs(args, counts, vpp_out, notes)
 
 

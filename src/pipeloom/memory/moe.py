@@ -5,7 +5,8 @@ with expert parallelism changes, as plain ``(name, bytes, w_input, core)`` tuple
 into its items (so that this module never imports it):
 
 * **routed expert activations** (Megatron's fused path, ``impl='fused'``: the routing weight applied inside
-  the expert's SwiGLU, ``weighted_bias_swiglu_impl`` of Megatron-Core's ``experts.py``, so no ``h``-wide
+  the expert's SwiGLU, ``weighted_bias_swiglu_impl`` of Megatron-Core's ``experts.py``, "moving the probs
+  multiplication from unpermutation to activation function of GroupedMLP" in its MoE README, v0.13, so no ``h``-wide
   expert output is kept; transformers' ``'hf'``/``'eager'`` modules weigh the output and keep it) scale with the load a rank's experts carry, ``load =`` the capacity factor
   or the dropless imbalance assumption (:func:`pipeloom.models.moe.load_factor`);
 * **routing buffers** (transient, :func:`routing_buffer_bytes`, ep > 1): while a dispatch or combine all-to-all runs,

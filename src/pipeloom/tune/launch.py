@@ -46,7 +46,8 @@ def _megatron(res, c) -> _mg.MegatronArgs:
     return _mg.megatron_args(pp=c.pp, vpp=c.vpp, placement=c.placement, seg_layer_num=c.seg_layer_num,
                              schedule=c.schedule, tp=c.tp, microbatch_size=c.microbatch_size,
                              microbatches=c.microbatches, global_batch=res.problem.global_batch, seq=res.problem.seq,
-                             recompute=c.recompute, zero=c.zero)
+                             recompute=c.recompute, zero=c.zero, ep=getattr(c, "ep", 1), cp=getattr(c, "cp", 1),
+                             fp8=getattr(res.problem, "fp8", False))
 
 
 def titan_job(res, c) -> _tt.TitanJob:

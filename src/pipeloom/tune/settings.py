@@ -36,7 +36,7 @@ def plan_config(res, plan_file: str = "plan.json", model_path: str | None = None
                                  dtype="bf16"),
         tune=TuneSection(model=model_path if path_like else p.model.name, gpus=p.gpus, gpu=p.gpu.name, global_batch=p.global_batch, seq=p.seq,
                          tp=c.tp, recompute=c.recompute, step_time_s=c.step_time_s, mfu=c.mfu,
-                         tokens_per_s=c.tokens_per_s, **{k: v for k, v in (asked or {}).items() if v is not None}))
+                         tokens_per_s=c.tokens_per_s, ep=c.ep, cp=c.cp, **{k: v for k, v in (asked or {}).items() if v is not None}))
 
 
 def write_config(res, out_dir: str, plan_file: str = "plan.json", model_path: str | None = None,
