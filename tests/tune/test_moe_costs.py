@@ -257,3 +257,12 @@ def test_tune_out_records_ep_and_asks_it_again(tmp_path):
     again = subprocess.run([sys.executable, "-m", "pipeloom", "tune", "--config", str(out / "pipeloom.toml"), "--json"],
                            capture_output=True, text=True, check=True)
     assert json.loads(again.stdout)["configs"][0]["ep"] == 8
+
+
+def test_layer_partition_shares_the_all_to_all_out_by_layers():
+    from pipeloom.partition.wiring import make_partition
+
+    base = Costs(F=1.0, B=1.5, W=0.2, a2a_F=0.6, a2a_B=0.4)
+    part = make_partition(pp=2, vpp=1, microbatches=4, layers=6, layers_per_device=[4, 2], base_costs=base)
+    c = part.costs(base)
+    assert c.a2a_F == pytest.approx((0.6 * 4 / 3, 0.6 * 2 / 3)) and c.a2a_B == pytest.approx((0.4 * 4 / 3, 0.4 * 2 / 3))

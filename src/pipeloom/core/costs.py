@@ -136,8 +136,9 @@ class Costs:
     def to_dict(self) -> dict:
         out = {"F": self.F, "B": self.B, "W": self.W, "comm": self.comm, "overlap": self.overlap}
         for k in ("a2a_F", "a2a_B"):  # only when given (the JSON of runs without them is unchanged)
-            if getattr(self, k) != 0.0:
-                out[k] = getattr(self, k)
+            v = getattr(self, k)
+            if any(x != 0.0 for x in (v if isinstance(v, tuple) else (v,))):
+                out[k] = v
         return out
 
 

@@ -27,7 +27,14 @@ class PartitionPlan:
 
     def costs(self, base: Costs | None = None) -> Costs:
         base = base or Costs()
-        return self.layer_costs.costs(self.partition, comm=base.comm, overlap=base.overlap)
+        out = self.layer_costs.costs(self.partition, comm=base.comm, overlap=base.overlap)
+        if isinstance(base.a2a_F, (int, float)) and isinstance(base.a2a_B, (int, float)) and (base.a2a_F or base.a2a_B):
+            # the all-to-all of an average chunk (docs/moe.md), shared out by each chunk's layers like its compute
+            n = [len(ch) for ch in self.partition.chunks]
+            avg = sum(n) / len(n)
+            out = replace(out, a2a_F=tuple(base.a2a_F * k / avg for k in n),
+                          a2a_B=tuple(base.a2a_B * k / avg for k in n))
+        return out
 
     def apply(self, spec: PlanSpec) -> PlanSpec:
         """``spec`` with per-chunk costs and memory from this partition (comm, overlap, limit kept)."""
