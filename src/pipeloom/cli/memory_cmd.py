@@ -263,6 +263,12 @@ def print_report(rep) -> None:
     split = rep.schedule is not None and any(j.kind.value == "B" for seq in rep.schedule.devices for j in seq)
     con.print(f"one unit (full-stage microbatch activation) = {_gib(rep.unit_bytes)} GiB"
               + (f"; B frees b/a = {_ratio(rep)} of a chunk's activations, W the rest" if split else ""))
+    if t.ep > 1 or t.cp > 1:
+        from ..models.moe import group_sizes
+
+        g = group_sizes(tp=t.tp, cp=t.cp, ep=t.ep, dp=t.dp, pp=rep.pp)
+        con.print(f"process groups: world {g['world']} = tp {g['tp']} x cp {g['cp']} x pp {g['pp']} x dp {t.dp}; "
+                  f"dense gradients over {g['dp']}, ep {g['ep']}, expert gradients over {g['expert_dp']}")
     if rep.mem_limit_units is not None:
         con.print(f"schedule memory limit: {rep.mem_limit_units:.3g} units ({rep.mem_limit_units / rep.pp:.3g}p)")
     if rep.gpu_bytes is not None:
