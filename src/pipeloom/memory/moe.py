@@ -7,8 +7,9 @@ into its items (so that this module never imports it):
 * **routed expert activations** (Megatron's fused path, ``impl='fused'``: the routing weight applied inside
   the expert's SwiGLU, ``weighted_bias_swiglu_impl`` of Megatron-Core's ``experts.py``, "moving the probs
   multiplication from unpermutation to activation function of GroupedMLP" in its MoE README, v0.13, so no ``h``-wide
-  expert output is kept; transformers' ``'hf'``/``'eager'`` modules weigh the output and keep it) scale with the load a rank's experts carry, ``load =`` the capacity factor
-  or the dropless imbalance assumption (:func:`pipeloom.models.moe.load_factor`);
+  expert output is kept; transformers' ``'hf'``/``'eager'`` modules weigh the output and keep it) scale with
+  the load a rank's experts carry, ``load =`` the capacity factor or the dropless imbalance assumption
+  (:func:`pipeloom.models.moe.load_factor`);
 * **routing buffers** (transient, :func:`routing_buffer_bytes`, ep > 1): while a dispatch or combine all-to-all runs,
   its send and its receive buffer, ``2 * tokens * k * h * load`` values (the dispatch in FP8 with ``fp8``);
 * **MLA** (DeepSeek-V2/V3, :func:`mla_items`): the low-rank latents, their RMSNorms, the up-projected
@@ -175,5 +176,5 @@ def mtp_chunk(model, train, layer_a: float, layer_h: float, head_items, head_w: 
     return p, n * mine, a, held
 
 
-__all__ = ["FP8_CACHED", "LIGHT_RECOMPUTED", "mtp_chunk", "local_train", "train_error", "fp8_bytes", "fp8_weight_bytes", "is_mla", "mla_items", "mla_w_grads",
-           "routing_buffer_bytes", "split_static", "train_load"]
+__all__ = ["FP8_CACHED", "LIGHT_RECOMPUTED", "fp8_bytes", "fp8_weight_bytes", "is_mla", "local_train", "mla_items",
+           "mla_w_grads", "mtp_chunk", "routing_buffer_bytes", "split_static", "train_error", "train_load"]

@@ -241,5 +241,5 @@ def hideable(space, c, F, B):
     return [x - y for x, y in zip(F, aF)], [x - y for x, y in zip(B, aB)]
 
 
-__all__ = ["FP8_QUANT_BYTES", "PAIRED", "chunk_a2a", "hideable", "FP8_SPEEDUP", "Parallel", "all_to_all_seconds", "gemm_input_width",
-           "kv_values_per_token", "layer_times", "moe_a2a_seconds", "ring_seconds"]
+__all__ = ["FP8_QUANT_BYTES", "FP8_SPEEDUP", "PAIRED", "Parallel", "all_to_all_seconds", "chunk_a2a", "gemm_input_width",
+           "hideable", "kv_values_per_token", "layer_times", "moe_a2a_seconds", "ring_seconds"]
