@@ -32,14 +32,27 @@ def paper_blocks(pp: int) -> list[vblock.Block]:
             vblock.Block(s0=1, s1=1, s2=1, s3=1, t1=0, g=2 if pp % 3 == 0 else 0, t3=0)]
 
 
+#: shapes above this many jobs try V-Half's block only (:func:`candidates`)
+BIG_SHAPE = 12_288
+
+
 def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], vblock.Block]]:
-    """Job lists of the paper's blocks that fit the limit in the paper's count (both, whatever ``max_jobs``:
-    two squeezes)."""
+    """Job lists of the paper's blocks that fit the limit in the paper's count, whatever ``max_jobs``: the first
+    that fits only (V-Half where it fits, else V-Min). V-Min's block trades time for memory: where V-Half's
+    fits, V-Min's is the longer plan (pp 128, m 512, F/B/W 1/2/1, comm 0.5 at 0.75p: 6147 against 8672), and
+    each squeeze costs about 1.5 s at that shape. On shapes above :data:`BIG_SHAPE` jobs V-Half's only: where
+    only V-Min's fits, the building blocks of :mod:`.vblock` (which the portfolio runs wherever it runs these)
+    were as short or shorter on every big shape measured (pp 32-128, m 4pp-8pp, F/B/W 1/2/1, comm 0.5 at 0.5p
+    and V-Min's limit: 8 shapes, e.g. pp 128, m 512 at 0.5p 8642 against 8672)."""
     b0 = replace(prob, b=tuple(0.0 for _ in prob.b))  # B frees nothing; W frees the whole activation
-    for blk in paper_blocks(prob.pp):
+    blocks = paper_blocks(prob.pp)
+    if 3 * prob.m * prob.nc > BIG_SHAPE:
+        blocks = blocks[:1]
+    for blk in blocks:
         peak = vblock.pattern_peak(b0, blk, prob.limit)
         if peak is None or peak > prob.limit + 1e-9:
             continue
         seqs = vblock.build(b0, replace(blk, builder="paper-block"), cap=peak)
         if seqs is not None:
             yield seqs, replace(blk, builder="paper-block")
+            return
