@@ -128,7 +128,47 @@ def pattern(prob, mod: Modulo) -> dict | None:
 
 def build(prob, mod: Modulo, m: int | None = None, x: dict | None = None) -> list[list[Job]] | None:
     """Per-device job lists of ``m`` (default ``prob.m``) microbatches repeating the pattern, sorted by planned
-    start (``x``: the pattern, if already made)."""
+    start (``x``: the pattern, if already made).
+
+    The order is periodic, so it is generated, not sorted: a pattern job at ``t = q * P + s`` (``0 <= s < P``)
+    runs for microbatch ``j`` in period ``q + j`` at offset ``s``; period by period, each device's pattern jobs
+    in the order of their offsets (ties: kind F, B, W, then the earlier microbatch) give the ``j`` whose copy
+    falls in it (pp 128, m 512: about half the time of sorting every copy)."""
+    x = x or pattern(prob, mod)
+    if x is None:
+        return None
+    m = prob.m if m is None else m
+    P = mod.period
+    ev: list[list[tuple]] = [[] for _ in range(prob.pp)]
+    rank = {Kind.F: 0, Kind.B: 1, Kind.W: 2}
+    for (k, c), t in x.items():
+        q = math.floor(t / P)
+        s = t - q * P
+        if s >= P:  # rounding
+            q, s = q + 1, s - P
+        ev[prob.dev[c]].append((s, rank[k], -q, k, c))
+    seqs = []
+    new = tuple.__new__
+    for lst in ev:
+        lst.sort()
+        pat = [(-nq, k, c) for _, _, nq, k, c in lst]
+        if not pat:
+            seqs.append([])
+            continue
+        qlo = min(q for q, _, _ in pat)
+        qhi = max(q for q, _, _ in pat)
+        out: list[Job] = []
+        for n in range(qlo, qhi + m):
+            if qhi <= n <= qlo + m - 1:  # the steady state: every pattern job has a copy in this period
+                out.extend([new(Job, (k, n - q, c)) for q, k, c in pat])
+            else:
+                out.extend([new(Job, (k, n - q, c)) for q, k, c in pat if 0 <= n - q < m])
+        seqs.append(out)
+    return seqs
+
+
+def _build_sorted(prob, mod: Modulo, m: int | None = None, x: dict | None = None) -> list[list[Job]] | None:
+    """:func:`build` by sorting every copy by its planned start (the reference the tests compare it with)."""
     x = x or pattern(prob, mod)
     if x is None:
         return None

@@ -244,20 +244,16 @@ def grid(prob) -> list[Pace]:
     return out
 
 
-#: passes always tried (the first of :func:`grid`: return-leg headroom 1 and 0 win about equally often)
+#: passes always tried (the first of :func:`grid`: return-leg headroom 1 and 0 win about equally often; also on
+#: big shapes: one pass only loses vmin pp 24, m 96, equal costs 665 -> 666, the official V-Min's 665)
 MIN_PASSES = 2
-#: shapes above this many jobs get one pass at least instead (the second never won there: pp 32-128, m 4pp-8pp,
-#: F/B/W 1/2/1, comm 0.5 at 0.75p, 0.5p and V-Min's limit, 11 shapes, at best a tie; it costs about 1.7 s at
-#: pp 128, m 512)
-BIG_SHAPE = 12_288
 
 
 def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Pace]]:
     """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements, at least
     :data:`MIN_PASSES` (deadlocks skipped)."""
     njobs = 3 * prob.m * prob.nc
-    least = MIN_PASSES if njobs <= BIG_SHAPE else 1
-    for pace in grid(prob)[:max(least, max_jobs // max(njobs, 1))]:
+    for pace in grid(prob)[:max(MIN_PASSES, max_jobs // max(njobs, 1))]:
         seqs = run(prob, pace)
         if seqs is not None:
             yield seqs, pace
