@@ -141,12 +141,12 @@ def test_cli_run_tp2_calibrate_writes_one_tp_ranks_costs_and_the_tp_wait(tmp_pat
     # F all-gathers / reduce-scatters and B reduces on every chunk: each waits on the 5 ms link
     assert min(waits["F"]) > 0.001 and min(waits["B"]) > 0.001
     assert 0.0 < m["tp"]["wait_share"]["F"] < 1.0
-    # one TP rank's FLOPs: half of the layers' (the tiny Llama: 4 layers, 1 per chunk, the head on the last)
+    # one TP rank's FLOPs: half of the layers' and the head's, spread over the 4 chunks
     from pipeloom.runtime.driver import RunConfig, model_config
     mc = model_config(RunConfig(schedule="zbv", pp=2, tp=2, microbatches=4, seq_len=8), 4)
     lf, hf = flops.layer_flops(mc, 2 * 8, seq=8), flops.head_flops(mc, 2 * 8)
     for i, k in enumerate("FBW"):
-        assert m["flops_per_chunk_pass"][k] == pytest.approx((4 * lf[i] + hf[i]) / 2 / 4)
+        assert m["flops_per_chunk_pass"][k] == pytest.approx((mc.layers * lf[i] + hf[i]) / 2 / 4)
     # the seconds are the measured job times, as without TP; the FLOP/s are over the compute left after the wait
     secs = sum(m["seconds_per_chunk_pass"]["F"])
     assert m["flops_per_s"]["F"] == pytest.approx(m["flops_per_chunk_pass"]["F"] * 4 / (secs - sum(waits["F"])))
