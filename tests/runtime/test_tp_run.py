@@ -76,7 +76,6 @@ def test_cli_run_tp2_sequence_parallel_json_verify(capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--tp", "3"], "tp=3 does not divide heads=4"),
-    (["--tp", "2", "--calibrate", "calib.json"], "--calibrate with --tp 2"),
     (["--tp", "0"], "--tp: must be >= 1"),
 ])
 def test_cli_run_bad_tp_is_one_line(capsys, argv, msg):
@@ -115,3 +114,40 @@ def test_pp2_tp2_interleaved_zbh1_dualpipev_and_a_random_plan_match_one_process(
         assert r["params_missing_grad"] == 0, c
         assert r["max_loss_diff"] <= TOL and r["max_grad_diff"] <= TOL and r["max_param_diff"] <= REF_PARAM_TOL, (c, r)
         assert r["tp_replica_param_diff"] == 0.0, c
+
+
+@pytest.mark.dist
+def test_cli_run_tp2_calibrate_writes_one_tp_ranks_costs_and_the_tp_wait(tmp_path, capsys):
+    """``run --tp 2 --calibrate FILE`` (refused before): the measured per-job costs written like a non-TP
+    calibration, with one TP rank's FLOPs (half of each GEMM) and the time the jobs waited on TP collectives
+    recorded apart (here on the emulated link, so the wait is certainly there); the tuner loads the file."""
+    import json
+
+    from pipeloom.cli import main
+    from pipeloom.models import flops
+    from pipeloom.tune.costs import Calibration
+
+    f = tmp_path / "calib.json"
+    rc = main(["run", "--schedule", "zbv", "--pp", "2", "--tp", "2", "--sequence-parallel", "--microbatches", "4",
+               "--steps", "2", "--seq-len", "8", "--tp-link-delay", "5", "--calibrate", str(f), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["calibration_file"] == str(f) and out["tp_comm_wait_s"] > 0.0
+    data = json.loads(f.read_text())
+    m = data["measured"]
+    assert "tp=2 sp" in data["source"] and m["tp"]["ranks"] == 2 and m["tp"]["sequence_parallel"] is True
+    assert m["tp"]["link_delay_ms"] == 5.0 and m["tp"]["wait_seconds_per_step"] == out["tp_comm_wait_s"]
+    waits = m["tp"]["wait_seconds_per_chunk_pass"]
+    assert [len(waits[k]) for k in "FBW"] == [4, 4, 4]  # zbv: 2 chunks per stage
+    # F all-gathers / reduce-scatters and B reduces on every chunk: each waits on the 5 ms link
+    assert min(waits["F"]) > 0.001 and min(waits["B"]) > 0.001
+    assert 0.0 < m["tp"]["wait_share"]["F"] < 1.0
+    # one TP rank's FLOPs: half of the layers' and the head's, spread over the 4 chunks
+    from pipeloom.runtime.driver import RunConfig, model_config
+    mc = model_config(RunConfig(schedule="zbv", pp=2, tp=2, microbatches=4, seq_len=8), 4)
+    lf, hf = flops.layer_flops(mc, 2 * 8, seq=8), flops.head_flops(mc, 2 * 8)
+    for i, k in enumerate("FBW"):
+        assert m["flops_per_chunk_pass"][k] == pytest.approx((mc.layers * lf[i] + hf[i]) / 2 / 4)
+    # the seconds are the measured job times, as without TP; the FLOP/s are over the compute left after the wait
+    secs = sum(m["seconds_per_chunk_pass"]["F"])
+    assert m["flops_per_s"]["F"] == pytest.approx(m["flops_per_chunk_pass"]["F"] * 4 / (secs - sum(waits["F"])))
+    assert Calibration.load(str(f)).achieved_flops == data["achieved_flops"] > 0

@@ -210,9 +210,6 @@ def run(args) -> int:
     _check_args(args)
     cfg = run_config(args)
     calib_tmp = None
-    if args.calibrate and cfg.tp > 1:
-        raise CLIError(f"--calibrate with --tp {cfg.tp}: the calibration file has no tensor-parallel terms yet; "
-                       "calibrate with --tp 1")
     if args.calibrate:
         import dataclasses
         import tempfile
@@ -272,7 +269,7 @@ def _write_calibration(args, cfg, res: dict) -> None:
     from ..core.files import write_text
     from ..runtime.driver import model_config
     from ..trace.reader import read_logs
-    from ..tune.measured import calibration_from_run
+    from ..tune.measured import calibration_from_run, tp_wait_per_chunk_pass
     from . import CLIError
 
     nc = len(res["layers_per_chunk"])
@@ -282,11 +279,16 @@ def _write_calibration(args, cfg, res: dict) -> None:
         from ..models.hf_config import resolve_model
         model = resolve_model(args.model)
     what = (f"{model.name} {res['schedule']} pp={res['pp']} vpp={res['vpp']} dp={res['dp']} "
-            f"m={res['microbatches']} mbs={cfg.microbatch_size} seq={cfg.seq_len} {cfg.dtype}")
+            f"m={res['microbatches']} mbs={cfg.microbatch_size} seq={cfg.seq_len} {cfg.dtype}"
+            + (f" tp={cfg.tp}{' sp' if cfg.sequence_parallel else ''} tp-overlap={cfg.tp_overlap}" if cfg.tp > 1 else ""))
+    tp = {} if cfg.tp == 1 else dict(  # one TP rank's FLOPs; the TP collectives' wait recorded apart
+        tp=cfg.tp, tp_wait=tp_wait_per_chunk_pass(cfg.log_dir, nc),
+        tp_info={"sequence_parallel": cfg.sequence_parallel, "overlap": cfg.tp_overlap,
+                 "link_delay_ms": cfg.tp_link_delay_ms, "wait_seconds_per_step": res.get("tp_comm_wait_s")})
     try:
         data = calibration_from_run(read_logs(cfg.log_dir), model, microbatch_size=cfg.microbatch_size,
                                     seq_len=cfg.seq_len, dtype=cfg.dtype, layers_per_chunk=res["layers_per_chunk"],
-                                    device=res["device"], dp_allreduce=res.get("dp_allreduce"), what=what)
+                                    device=res["device"], dp_allreduce=res.get("dp_allreduce"), what=what, **tp)
     except ValueError as e:
         raise CLIError(f"--calibrate {args.calibrate}: {e}") from None
     try:  # whole or not at all (writability was checked before the run)

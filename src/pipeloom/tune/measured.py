@@ -16,6 +16,12 @@ bytes over its dp group: :func:`pipeloom.runtime.driver._measure_links`).
 * **DP all-reduce.** Bus bandwidth of the timed all-reduce: ``2 (d-1)/d bytes / seconds`` (the ring
   all-reduce formula of :func:`pipeloom.tune.costs.all_reduce` without its latency term).
 
+* **Tensor parallelism** (``--tp N``): each rank runs ``1/N`` of every GEMM (column/row-parallel linears,
+  the vocabulary-parallel head), so a rank's FLOPs are the layer's over ``N``. The seconds per chunk pass stay
+  the measured job times (as without TP); the FLOP/s are computed from them minus the time the jobs waited on
+  tensor-parallel collectives (the ``tp_comm`` of each job in the logs, :func:`tp_wait_per_chunk_pass`), which
+  is recorded apart under ``measured.tp`` so that the tuner's TP terms do not count it twice.
+
 The links of one machine are the tuner's ``intra`` link (its bandwidth from the DP all-reduce when the run
 had dp > 1, else from the P2P figure; latency 0: already in the per-byte figure); nothing is measured
 between machines. The device is recorded; how the tuner uses the figures (an efficiency of the GPU
@@ -33,8 +39,11 @@ WIRE_BYTES = {"fp32": 4, "bf16": 2}
 
 def calibration_from_run(run_log, model: ModelConfig, *, microbatch_size: int, seq_len: int, dtype: str,
                          layers_per_chunk: list[int], device: dict, dp_allreduce: dict | None = None,
-                         what: str = "") -> dict:
-    """The calibration JSON object (see :class:`pipeloom.tune.costs.Calibration`) of one measured run."""
+                         what: str = "", tp: int = 1, tp_wait: dict | None = None,
+                         tp_info: dict | None = None) -> dict:
+    """The calibration JSON object (see :class:`pipeloom.tune.costs.Calibration`) of one measured run; with
+    ``tp > 1`` the FLOPs are one TP rank's and ``tp_wait`` ({kind: seconds per chunk pass}, from
+    :func:`tp_wait_per_chunk_pass`) is taken out of the compute seconds and recorded with ``tp_info``."""
     from ..trace.check import fit_chunk_costs
 
     costs = fit_chunk_costs(run_log, unit=1.0)  # seconds per chunk pass
@@ -47,12 +56,19 @@ def calibration_from_run(run_log, model: ModelConfig, *, microbatch_size: int, s
     secs = {"F": sum(dF), "B": sum(dB), "W": sum(dW)}
     for c, n in enumerate(layers_per_chunk):
         for i, k in enumerate("FBW"):
-            flops[k] += n * lf[i] + (hf[i] if c == nc - 1 else 0.0)
+            flops[k] += (n * lf[i] + (hf[i] if c == nc - 1 else 0.0)) / tp
+    waited = {k: sum((tp_wait or {}).get(k, [])) for k in "FBW"}
+    raw = dict(secs)
+    secs = {k: secs[k] - waited[k] if secs[k] > waited[k] else secs[k] for k in "FBW"}  # compute, not the wait
     per_kind = {k: flops[k] / secs[k] for k in "FBW" if secs[k] > 0}
     total = sum(flops.values()) / sum(secs.values())
     measured: dict = {"flops_per_s": per_kind, "seconds_per_chunk_pass": {"F": dF, "B": dB, "W": dW},
                       "hidden": model.hidden,  # where the run sits on tune.costs.shape_efficiency's curve
                       "flops_per_chunk_pass": {k: flops[k] / nc for k in "FBW"}}
+    if tp > 1:
+        measured["tp"] = {"ranks": tp, **(tp_info or {}),
+                          "wait_seconds_per_chunk_pass": {k: list((tp_wait or {}).get(k, [0.0] * nc)) for k in "FBW"},
+                          "wait_share": {k: waited[k] / raw[k] for k in "FBW" if raw[k] > 0}}
     link = None
     if costs.comm > 0:
         nbytes = tokens * model.hidden * WIRE_BYTES.get(dtype, 4)
@@ -71,4 +87,29 @@ def calibration_from_run(run_log, model: ModelConfig, *, microbatch_size: int, s
     return out
 
 
-__all__ = ["WIRE_BYTES", "calibration_from_run"]
+def tp_wait_per_chunk_pass(root: str, nchunks: int) -> dict[str, list[float]]:
+    """{kind: [per chunk]} median seconds a job waited on tensor-parallel collectives (the ``tp_comm`` of the
+    job events in the worker logs under ``root``; a fused BW counts half to B, half to W, as the job fit does);
+    0 where no job of that kind and chunk logged a wait."""
+    import json
+    import statistics
+
+    from ..trace.reader import find_worker_logs
+    seen: dict[tuple[str, int], list[float]] = {}
+    for _, _, path in find_worker_logs(root):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(ev, dict) or ev.get("event") != "job" or "tp_comm" not in ev:
+                    continue
+                kind, chunk, w = ev.get("kind"), ev.get("chunk"), float(ev["tp_comm"])
+                for k, share in ((("B", 0.5), ("W", 0.5)) if kind == "BW" else ((kind, 1.0),)):
+                    if k in ("F", "B", "W") and isinstance(chunk, int) and 0 <= chunk < nchunks:
+                        seen.setdefault((k, chunk), []).append(w * share)
+    return {k: [statistics.median(seen[(k, c)]) if (k, c) in seen else 0.0 for c in range(nchunks)] for k in "FBW"}
+
+
+__all__ = ["WIRE_BYTES", "calibration_from_run", "tp_wait_per_chunk_pass"]
