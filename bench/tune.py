@@ -4,8 +4,9 @@ zero-bubble / V schedules over the best 1F1B/interleaved-only configuration, and
     python bench/tune.py [--out docs/bench/tune.md] [--gpus 64,256,1024] [--models ...]
 
 Prints a markdown document (the tables of docs/bench/tune.md). Every search runs with --top 1 (only the best
-is needed), micro-batch sizes 1 and 2, recompute none/selective/full, ZeRO-1 on/off, every registered builder
-but optimal. Published runs: see PUBLISHED below (sources in the output).
+is needed), micro-batch sizes 1 and 2, recompute none/selective/full, ZeRO-1 on/off, the uniform and balanced
+partitions (tune's defaults before --zero 0,1,2 and the 'ends' partition became its defaults: the table stays
+comparable with its earlier runs), every registered builder but optimal. Published runs: see PUBLISHED below (sources in the output).
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def best_table(models, gpus_list, eff, pairs=None, max_vpp=4) -> list[str]:
         model = spec if isinstance(spec, ModelConfig) else resolve_model(spec)
         if True:
             base = dict(model=model, gpus=n, gpu=gpu_preset("h100"), global_batch=gb, seq=model.seq, top=1,
-                        max_microbatch_size=2, max_vpp=max_vpp, calibration=Calibration(efficiency=eff, source="bench"))
+                        max_microbatch_size=2, max_vpp=max_vpp, calibration=Calibration(efficiency=eff, source="bench"),
+                        zero=(0, 1), partitions=("uniform", "balanced"))
             a, ea, ta = run(Problem(**base))
             b, eb, tb = run(Problem(**base, schedules=CLASSIC))
             ca = a.best if a else None

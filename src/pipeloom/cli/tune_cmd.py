@@ -92,15 +92,15 @@ def add_parser(sub) -> None:
     s.add_argument("--recompute", default="none,selective,full", metavar="MODES",
                    help="recompute modes to consider: none, selective (attention core only), full (layer inputs "
                         "only); one value pins it (default: %(default)s)")
-    s.add_argument("--partitions", default="uniform,balanced", metavar="WAYS",
+    s.add_argument("--partitions", default="uniform,balanced,ends", metavar="WAYS",
                    help="layer partitions to consider: uniform (even, extras on the first chunks), balanced (by "
                         "cost, the head's time counted), ends (the embedding and the loss each take one layer's "
                         "place, as Llama 3 trims its first and last stage) (default: %(default)s)")
-    s.add_argument("--zero", default="0,1", metavar="LEVELS",
+    s.add_argument("--zero", default="0,1,2", metavar="LEVELS",
                    help="ZeRO levels to consider, comma-separated: 0 = nothing sharded; 1 = the optimizer states "
                         "(fp32 master weights, Adam m and v) sharded over dp; 2 = the gradients too; 3 = the "
-                        "parameters too (FSDP). A level > 0 is tried only where dp > 1 (default: %(default)s; 2 and "
-                        "3 on request: their collectives are not timed yet, only their memory)")
+                        "parameters too (FSDP). A level > 0 is tried only where dp > 1 (default: %(default)s; 3 on "
+                        "request: it costs the search time again and did not lead the searches of docs/tune.md)")
     add_mem_limit_option(s, default=None, bytes_ok=True,
                          purpose="plan every memory-aware schedule under this limit (Xp for each configuration's pp; "
                                  "a size in bytes through each configuration's memory estimate) instead of searching "

@@ -20,7 +20,7 @@ from ..models.flops import active_params, embedding_params, head_params, layer_p
 from ..models.hf_config import resolve_model
 from ..models.presets import PRESETS, preset  # noqa: F401  (re-exported: `pipeloom memory --model`)
 from .budget import DeviceBudget, activation_trace, device_budget, device_params, mem_model_for  # noqa: F401
-from .budget import limit_units as limit_of, mem_limit_units  # noqa: F401
+from .budget import limit_units as limit_of, mem_limit_units, plan_mem_model  # noqa: F401
 from .sharding import ZERO_LEVELS, shard_transient_bytes, sharded  # noqa: F401
 from .layers import (DTYPE_BYTES, ChunkMemory, Item, MemoryConfigError, TrainConfig, check_tp,  # noqa: F401
                      chunk_input_bytes, chunk_memory, chunk_rope_bytes, embedding_activations, head_activations,
@@ -185,14 +185,16 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
     budget = device_budget(model, train, (pp, vpp, placement, lpc))
     U, a, b = budget.unit_bytes, list(budget.a), list(budget.b)
     notes = []
-    b_model = [min(max(y, 0.0), x) for x, y in zip(a, b)]
+    a_model, b_model = a, [min(max(y, 0.0), x) for x, y in zip(a, b)]
     gpu = parse_size(gpu_bytes, what="gpu memory") if gpu_bytes is not None else None
     reserve = parse_size(reserve_bytes, what="reserve")
     lim = MemLimit.parse(mem_limit)
     limit_units = limit_of(lim, pp, budget, reserve_bytes=reserve)
     if lim.is_bytes:
         notes.append(f"--mem-limit {lim} = {limit_units:.3g} units ({limit_units / pp:.3g}p)")
-    spec = make_spec(pp=pp, microbatches=microbatches, vpp=vpp, mem=MemModel(a=tuple(a), b=tuple(b_model)),
+    if limit_units is not None:  # planned so that the limit holds in the real model (B's allocation on F)
+        a_model, b_model = plan_mem_model(a, b, digits=9)
+    spec = make_spec(pp=pp, microbatches=microbatches, vpp=vpp, mem=MemModel(a=tuple(a_model), b=tuple(b_model)),
                      mem_limit=limit_units, options=options)
     sched = plan(schedule, spec, check=False)
     peaks, _ = activation_trace(sched, a, b)
@@ -201,8 +203,9 @@ def estimate(model: ModelConfig | str, train: TrainConfig | None = None, *, sche
                      f"{limit_units:.3g} units (only memory-aware schedules honour --mem-limit)")
     if any(y < 0 for y in b) and any(j.kind is Kind.B for seq in sched.devices for j in seq):
         notes.append("B allocates more than it frees for this config (W needs the GEMM inputs and output grads: "
-                     "H > A, e.g. with full recompute or sequence parallel); the schedule was planned with b = 0, "
-                     "the peak is traced with the real b")
+                     "H > A, e.g. with full recompute or sequence parallel); the schedule was planned with "
+                     + ("B's allocation charged to F (a - b, b = 0) to keep the limit" if limit_units is not None
+                        else "b = 0") + ", the peak is traced with the real b")
     devices = []
     for d in range(pp):
         mine = budget.chunks[d]

@@ -210,11 +210,10 @@ def builder_limit(space, c, a_r: tuple[float, ...], b_r: tuple[float, ...] = ())
         return given
 
 
-def _rounded_mem(a, bfree) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The memory model plans are built with: ``a`` to 3 decimals, ``b`` to 3 decimals within [0, a]."""
-    a_r = tuple(round(x, 3) for x in a)
-    b_r = tuple(min(max(round(y, 3), 0.0), x) for x, y in zip(a_r, bfree))
-    return a_r, b_r
+def _rounded_mem(a, bfree, split: bool = True) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The memory model plans are built with: :func:`pipeloom.memory.budget.plan_mem_model` (3 decimals)."""
+    from ..memory.budget import plan_mem_model
+    return plan_mem_model(a, bfree, split=split)
 
 
 def memory_bound(space, c) -> float:
@@ -241,7 +240,7 @@ def memory_bound(space, c) -> float:
     m = c.microbatches
     best = step_bound(F, B, W, comm, cross, owned, m, a, bfree, room, buckets, opt)
     if c.schedule in BOUNDED:
-        a_r, b_r = _rounded_mem(a, bfree)
+        a_r, b_r = _rounded_mem(a, bfree, not backward_fused(c.schedule))
         lim = builder_limit(space, c, a_r, b_r)
         if lim is not None:
             best = max(best, step_bound(F, B, W, comm, cross, owned, m, a_r, b_r, [lim] * c.pp, buckets, opt))

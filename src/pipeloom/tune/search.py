@@ -79,7 +79,7 @@ def _request(space: _Space, c: Config, refine: bool):
     unit = max(F) or 1.0
     budget = space.budget(c)
     a, bfree = budget.a, budget.b
-    a_r, b_r = _rounded_mem(a, bfree)
+    a_r, b_r = _rounded_mem(a, bfree, not backward_fused(c.schedule))
     info = registry.get(c.schedule)
     if c.mem_limit_mode == "fit" and space.fit_units(c) < max(a_r):
         c.fits, c.error = False, "memory: no room for one chunk's activations"

@@ -27,15 +27,15 @@ from .costs import Calibration, head_times, layer_times
 from .gpus import GPU, divisors
 
 RECOMPUTES = ("none", "selective", "full")
-#: ZeRO levels searched unless asked: 2 and 3 are asked for (--zero 0,1,2,3) until the time model charges
-#: their collectives (per-microbatch reduce-scatter, per-chunk all-gather); until then they would cost the
-#: time of ZeRO-1 and win every tie on memory
-DEFAULT_ZERO = (0, 1)
+#: ZeRO levels searched unless asked: 0, 1 and 2 (timed: ZeRO-2's reduce-scatters after every backward,
+#: pipeloom.sim.dp); ZeRO-3 on request (--zero 0,1,2,3): it never led the measured searches (docs/tune.md,
+#: "Defaults"), costs their time again and ties ZeRO-1 at pp 1 with plans no one runs
+DEFAULT_ZERO = (0, 1, 2)
 #: layer partitions: 'uniform' (even, extras on the first chunks), 'balanced' (by cost, the head's time counted),
 #: 'ends' (the embedding and the loss each take one layer's place: Llama 3's trim, first chunk possibly only the
-#: embedding and last only the loss; asked for with --partitions)
+#: embedding and last only the loss; searched by default: Llama 3 70B on 256 H100s leads 4% faster with it)
 PARTITIONS = ("uniform", "balanced", "ends")
-DEFAULT_PARTITIONS = ("uniform", "balanced")
+DEFAULT_PARTITIONS = ("uniform", "balanced", "ends")
 #: builder options during the sweep (a twentieth of the greedy budget, no CP-SAT polish, no proven lower bound
 #: in the plan's meta, no cool-down variants of zbvpp); the top configurations are planned again with the
 #: builders' defaults before the final ranking
