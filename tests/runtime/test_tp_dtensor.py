@@ -2,7 +2,9 @@
 ``ColwiseParallel`` / ``RowwiseParallel``) run in pipeloom's executor (gloo, pp 2 x tp 2 on one (pp, tp)
 DeviceMesh): the split backward's W computes the weight gradients on the local shards into the local shards of
 DTensor gradients (it failed with ``aten.addmm_.default got mixed torch.Tensor and DTensor`` before), and the
-loss and every gradient (gathered with ``full_tensor``) equal one process, for zbv (split backward) and 1f1b."""
+loss and every gradient (gathered with ``full_tensor``) equal one process, for zbv (split backward) and 1f1b.
+In the same processes, the same DTensor chunks run pipeloom's zbv plan, exported as torch's CSV, in torch's own
+``_PipelineScheduleRuntime`` (``build_stages_from_csv`` on the mesh's pp group): equal to one process too."""
 from __future__ import annotations
 
 import pytest
@@ -29,7 +31,65 @@ def _chunk():
     return Chunk()
 
 
-def _dtensor_run(schedules: list[str]) -> list[dict]:
+def _reference(ref, xs, ys, lf) -> float:
+    loss = 0.0
+    for x, y in zip(xs, ys):
+        h = x
+        for c in ref:
+            h = c(h)
+        part = lf(h, y) / len(xs)
+        part.backward()
+        loss += part.item()
+    return loss
+
+
+def _grad_diff(mods: dict, ref: list) -> tuple[float, int]:
+    """The largest difference between a chunk's gradients (DTensor ones gathered) and one process's; how many
+    of them were DTensors."""
+    diff, dtensors = 0.0, 0
+    for k, mod in mods.items():
+        for (_, p), (_, q) in zip(mod.named_parameters(), ref[k].named_parameters()):
+            g = p.grad
+            if hasattr(g, "full_tensor"):
+                dtensors += 1
+                g = g.full_tensor()
+            diff = max(diff, (g - q.grad).abs().max().item())
+    return diff, dtensors
+
+
+def _torch_runtime(csv: str, mesh, xs, ys, lf) -> dict:
+    """The plan saved at ``csv`` (torch's CSV) run by torch's own runtime on this rank's DTensor chunks."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from pipeloom.integrations.torch import build_stages_from_csv
+
+    torch.manual_seed(0)
+    n = 2 * mesh.size(0)  # zbv: two chunks per pp rank
+    full = [_chunk() for _ in range(n)]
+    ref = [_chunk() for _ in range(n)]
+    for a, b in zip(full, ref):
+        b.load_state_dict(a.state_dict())
+
+    def make_chunk(c: int, num_chunks: int):
+        assert num_chunks == n
+        return parallelize_module(full[c], mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+
+    rp = build_stages_from_csv(csv, make_chunk, lf, rank=mesh.get_local_rank("pp"), group=mesh.get_group("pp"))
+    losses = rp.step(torch.cat(xs), torch.cat(ys))  # torch splits them back into the plan's microbatches
+    loss = sum(float(v) for v in losses) / len(xs) if rp.is_last else None
+    ref_loss = _reference(ref, xs, ys, lf)
+    diff, dtensors = _grad_diff(dict(zip(rp.chunks, rp.modules)), ref)
+    t = torch.tensor([abs(loss - ref_loss) if loss is not None else 0.0, diff], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    n_losses = torch.tensor([len(losses)])
+    dist.all_reduce(n_losses)  # every TP rank of the last stage computes the losses
+    return {"loss_diff": t[0].item(), "grad_diff": t[1].item(), "dtensor_grads": dtensors,
+            "losses": int(n_losses.item()), "chunks": rp.chunks}
+
+
+def _dtensor_run(schedules: list[str], torch_csv: str | None = None) -> list[dict]:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -60,33 +120,32 @@ def _dtensor_run(schedules: list[str]) -> list[dict]:
         ex = PipelineExecutor(sched, mods, lf, pp_rank=pp_rank, loss_replicas=2,
                               pp_ranks=dist.get_process_group_ranks(mesh.get_group("pp")))
         loss = ex.step(xs, ys)
-        ref_loss = 0.0
-        for x, y in zip(xs, ys):
-            h = x
-            for c in ref:
-                h = c(h)
-            part = lf(h, y) / len(xs)
-            part.backward()
-            ref_loss += part.item()
-        diff, dtensors = 0.0, 0
-        for k in mine:
-            for (_, p), (_, q) in zip(mods[k].named_parameters(), ref[k].named_parameters()):
-                g = p.grad
-                if hasattr(g, "full_tensor"):
-                    dtensors += 1
-                    g = g.full_tensor()
-                diff = max(diff, (g - q.grad).abs().max().item())
+        ref_loss = _reference(ref, xs, ys, lf)
+        diff, dtensors = _grad_diff(mods, ref)
         t = torch.tensor([abs(loss - ref_loss), diff], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         out.append({"loss_diff": t[0].item(), "grad_diff": t[1].item(), "dtensor_grads": dtensors,
                     "split": bool(ex._split)})
         ex.close()
+    if torch_csv is not None:
+        out.append(_torch_runtime(torch_csv, mesh, xs, ys, lf))
     return out if dist.get_rank() == 0 else None
 
 
-def test_parallelize_module_chunks_run_in_pipeloom_executor():
-    res = spawn(_dtensor_run, 4, (["zbv", "1f1b"],), timeout_s=120)
-    zbv, f1b = res
+def test_parallelize_module_chunks_run_in_pipeloom_executor_and_torch_runtime(tmp_path):
+    from pipeloom.runtime.config import RunConfig, prepare
+    from pipeloom.schedule import io as schedule_io
+
+    plan = prepare(RunConfig(schedule="zbv", pp=2, microbatches=4)).schedule  # the plan the executor runs
+    csv = str(tmp_path / "zbv.csv")
+    schedule_io.save(plan, csv, fmt="torch")
+    assert schedule_io.load(csv).devices != () and "I" in open(csv).read()  # torch's CSV, split backward
+    res = spawn(_dtensor_run, 4, (["zbv", "1f1b"], csv), timeout_s=180)
+    zbv, f1b, torch_rt = res
+    # torch's runtime: rank 0 (pp 0) holds zbv's chunks 0 and 3; both TP ranks of the last stage give 4 losses
+    assert torch_rt["chunks"] == [0, 3] and torch_rt["losses"] == 2 * 4, torch_rt
+    assert torch_rt["dtensor_grads"] == 4 * 2, torch_rt
+    assert torch_rt["loss_diff"] <= TOL and torch_rt["grad_diff"] <= TOL, torch_rt
     assert zbv["split"] and not f1b["split"]
     for r, chunks in ((zbv, 2), (f1b, 1)):
         assert r["dtensor_grads"] == 4 * chunks  # fc1/fc2 weight and bias of the rank's chunks: DTensor gradients
