@@ -7,7 +7,7 @@ Importing this package imports torch. Main pieces:
 * :class:`SplitGrad` (from :mod:`pipeloom.autograd.splitgrad`, below both the runtime and the memory
   tracer, which replays schedules with it too): the split backward (weight grads of the linears
   deferred from B to W), by forward hooks on module instances.
-* :mod:`.grads`: the step's flat fp32 gradient buffer and the :class:`GradReducer` seam
+* :mod:`.grads`: the step's flat fp32 gradient buffer and the :class:`GradReducer` seam; :mod:`.zero1` the ZeRO-1 optimizer over its shards
   (default: one all-reduce over data parallelism after accumulation).
 * :mod:`.commplan`: the messages of a schedule and the per-link order both ends agree on (no torch).
 * :mod:`.tied`: a weight held by chunks on several stages (tied embedding and head): its copies'

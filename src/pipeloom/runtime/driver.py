@@ -304,7 +304,8 @@ def make_dp_reducer(cfg: RunConfig, dp_group):
 
 def make_optimizer(cfg: RunConfig, ex: PipelineExecutor):
     """AdamW over the executor's parameters, or over this rank's ZeRO-1 shards."""
-    from .grads import Zero1Optimizer, ZeroReduceScatter
+    from .grads import ZeroReduceScatter
+    from .zero1 import Zero1Optimizer
     if isinstance(ex.reducer, ZeroReduceScatter):
         return Zero1Optimizer(ex.reducer, ex.grads, ex.master, torch.optim.AdamW, timeout_s=cfg.timeout_s, lr=cfg.lr)
     return torch.optim.AdamW(ex.parameters(), lr=cfg.lr)
@@ -336,7 +337,7 @@ def _static_bytes(ex: PipelineExecutor, opt) -> dict:
     gradient buffer, and the optimizer (its per-element state tensors plus every fp32 master
     weight: the executor's full copies, or ZeRO-1's master shards; storages already counted as
     parameters, e.g. fp32 ZeRO-1 shards that are views of the parameters, are not counted again)."""
-    from .grads import Zero1Optimizer
+    from .zero1 import Zero1Optimizer
     seen: set = set()
 
     def nb(ts) -> int:

@@ -72,7 +72,7 @@ class PipelineExecutor:
         device: where the modules live (default: the first parameter's device).
         param_dtype: cast parameters to this dtype (e.g. torch.bfloat16) and keep fp32 master
             copies; use :meth:`parameters` for the optimizer and :meth:`sync_params` after it steps.
-            (A :class:`~pipeloom.runtime.grads.Zero1Optimizer` takes the master copies over: it keeps
+            (A :class:`~pipeloom.runtime.zero1.Zero1Optimizer` takes the master copies over: it keeps
             this rank's shards of them and empties ``master``, and writes the bf16 parameters itself.)
         timeout_s: longest wait for a peer before failing with the job and rank named.
         inject_delay_s: sleep this long inside every job (straggler testing).

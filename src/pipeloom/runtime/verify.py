@@ -30,7 +30,7 @@ def _named_fp32(ex: PipelineExecutor, opt, tp_group=None) -> list:
     """(name, fp32 value) of every parameter of this rank: the parameters, the executor's master
     copies, or (bf16 + ZeRO-1) the master shards all-gathered for the check (a dp collective); with
     tensor parallelism (``tp_group``) the full tensors gathered from the stage's TP shards (a tp collective)."""
-    from .grads import Zero1Optimizer
+    from .zero1 import Zero1Optimizer
     if tp_group is not None:
         from ..models.tp import gather_full
         return [nv for k in sorted(ex.modules)
