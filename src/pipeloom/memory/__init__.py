@@ -1,6 +1,6 @@
 """Memory estimation: analytic (no torch) and traced (torch, imported lazily).
 
-:mod:`.layers` counts parameters, gradients, optimizer states and saved activations of a decoder-only
+:mod:`.train` is how the model is trained (:class:`TrainConfig`); :mod:`.layers` counts parameters, gradients, optimizer states and saved activations of a decoder-only
 transformer; :mod:`.sharding` says what each ZeRO level shards over the data-parallel replicas (static bytes
 and the transient of one unsharded chunk); :mod:`.budget` says what each device of a layout holds besides the schedule's activations
 (:func:`device_budget`) and turns a size in bytes into a limit in units; :mod:`.analytic` turns a
