@@ -241,5 +241,32 @@ def hideable(space, c, F, B):
     return [x - y for x, y in zip(F, aF)], [x - y for x, y in zip(B, aB)]
 
 
-__all__ = ["FP8_QUANT_BYTES", "FP8_SPEEDUP", "PAIRED", "Parallel", "all_to_all_seconds", "chunk_a2a", "gemm_input_width",
+def grad_groups(space, c, chunks) -> list:
+    """The gradient groups of ``c`` (:class:`pipeloom.sim.dp.GradGroup`): the dense gradients reduce over the
+    ``dp x cp`` ranks on the dp link (:func:`pipeloom.tune.costs.dp_link`), the routed experts' (``expert_params``
+    of each chunk) over the ``dp x cp / ep`` expert-data-parallel ranks (:func:`pipeloom.models.moe.group_sizes`);
+    that group's ranks are ``tp x ep`` apart (rank order tp-cp-ep-dp-pp), so it stays in a node when
+    ``tp x ep x expert_dp <= gpus per node``, else its ``k = gpus per node / (tp x ep)`` ranks of a node share
+    ``min(intra, k x inter)`` (the dp link's rule)."""
+    from ..sim.dp import GradGroup
+    from .costs import dp_link
+
+    ep, cp = getattr(c, "ep", 1), getattr(c, "cp", 1)
+    n = c.dp * cp
+    share = [(ch.expert_params / ch.params) if ch.params > 0 else 0.0 for ch in chunks]
+    dense = GradGroup(share=[1.0 - x for x in share], ranks=n, link=dp_link(space, c))
+    if ep <= 1 or not any(share):
+        return [GradGroup(share=[1.0] * len(chunks), ranks=n, link=dense.link)]
+    m, stride, gpn = n // ep, c.tp * ep, space.p.gpn
+    if stride * m <= gpn:
+        link = space.gpu.intra
+    else:
+        k = max(1, min(m, gpn // stride)) if stride <= gpn else 1
+        inter = space.gpu.inter
+        link = inter if k == 1 else Link(bandwidth=min(space.gpu.intra.bandwidth, k * inter.bandwidth),
+                                          latency=inter.latency)
+    return [dense, GradGroup(share=share, ranks=m, link=link)]
+
+
+__all__ = ["FP8_QUANT_BYTES", "FP8_SPEEDUP", "PAIRED", "Parallel", "all_to_all_seconds", "chunk_a2a", "gemm_input_width", "grad_groups",
            "hideable", "kv_values_per_token", "layer_times", "moe_a2a_seconds", "ring_seconds"]

@@ -161,10 +161,13 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     grad = [ch.params * GRAD_BYTES for ch in chunks]
     par = [ch.params * PARAM_BYTES for ch in chunks]
     bucket = dp_bucket_params(space, c) * GRAD_BYTES
+    from .moe_costs import grad_groups
+
+    groups = grad_groups(space, c, chunks)  # dense over dp x cp, routed experts over dp x cp / ep
     finish, dp_ivs = [], []
     for d in range(c.pp):
         end, ivs = device_dp(sim, d, grad, c.dp, link, unit_s=scale, zero=c.zero, param_bytes=par, bucket_bytes=bucket,
-                             units=c.seg_layer_num or None)
+                             units=c.seg_layer_num or None, groups=groups)
         finish.append(end * scale)
         dp_ivs.append(ivs)
     pipe = max(finish) if finish else makespan
@@ -345,6 +348,17 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
                         f"says whether one fits)" if more else ""))
 
 
+def _groups_explain(space: _Space, c: Config) -> list[dict]:
+    """The gradient groups the dp reduction uses (:func:`pipeloom.tune.moe_costs.grad_groups`): per group, its
+    ranks, link and gradient parameters per chunk."""
+    from .moe_costs import grad_groups
+
+    chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep, c.cp)[1]
+    return [{"ranks": g.ranks, "bandwidth": g.link.bandwidth, "latency_s": g.link.latency,
+             "params_per_chunk": [ch.params * x for ch, x in zip(chunks, g.share)]}
+            for g in grad_groups(space, c, chunks)]
+
+
 def _explain(space: _Space, c: Config) -> dict:
     from ..models.moe import group_sizes
 
@@ -357,6 +371,7 @@ def _explain(space: _Space, c: Config) -> dict:
             "dp_bucket_s_per_chunk": [dp_time(space, c, ch.params) for ch in space.memory(
                 c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep, c.cp)[1]],
             "dp_bucket_params": dp_bucket_params(space, c),
+            "dp_grad_groups": _groups_explain(space, c),
             "communication": _comm_explain(space, c, lt),
             "parallel": {"groups": group_sizes(tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp), "ep": c.ep, "cp": c.cp,
                          "fp8": p.fp8, "capacity_factor": p.capacity_factor,
