@@ -232,10 +232,28 @@ def chunk_a2a(space, c) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(n * aF for n in c.seg_layer_num), tuple(n * aB for n in c.seg_layer_num)
 
 
+def pairs(space, c) -> bool:
+    """Whether ``c``'s schedule has F&B pairs: its builder makes them (:data:`PAIRED`), or ``tune --pair-fb``
+    adds them (:func:`pair_pass`)."""
+    return c.schedule in PAIRED or bool(getattr(space.p, "pair_fb", False))
+
+
+def pair_pass(space, c, sched, costs):
+    """``sched`` with F&B pairs added (:func:`pipeloom.schedule.pairing.pair_forward_backward`, timed with the
+    configuration's exact ``costs``) when ``tune --pair-fb`` asks for them, the schedule does not pair by itself
+    and a pair has all-to-all to hide; else ``sched``. The pass never makes the schedule longer."""
+    if c.schedule in PAIRED or not getattr(space.p, "pair_fb", False) or not any(
+            x > 0 for v in (costs.a2a_F, costs.a2a_B) for x in (v if isinstance(v, (tuple, list)) else (v,))):
+        return sched
+    from ..schedule.pairing import pair_forward_backward
+
+    return pair_forward_backward(sched, costs)
+
+
 def hideable(space, c, F, B):
     """``F`` and ``B`` less what pairs can hide, for the lower bounds of a schedule that pairs (:data:`PAIRED`):
     a pair hides at most its two jobs' communication, so ``F - a2a_F`` and ``B - a2a_B`` bound its work."""
-    if c.schedule not in PAIRED:
+    if not pairs(space, c):
         return F, B
     aF, aB = chunk_a2a(space, c)
     return [x - y for x, y in zip(F, aF)], [x - y for x, y in zip(B, aB)]
@@ -268,5 +286,6 @@ def grad_groups(space, c, chunks) -> list:
     return [dense, GradGroup(share=share, ranks=m, link=link)]
 
 
-__all__ = ["FP8_QUANT_BYTES", "FP8_SPEEDUP", "PAIRED", "Parallel", "all_to_all_seconds", "chunk_a2a", "gemm_input_width", "grad_groups",
-           "hideable", "kv_values_per_token", "layer_times", "moe_a2a_seconds", "ring_seconds"]
+__all__ = ["FP8_QUANT_BYTES", "FP8_SPEEDUP", "PAIRED", "Parallel", "all_to_all_seconds", "chunk_a2a", "gemm_input_width",
+           "grad_groups", "hideable", "kv_values_per_token", "layer_times", "moe_a2a_seconds", "pair_pass", "pairs",
+           "ring_seconds"]

@@ -144,7 +144,10 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
         aF, aB = chunk_a2a(space, c)  # the all-to-all an overlapped pair hides (0 without expert parallelism)
         exact = Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B), W=tuple(x / unit for x in W),
                       comm=comm / unit, a2a_F=tuple(x / unit for x in aF), a2a_B=tuple(x / unit for x in aB))
-        hit = (plan[0], simulate(plan[0], exact), None)
+        from .moe_costs import pair_pass
+
+        paired = pair_pass(space, c, plan[0], exact)  # tune --pair-fb: F&B pairs hide the all-to-all
+        hit = (paired, simulate(paired, exact), None)
     sched, sim, err = hit
     if err:
         c.fits, c.error = False, f"schedule {c.schedule}: {err}"
@@ -348,6 +351,12 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
                         f"says whether one fits)" if more else ""))
 
 
+def _pairs(space: _Space, c: Config) -> bool:
+    from .moe_costs import pairs
+
+    return pairs(space, c)
+
+
 def _groups_explain(space: _Space, c: Config) -> list[dict]:
     """The gradient groups the dp reduction uses (:func:`pipeloom.tune.moe_costs.grad_groups`): per group, its
     ranks, link and gradient parameters per chunk."""
@@ -376,7 +385,8 @@ def _explain(space: _Space, c: Config) -> dict:
             "parallel": {"groups": group_sizes(tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp), "ep": c.ep, "cp": c.cp,
                          "fp8": p.fp8, "capacity_factor": p.capacity_factor,
                          "moe_imbalance": p.moe_imbalance, "route_nodes": p.route_nodes,
-                         "pairs_hide_a2a": c.schedule in ("dualpipev",)},
+                         "pairs_hide_a2a": _pairs(space, c),
+                         "fb_pairs": len(c.schedule_obj.overlapped) if c.schedule_obj is not None else None},
             "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
             "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
             "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,
