@@ -344,6 +344,7 @@ def parse_seconds(text: str | float) -> float:
     return v
 
 
-__all__ = ["DPLink", "DPResult", "GradGroup", "Link", "MEGATRON_BUCKET_PARAMS", "ZERO_LEVELS", "bucket_ready", "collective_seconds",
+__all__ = ["DPLink", "DPResult", "GradGroup", "Link", "MEGATRON_BUCKET_PARAMS", "ZERO_LEVELS", "bucket_ready",
+           "collective_seconds",
            "default_bucket_params", "device_dp", "last_weight_grad_ends", "last_weight_grad_jobs", "p2p_seconds",
            "parse_bandwidth", "parse_seconds", "simulate_dp"]
