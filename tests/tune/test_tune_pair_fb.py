@@ -35,3 +35,11 @@ def test_pair_fb_without_an_all_to_all_adds_no_pairs():
     plain, paired = _run(cmd), _run(cmd + ["--pair-fb"])
     assert paired["explain"]["parallel"]["fb_pairs"] == 0
     assert paired["configs"][0]["step_time_s"] == plain["configs"][0]["step_time_s"]
+
+
+def test_pair_fb_is_recorded_and_asked_again(tmp_path):
+    base = [a for a in CMD if a != "--explain"] + ["--ep", "8"]
+    paired = _run(base + ["--pair-fb", "--out", str(tmp_path)])
+    assert "pair_fb = true" in (tmp_path / "pipeloom.toml").read_text()
+    again = _run([sys.executable, "-m", "pipeloom", "tune", "--config", str(tmp_path / "pipeloom.toml"), "--json"])
+    assert again["configs"][0]["step_time_s"] == paired["configs"][0]["step_time_s"]
