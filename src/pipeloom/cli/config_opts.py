@@ -67,7 +67,8 @@ TUNE_FLAGS = [("model", "tune.model", None), ("gpus", "tune.gpus", None), ("gpu"
               ("ep", "tune.pin_ep", None), ("max_ep", "tune.max_ep", None), ("cp", "tune.pin_cp", None),
               ("max_cp", "tune.max_cp", None), ("capacity_factor", "tune.capacity_factor", None),
               ("moe_imbalance", "tune.moe_imbalance", None), ("route_nodes", "tune.route_nodes", None),
-              ("precision", "tune.precision", None), ("recompute_norms", "tune.recompute_norms", None)]
+              ("precision", "tune.precision", None), ("recompute_norms", "tune.recompute_norms", None),
+              ("pair_fb", "tune.pair_fb", None)]
 #: the tune flags a settings file records as the question asked (argparse dest -> [tune] field)
 TUNE_QUESTION = {dest: path.split(".", 1)[1] for dest, path, _ in TUNE_FLAGS}
 #: the flags that plan a schedule: when one is on the command line, a file's schedule.plan is not used

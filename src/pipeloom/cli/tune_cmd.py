@@ -125,6 +125,9 @@ def add_parser(sub) -> None:
                    help="node-limited routing: each token to at most N nodes (DeepSeek-V3: 4; default: unlimited)")
     e.add_argument("--recompute-norms", action="store_true",
                    help="recompute RMSNorm outputs and MLA up-projections in backward (DeepSeek-V3)")
+    e.add_argument("--pair-fb", action="store_true",
+                   help="pair an F with a B of another microbatch in schedules that do not pair by themselves "
+                        "(hides the expert all-to-all: Megatron-Core's combined 1F1B; dualpipev pairs anyway)")
     e.add_argument("--precision", choices=["bf16", "fp8"], default="bf16",
                    help="GEMM precision: fp8 runs the weight GEMMs at twice the rate with quantisation traffic "
                         "and caches their inputs in FP8 (default: %(default)s)")
@@ -250,7 +253,8 @@ def _moe_fields(args, model) -> dict:
         raise ValueError(f"--cp {args.cp} does not divide --gpus {args.gpus}")
     return dict(ep=args.ep, max_ep=args.max_ep, cp=args.cp, max_cp=args.max_cp,
                 capacity_factor=args.capacity_factor, moe_imbalance=args.moe_imbalance, fp8=args.precision == "fp8",
-                route_nodes=args.route_nodes, recompute_norms=args.recompute_norms)
+                route_nodes=args.route_nodes, recompute_norms=args.recompute_norms,
+                pair_fb=getattr(args, "pair_fb", False))
 
 
 def _resolve_model(spec: str):

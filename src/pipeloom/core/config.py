@@ -373,9 +373,13 @@ class TuneSection:
     """GEMM precision, bf16 or fp8 (--precision)"""
     recompute_norms: bool | None = None
     """light recompute of norms and MLA up-projections (--recompute-norms)"""
+    pair_fb: bool | None = None
+    """F&B pairs added to the schedules that do not pair by themselves (--pair-fb)"""
 
     def __post_init__(self) -> None:
         s = self.SECTION
+        if self.pair_fb is not None:
+            _bool(s, "pair_fb", self.pair_fb)
         for k in ("ep", "cp", "pin_ep", "max_ep", "pin_cp", "max_cp", "route_nodes"):
             _int(s, k, getattr(self, k), none=True)
         _num(s, "capacity_factor", self.capacity_factor, none=True)

@@ -28,6 +28,13 @@ waits, and the device's later jobs shift (not propagated to other devices). With
 one unit's gradients at a time. The optimizer step itself is not modelled
 here (the tuner adds it).
 
+Gradient groups (expert parallelism): a chunk's gradients may reduce over more than one group
+(:class:`GradGroup`: a share of every chunk's bytes, its ranks and its link); with expert parallel the dense
+gradients reduce over ``dp x cp`` ranks and the routed experts' over ``dp x cp / ep``
+(:func:`pipeloom.models.moe.group_sizes`). Every collective of a chunk then moves each group's share over that
+group's ranks and link, one group after the other on the device's link: its time is the sum of the groups' ring
+times (the buckets mix the groups in proportion; Megatron keeps expert buckets apart, which the sum also times).
+
     step_time        = max over devices of (the device's last job end, its last collective end)
     dp_exposed       = step_time - makespan              (the un-hidden tail)
     dp_time          = the busiest link's total collective time
@@ -78,6 +85,22 @@ class DPLink(Link):
             raise ValueError(f"dp latency must be >= 0 s, got {self.latency!r}")
         if not self.unit_s > 0:
             raise ValueError(f"the cost unit must be > 0 s, got {self.unit_s!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradGroup:
+    """One gradient group of :func:`device_dp`: ``share[c]`` of chunk ``c``'s bytes reduce over ``ranks`` ranks
+    on ``link``."""
+
+    share: Sequence[float]
+    ranks: int
+    link: Link
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ValueError(f"a gradient group needs ranks >= 1, got {self.ranks!r}")
+        if any(not 0.0 <= x <= 1.0 for x in self.share):
+            raise ValueError(f"a gradient group's shares must lie in [0, 1], got {list(self.share)}")
 
 
 def collective_seconds(kind: str, nbytes: float, n: int, link: Link) -> float:
@@ -161,22 +184,26 @@ def bucket_ready(start: float, end: float, nbytes: float, bucket: float | None) 
 def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int, link: Link, *, unit_s: float = 1.0,
               overlap: bool = True, zero: int = 0, param_bytes: Sequence[float] | None = None,
               bucket_bytes: float | None = None,
-              units: Sequence[int] | None = None) -> tuple[float, list[tuple[float, float, str]]]:
+              units: Sequence[int] | None = None,
+              groups: Sequence[GradGroup] | None = None) -> tuple[float, list[tuple[float, float, str]]]:
     """The data-parallel collectives of one device of ``sim`` (times in the schedule's unit, ``unit_s`` seconds
     each): (the device's end of step, the (start, end, label) of each collective). THE dp model of the
     simulator's ``--dp`` and the tuner; the module docstring has the rules. ``grad_bytes`` / ``param_bytes``:
     per global chunk, the bytes reduced / gathered (``param_bytes`` None: ``grad_bytes``); ``units``: per chunk,
-    the units (layers) ZeRO-2/3 shard and gather one at a time (None: the whole chunk is one unit)."""
+    the units (layers) ZeRO-2/3 shard and gather one at a time (None: the whole chunk is one unit); ``groups``:
+    the gradient groups (None: one, every byte over ``dp`` ranks on ``link``)."""
     sched = sim.schedule
     pbytes = grad_bytes if param_bytes is None else param_bytes
     jobs, starts, ends = sched.devices[device], sim.start[device], sim.end[device]
     last_job = ends[-1] if ends else 0.0
     ivs: list[tuple[float, float, str]] = []
-    if dp <= 1 or not jobs:
+    if groups is None:
+        groups = [GradGroup(share=[1.0] * sched.num_chunks, ranks=dp, link=link)]
+    if all(g.ranks <= 1 for g in groups) or not jobs:
         return last_job, ivs
 
-    def secs(kind: str, nbytes: float) -> float:
-        return collective_seconds(kind, nbytes, dp, link) / unit_s
+    def secs(kind: str, nbytes: float, c: int) -> float:
+        return sum(collective_seconds(kind, nbytes * g.share[c], g.ranks, g.link) for g in groups) / unit_s
 
     red, tag = ("reduce_scatter", "RS") if zero else ("allreduce", "AR")
     t = 0.0
@@ -195,7 +222,7 @@ def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int,
                 step, here, issued, first = (e0 - s0) / u, s, prev_start, None
                 for _ in range(u):
                     a0 = max(t, issued if overlap else here)
-                    t = a0 + secs("all_gather", pbytes[j.chunk] / u)
+                    t = a0 + secs("all_gather", pbytes[j.chunk] / u, j.chunk)
                     ivs.append((a0, t, f"AG {j.chunk}"))
                     start = max(here, t)  # the unit starts once its parameters are gathered
                     first = start if first is None else first
@@ -207,7 +234,7 @@ def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int,
                 rs_bucket = (grad_bytes[j.chunk] / u if units is not None else bucket_bytes) if overlap else None
                 for r, nb in bucket_ready(s, e, grad_bytes[j.chunk], rs_bucket):
                     a0 = max(t, r)
-                    t = a0 + secs("reduce_scatter", nb)
+                    t = a0 + secs("reduce_scatter", nb, j.chunk)
                     ivs.append((a0, t, f"RS {j.chunk}"))
                 if not overlap and t > e:
                     shift += t - e
@@ -218,21 +245,23 @@ def device_dp(sim: SimResult, device: int, grad_bytes: Sequence[float], dp: int,
             items += [(r, c, nb) for r, nb in bucket_ready(s, e, grad_bytes[c], bucket_bytes)]
         for r, c, nb in sorted(items):
             a0 = max(t, r)
-            t = a0 + secs(red, nb)
+            t = a0 + secs(red, nb, c)
             ivs.append((a0, t, f"{tag} {c}"))
     elif zero:
         t = last_job
         for c in sorted(last_weight_grad_ends(sim, device)):
-            a0, t = t, t + secs(red, grad_bytes[c])
+            a0, t = t, t + secs(red, grad_bytes[c], c)
             ivs.append((a0, t, f"RS {c}"))
     else:
-        total = sum(grad_bytes[c] for c in last_weight_grad_ends(sim, device))
-        ivs.append((last_job, last_job + secs("allreduce", total), "AR"))
+        mine = last_weight_grad_ends(sim, device)  # one all-reduce per group of all the device's bytes
+        total = sum(collective_seconds("allreduce", sum(grad_bytes[c] * g.share[c] for c in mine), g.ranks, g.link)
+                    for g in groups) / unit_s
+        ivs.append((last_job, last_job + total, "AR"))
         t = ivs[-1][1]
     if zero in (1, 2):  # the updated parameters' all-gather after the last reduce-scatter (distributed optimizer)
         t = max(t, last_job)
         for c in sorted(last_weight_grad_ends(sim, device)):
-            a0, t = t, t + secs("all_gather", pbytes[c])
+            a0, t = t, t + secs("all_gather", pbytes[c], c)
             ivs.append((a0, t, f"AG {c}"))
     return max(last_job, t), ivs
 
@@ -315,6 +344,7 @@ def parse_seconds(text: str | float) -> float:
     return v
 
 
-__all__ = ["DPLink", "DPResult", "Link", "MEGATRON_BUCKET_PARAMS", "ZERO_LEVELS", "bucket_ready", "collective_seconds",
+__all__ = ["DPLink", "DPResult", "GradGroup", "Link", "MEGATRON_BUCKET_PARAMS", "ZERO_LEVELS", "bucket_ready",
+           "collective_seconds",
            "default_bucket_params", "device_dp", "last_weight_grad_ends", "last_weight_grad_jobs", "p2p_seconds",
            "parse_bandwidth", "parse_seconds", "simulate_dp"]

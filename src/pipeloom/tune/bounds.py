@@ -232,9 +232,12 @@ def memory_bound(space, c) -> float:
     a, bfree = budget.a, budget.b
     room = budget.room_units(space.p.gpu.memory, space.p.reserve)
     chm = budget.chunk_memory
-    dev_params = {k: sum(chm[j].params for j in mine) for mine in owned for k in mine}
+    # dense parameters only: the routed experts reduce over the smaller expert-data-parallel group, so leaving them
+    # out keeps the tail a lower bound (the dense group has dp x cp >= dp ranks)
+    dev_params = {k: sum(chm[j].params - chm[j].expert_params for j in mine) for mine in owned for k in mine}
     # B + W: the longest the chunk's last weight-gradient job can be (a BW; a W alone is shorter), so the tail holds
-    buckets = [dp_tail(space, c, ch.params, dev_params[k], B0[k] + W[k], c.seg_layer_num[k] if c.seg_layer_num else 1)
+    buckets = [dp_tail(space, c, ch.params - ch.expert_params, dev_params[k], B0[k] + W[k],
+                       c.seg_layer_num[k] if c.seg_layer_num else 1)
                for k, ch in enumerate(budget.chunk_memory)]
     opt = max(optimizer_time(space, c, p) for p in budget.params)
     m = c.microbatches

@@ -232,14 +232,60 @@ def chunk_a2a(space, c) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(n * aF for n in c.seg_layer_num), tuple(n * aB for n in c.seg_layer_num)
 
 
+def pairs(space, c) -> bool:
+    """Whether ``c``'s schedule has F&B pairs: its builder makes them (:data:`PAIRED`), or ``tune --pair-fb``
+    adds them (:func:`pair_pass`)."""
+    return c.schedule in PAIRED or bool(getattr(space.p, "pair_fb", False))
+
+
+def pair_pass(space, c, sched, costs):
+    """``sched`` with F&B pairs added (:func:`pipeloom.schedule.pairing.pair_forward_backward`, timed with the
+    configuration's exact ``costs``) when ``tune --pair-fb`` asks for them, the schedule does not pair by itself
+    and a pair has all-to-all to hide; else ``sched``. The pass never makes the schedule longer."""
+    if c.schedule in PAIRED or not getattr(space.p, "pair_fb", False) or not any(
+            x > 0 for v in (costs.a2a_F, costs.a2a_B) for x in (v if isinstance(v, (tuple, list)) else (v,))):
+        return sched
+    from ..schedule.pairing import pair_forward_backward
+
+    return pair_forward_backward(sched, costs)
+
+
 def hideable(space, c, F, B):
     """``F`` and ``B`` less what pairs can hide, for the lower bounds of a schedule that pairs (:data:`PAIRED`):
     a pair hides at most its two jobs' communication, so ``F - a2a_F`` and ``B - a2a_B`` bound its work."""
-    if c.schedule not in PAIRED:
+    if not pairs(space, c):
         return F, B
     aF, aB = chunk_a2a(space, c)
     return [x - y for x, y in zip(F, aF)], [x - y for x, y in zip(B, aB)]
 
 
+def grad_groups(space, c, chunks) -> list:
+    """The gradient groups of ``c`` (:class:`pipeloom.sim.dp.GradGroup`): the dense gradients reduce over the
+    ``dp x cp`` ranks on the dp link (:func:`pipeloom.tune.costs.dp_link`), the routed experts' (``expert_params``
+    of each chunk) over the ``dp x cp / ep`` expert-data-parallel ranks (:func:`pipeloom.models.moe.group_sizes`);
+    that group's ranks are ``tp x ep`` apart (rank order tp-cp-ep-dp-pp), so it stays in a node when
+    ``tp x ep x expert_dp <= gpus per node``, else its ``k = gpus per node / (tp x ep)`` ranks of a node share
+    ``min(intra, k x inter)`` (the dp link's rule)."""
+    from ..sim.dp import GradGroup
+    from .costs import dp_link
+
+    ep, cp = getattr(c, "ep", 1), getattr(c, "cp", 1)
+    n = c.dp * cp
+    share = [(ch.expert_params / ch.params) if ch.params > 0 else 0.0 for ch in chunks]
+    dense = GradGroup(share=[1.0 - x for x in share], ranks=n, link=dp_link(space, c))
+    if ep <= 1 or not any(share):
+        return [GradGroup(share=[1.0] * len(chunks), ranks=n, link=dense.link)]
+    m, stride, gpn = n // ep, c.tp * ep, space.p.gpn
+    if stride * m <= gpn:
+        link = space.gpu.intra
+    else:
+        k = max(1, min(m, gpn // stride)) if stride <= gpn else 1
+        inter = space.gpu.inter
+        link = inter if k == 1 else Link(bandwidth=min(space.gpu.intra.bandwidth, k * inter.bandwidth),
+                                          latency=inter.latency)
+    return [dense, GradGroup(share=share, ranks=m, link=link)]
+
+
 __all__ = ["FP8_QUANT_BYTES", "FP8_SPEEDUP", "PAIRED", "Parallel", "all_to_all_seconds", "chunk_a2a", "gemm_input_width",
-           "hideable", "kv_values_per_token", "layer_times", "moe_a2a_seconds", "ring_seconds"]
+           "grad_groups", "hideable", "kv_values_per_token", "layer_times", "moe_a2a_seconds", "pair_pass", "pairs",
+           "ring_seconds"]

@@ -144,7 +144,10 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
         aF, aB = chunk_a2a(space, c)  # the all-to-all an overlapped pair hides (0 without expert parallelism)
         exact = Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B), W=tuple(x / unit for x in W),
                       comm=comm / unit, a2a_F=tuple(x / unit for x in aF), a2a_B=tuple(x / unit for x in aB))
-        hit = (plan[0], simulate(plan[0], exact), None)
+        from .moe_costs import pair_pass
+
+        paired = pair_pass(space, c, plan[0], exact)  # tune --pair-fb: F&B pairs hide the all-to-all
+        hit = (paired, simulate(paired, exact), None)
     sched, sim, err = hit
     if err:
         c.fits, c.error = False, f"schedule {c.schedule}: {err}"
@@ -161,10 +164,13 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     grad = [ch.params * GRAD_BYTES for ch in chunks]
     par = [ch.params * PARAM_BYTES for ch in chunks]
     bucket = dp_bucket_params(space, c) * GRAD_BYTES
+    from .moe_costs import grad_groups
+
+    groups = grad_groups(space, c, chunks)  # dense over dp x cp, routed experts over dp x cp / ep
     finish, dp_ivs = [], []
     for d in range(c.pp):
         end, ivs = device_dp(sim, d, grad, c.dp, link, unit_s=scale, zero=c.zero, param_bytes=par, bucket_bytes=bucket,
-                             units=c.seg_layer_num or None)
+                             units=c.seg_layer_num or None, groups=groups)
         finish.append(end * scale)
         dp_ivs.append(ivs)
     pipe = max(finish) if finish else makespan
@@ -345,6 +351,23 @@ def _fits_nowhere(prob: Problem, dead: list[Config]) -> TuneError:
                         f"says whether one fits)" if more else ""))
 
 
+def _pairs(space: _Space, c: Config) -> bool:
+    from .moe_costs import pairs
+
+    return pairs(space, c)
+
+
+def _groups_explain(space: _Space, c: Config) -> list[dict]:
+    """The gradient groups the dp reduction uses (:func:`pipeloom.tune.moe_costs.grad_groups`): per group, its
+    ranks, link and gradient parameters per chunk."""
+    from .moe_costs import grad_groups
+
+    chunks = space.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep, c.cp)[1]
+    return [{"ranks": g.ranks, "bandwidth": g.link.bandwidth, "latency_s": g.link.latency,
+             "params_per_chunk": [ch.params * x for ch, x in zip(chunks, g.share)]}
+            for g in grad_groups(space, c, chunks)]
+
+
 def _explain(space: _Space, c: Config) -> dict:
     from ..models.moe import group_sizes
 
@@ -357,11 +380,13 @@ def _explain(space: _Space, c: Config) -> dict:
             "dp_bucket_s_per_chunk": [dp_time(space, c, ch.params) for ch in space.memory(
                 c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep, c.cp)[1]],
             "dp_bucket_params": dp_bucket_params(space, c),
+            "dp_grad_groups": _groups_explain(space, c),
             "communication": _comm_explain(space, c, lt),
             "parallel": {"groups": group_sizes(tp=c.tp, cp=c.cp, ep=c.ep, dp=c.dp, pp=c.pp), "ep": c.ep, "cp": c.cp,
                          "fp8": p.fp8, "capacity_factor": p.capacity_factor,
                          "moe_imbalance": p.moe_imbalance, "route_nodes": p.route_nodes,
-                         "pairs_hide_a2a": c.schedule in ("dualpipev",)},
+                         "pairs_hide_a2a": _pairs(space, c),
+                         "fb_pairs": len(c.schedule_obj.overlapped) if c.schedule_obj is not None else None},
             "optimizer_s": c.optimizer_s, "makespan_s": c.makespan_s, "exposed_comm_s": c.exposed_comm_s,
             "step_time_s": c.step_time_s, "unit_bytes": c.detail.get("unit_bytes"),
             "peak_units": c.detail.get("peak_units"), "device_peak_bytes": c.device_peaks,

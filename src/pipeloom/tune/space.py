@@ -104,6 +104,9 @@ class Problem:
     """node-limited routing: each token to at most this many nodes (DeepSeek-V3: 4)"""
     recompute_norms: bool = False
     """light recompute: norms and MLA up-projections re-run in B (DeepSeek-V3)"""
+    pair_fb: bool = False
+    """add F&B pairs (:func:`pipeloom.schedule.pairing.pair_forward_backward`) to every schedule that does not
+    pair by itself when the configuration has an all-to-all to hide (Megatron-Core's combined 1F1B)"""
 
     def __post_init__(self) -> None:
         for k in ("gpus", "global_batch", "seq", "max_vpp", "max_microbatch_size", "top", "vpp", "dp"):
