@@ -1,7 +1,8 @@
 """The package's floors: imports only point down, and no files or folders import each other in a loop.
 
 The layer list lives here. Lowest first; a module may import its own folder and any folder of a
-lower layer, never one above. Every import counts, also those inside functions (a lazy import is
+lower layer, never one above. A sub-package may have a floor of its own (``trace/ops``: op traces and the
+what-if analysis, below the run logs of ``trace/``); its files belong to it, not to their top folder. Every import counts, also those inside functions (a lazy import is
 still a dependency). Read with ``ast``, nothing is imported.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("autograd",),    # torch autograd mechanisms below the runtime and the memory tracer (the split backward)
     ("partition",),   # layers -> chunks, cost balancing
     ("viz",),         # drawing only
-    ("trace",),       # run logs: format, reader, check, synthetic logs
+    ("trace/ops",),   # op traces of any trainer and the what-if analysis on them (never the run logs above)
+    ("trace",),       # run logs: format, reader, check, synthetic logs; run logs as op traces (runops)
     ("memory",),      # analytic and traced memory (never the runtime: the split backward it replays is in autograd)
     ("runtime",),     # torch.distributed executor, driver, launch
     ("integrations",),  # other frameworks' runtimes (torch.distributed.pipelining)
@@ -32,8 +34,15 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
+#: sub-packages with a floor of their own (named ``folder/sub`` in LAYERS)
+SUBFLOORS = {names[0] for names in LAYERS if "/" in names[0]}
+
+
 def _folder(rel: Path) -> str:
-    """The unit a file belongs to: its top folder under pipeloom/, or its own name for a top-level module."""
+    """The unit a file belongs to: its sub-floor (``trace/ops``) or top folder under pipeloom/, or its own name
+    for a top-level module."""
+    if len(rel.parts) > 2 and "/".join(rel.parts[:2]) in SUBFLOORS:
+        return "/".join(rel.parts[:2])
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
@@ -181,3 +190,18 @@ def test_the_memory_tracer_may_not_import_the_runtime(tmp_path):
     traced = root / "memory" / "traced.py"
     traced.write_text(traced.read_text() + "\n\ndef _late():\n    from ..runtime import executor\n")
     assert any(p.startswith("upward import: memory/traced.py:") and "runtime" in p for p in layer_problems(root))
+
+
+def test_the_op_traces_may_not_read_the_run_logs(tmp_path):
+    # trace/ops sits below trace/: run logs reach the what-if analysis only as op traces (trace/runops.py)
+    root = _copy(tmp_path)
+    whatif = root / "trace" / "ops" / "whatif.py"
+    whatif.write_text(whatif.read_text() + "\n\ndef _late():\n    from ..run import RunLog\n")
+    problems = layer_problems(root)
+    assert any(p.startswith("upward import: trace/ops/whatif.py:") and "trace/run.py" in p for p in problems), problems
+
+
+def test_every_subfloor_is_a_folder():
+    assert SUBFLOORS == {"trace/ops"}
+    for sub in SUBFLOORS:
+        assert (PKG / sub / "__init__.py").is_file(), sub

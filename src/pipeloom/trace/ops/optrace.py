@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.files import check_input, read_input
+from ...core.files import check_input, read_input
 
 REQUIRED = ("dp_rank", "stage", "step", "optype", "start_ts", "duration")
 OPTIONAL = ("rank", "seq_id", "mc", "gmc", "mb_id")
