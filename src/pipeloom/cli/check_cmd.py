@@ -81,7 +81,8 @@ def run(args) -> int:
     if args.meta is not None:
         raise ValueError(f"--meta applies to op traces (.parquet / .csv), not to {args.logdir} (the sizes of a run "
                          f"come from its logs)")
-    from ..trace.check import check_run, measured_timeline
+    from ..trace.check import check_run
+    from ..trace.timelines import measured_timeline
     from ..trace.ops.opcheck import parse_steps
     from .common import print_json
 

@@ -162,7 +162,7 @@ def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, floa
 
 def check_run_whatif(run, *, steps: str | None = None, threshold: float = 0.05, layers: int | None = None,
                      out_dir: str | None = None, pictures: bool = True, progress=None) -> dict:
-    """The same analysis of a run log (:class:`~pipeloom.trace.run.RunLog`: pipeloom's job logs, seed-003 text
+    """The same analysis of a run log (:class:`~pipeloom.trace.run.RunLog`: pipeloom's job logs, worker-log text
     logs, torch profiler traces), through :func:`~pipeloom.trace.runops.optrace_of_run`; pictures go to
     ``out_dir`` (default ``LOGDIR.whatif/`` beside the log directory)."""
     tr = optrace_of_run(run)
