@@ -8,6 +8,7 @@ still a dependency). Read with ``ast``, nothing is imported.
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 from pathlib import Path
 
@@ -51,35 +52,49 @@ def _module_of(rel: Path) -> list[str]:
     return parts[:-1] if parts[-1] == "__init__" else parts
 
 
+@functools.lru_cache(maxsize=None)
+def _imports_in(text: str, pkg: tuple[str, ...], names: frozenset) -> tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]:
+    """(line, candidate module paths) of every pipeloom import in one file's source ``text`` (``pkg``: its package;
+    ``names``: the modules that exist). Cached by the text, so the tests below that copy the package and change one
+    file parse only that file again."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        targets: list[list[str]] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(pkg[: len(pkg) - (node.level - 1)]) if node.level > 1 else list(pkg)
+            elif node.module and node.module.split(".")[0] == "pipeloom":
+                base = []
+            else:
+                continue
+            mod = base + (node.module.split(".") if node.module else [])
+            if not node.level:
+                mod = mod[1:]  # drop "pipeloom"
+            for a in node.names:  # "from pkg import submodule" names the submodule
+                targets.append(mod + [a.name] if tuple(mod + [a.name]) in names else mod)
+        elif isinstance(node, ast.Import):
+            targets = [n.name.split(".")[1:] for n in node.names if n.name.split(".")[0] == "pipeloom"]
+        if targets:
+            out.append((node.lineno, tuple(tuple(t) for t in targets)))
+    return tuple(out)
+
+
 def import_edges(root: Path) -> list[tuple[Path, Path, int]]:
     """(importing file, imported file, line) for every import of a pipeloom module under ``root``."""
     files = {p.relative_to(root): p for p in root.rglob("*.py")}
     by_module = {tuple(_module_of(rel)): rel for rel in files}
+    names = frozenset(by_module)
     edges = []
     for rel, path in files.items():
         pkg = _module_of(rel) if rel.name == "__init__.py" else _module_of(rel)[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[list[str]] = []
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else list(pkg)
-                elif node.module and node.module.split(".")[0] == "pipeloom":
-                    base = []
-                else:
-                    continue
-                mod = base + (node.module.split(".") if node.module else [])
-                if not node.level:
-                    mod = mod[1:]  # drop "pipeloom"
-                for a in node.names:  # "from pkg import submodule" names the submodule
-                    targets.append(mod + [a.name] if tuple(mod + [a.name]) in by_module else mod)
-            elif isinstance(node, ast.Import):
-                targets = [n.name.split(".")[1:] for n in node.names if n.name.split(".")[0] == "pipeloom"]
+        for line, targets in _imports_in(path.read_text(), tuple(pkg), names):
             for t in targets:
+                t = list(t)
                 while t and tuple(t) not in by_module:
                     t = t[:-1]
                 dst = by_module.get(tuple(t))
                 if dst is not None and dst != rel:
-                    edges.append((rel, dst, node.lineno))
+                    edges.append((rel, dst, line))
     return edges
 
 
