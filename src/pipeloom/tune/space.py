@@ -311,12 +311,13 @@ class _Space:
         budget itself: :meth:`budget` keeps the few the evaluation asks for (a cache of every layout's budget
         made the plan pool's forked workers slower: their garbage collector walks, and so copies, every object
         they inherit)."""
-        k = (c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.pp, c.vpp, c.placement)
+        k = (c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.pp, c.vpp, c.placement, c.ep, c.cp)
         hit = self.summaries.get(k)
         if hit is None:
-            budget = self.budgets.get(k)
+            budget = self.budgets.get(k)  # the key of budget()
             if budget is None:
-                train, chunks = self.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num)
+                train, chunks = self.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep,
+                                            c.cp)
                 budget = device_budget(self.p.model, train, (c.pp, c.vpp, c.placement, c.seg_layer_num), chunks=chunks)
             hit = self.summaries[k] = (k, max(budget.params), budget.lower_bound_bytes())
         return hit
