@@ -24,8 +24,11 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory docs MKDOCS_FLAGS=--quiet
 	$(BIN)/python -m pytest -q -n 2 --timeout=600
 
+# compiled sources and pytest's rewritten test modules are cached between runs even where the environment
+# turns bytecode off (PYTHONDONTWRITEBYTECODE): without it every CLI subprocess a test starts and each
+# worker's collection compile everything again
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not dist"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n 2 -m "not slow and not dist"
 
 # pictures by pipeloom itself (docs/gen/), then the site into site/; --strict: a broken link or
 # anchor, a missing picture or an API page naming a module that is gone fails the build

@@ -41,7 +41,7 @@ def _env() -> dict:
 
 def make(path: str, extra: list[str]) -> dict:
     if not os.path.exists(path):
-        cmd = [sys.executable, "-m", "pipeloom.trace.optrace_synth", path, "--steps", "40", "--cause", "slow_worker",
+        cmd = [sys.executable, "-m", "pipeloom.trace.ops.synth_cli", path, "--steps", "40", "--cause", "slow_worker",
                "--where", "1,3", "--factor", "1.5", *extra]
         out = subprocess.run(cmd, env=_env(), check=True, capture_output=True, text=True).stdout
         write_text(path + ".info.json", out)

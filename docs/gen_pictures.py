@@ -142,7 +142,8 @@ LAYERS = [
     ("autograd", "autograd/", "split backward: weight grads deferred from B to W (torch), for runtime and memory"),
     ("partition", "partition/", "layers -> devices x chunks, per-chunk costs, balancing"),
     ("viz", "viz/", "drawing only: Gantt PNG/SVG, HTML, Perfetto trace, text Gantt"),
-    ("trace", "trace/", "job-log writer/reader, bubble check, synthetic runs"),
+    ("trace/ops", "trace/ops/", "op traces of any trainer, what-if straggler analysis, verdicts"),
+    ("trace", "trace/", "job logs: writer/reader, formats, bubble check, synthetic runs; runs as op traces"),
     ("memory", "memory/", "analytic estimator; traced estimator (torch)"),
     ("runtime", "runtime/", "torch.distributed executor, driver, launch, p2p, comm plan (torch)"),
     ("integrations", "integrations/", "other runtimes: pipeloom plans in torch.distributed.pipelining (torch)"),
@@ -150,7 +151,7 @@ LAYERS = [
     ("api", "api.py", "the facade: the few calls users start from"),
     ("cli", "cli/, demo.py", "one module per command: parse, call one library function, print; make demo"),
 ]
-TORCH_FREE = {"core", "sim", "schedule", "partition", "viz", "trace", "api", "cli"}
+TORCH_FREE = {"core", "sim", "schedule", "partition", "viz", "trace/ops", "trace", "api", "cli"}
 
 
 def layer_diagram(path: Path) -> Path:

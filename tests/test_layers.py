@@ -1,12 +1,14 @@
 """The package's floors: imports only point down, and no files or folders import each other in a loop.
 
 The layer list lives here. Lowest first; a module may import its own folder and any folder of a
-lower layer, never one above. Every import counts, also those inside functions (a lazy import is
+lower layer, never one above. A sub-package may have a floor of its own (``trace/ops``: op traces and the
+what-if analysis, below the run logs of ``trace/``); its files belong to it, not to their top folder. Every import counts, also those inside functions (a lazy import is
 still a dependency). Read with ``ast``, nothing is imported.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 from pathlib import Path
 
@@ -21,7 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("autograd",),    # torch autograd mechanisms below the runtime and the memory tracer (the split backward)
     ("partition",),   # layers -> chunks, cost balancing
     ("viz",),         # drawing only
-    ("trace",),       # run logs: format, reader, check, synthetic logs
+    ("trace/ops",),   # op traces of any trainer and the what-if analysis on them (never the run logs above)
+    ("trace",),       # run logs: format, reader, check, synthetic logs; run logs as op traces (runops)
     ("memory",),      # analytic and traced memory (never the runtime: the split backward it replays is in autograd)
     ("runtime",),     # torch.distributed executor, driver, launch
     ("integrations",),  # other frameworks' runtimes (torch.distributed.pipelining)
@@ -32,8 +35,15 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
+#: sub-packages with a floor of their own (named ``folder/sub`` in LAYERS)
+SUBFLOORS = {names[0] for names in LAYERS if "/" in names[0]}
+
+
 def _folder(rel: Path) -> str:
-    """The unit a file belongs to: its top folder under pipeloom/, or its own name for a top-level module."""
+    """The unit a file belongs to: its sub-floor (``trace/ops``) or top folder under pipeloom/, or its own name
+    for a top-level module."""
+    if len(rel.parts) > 2 and "/".join(rel.parts[:2]) in SUBFLOORS:
+        return "/".join(rel.parts[:2])
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
@@ -42,35 +52,49 @@ def _module_of(rel: Path) -> list[str]:
     return parts[:-1] if parts[-1] == "__init__" else parts
 
 
+@functools.lru_cache(maxsize=None)
+def _imports_in(text: str, pkg: tuple[str, ...], names: frozenset) -> tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]:
+    """(line, candidate module paths) of every pipeloom import in one file's source ``text`` (``pkg``: its package;
+    ``names``: the modules that exist). Cached by the text, so the tests below that copy the package and change one
+    file parse only that file again."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        targets: list[list[str]] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(pkg[: len(pkg) - (node.level - 1)]) if node.level > 1 else list(pkg)
+            elif node.module and node.module.split(".")[0] == "pipeloom":
+                base = []
+            else:
+                continue
+            mod = base + (node.module.split(".") if node.module else [])
+            if not node.level:
+                mod = mod[1:]  # drop "pipeloom"
+            for a in node.names:  # "from pkg import submodule" names the submodule
+                targets.append(mod + [a.name] if tuple(mod + [a.name]) in names else mod)
+        elif isinstance(node, ast.Import):
+            targets = [n.name.split(".")[1:] for n in node.names if n.name.split(".")[0] == "pipeloom"]
+        if targets:
+            out.append((node.lineno, tuple(tuple(t) for t in targets)))
+    return tuple(out)
+
+
 def import_edges(root: Path) -> list[tuple[Path, Path, int]]:
     """(importing file, imported file, line) for every import of a pipeloom module under ``root``."""
     files = {p.relative_to(root): p for p in root.rglob("*.py")}
     by_module = {tuple(_module_of(rel)): rel for rel in files}
+    names = frozenset(by_module)
     edges = []
     for rel, path in files.items():
         pkg = _module_of(rel) if rel.name == "__init__.py" else _module_of(rel)[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[list[str]] = []
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else list(pkg)
-                elif node.module and node.module.split(".")[0] == "pipeloom":
-                    base = []
-                else:
-                    continue
-                mod = base + (node.module.split(".") if node.module else [])
-                if not node.level:
-                    mod = mod[1:]  # drop "pipeloom"
-                for a in node.names:  # "from pkg import submodule" names the submodule
-                    targets.append(mod + [a.name] if tuple(mod + [a.name]) in by_module else mod)
-            elif isinstance(node, ast.Import):
-                targets = [n.name.split(".")[1:] for n in node.names if n.name.split(".")[0] == "pipeloom"]
+        for line, targets in _imports_in(path.read_text(), tuple(pkg), names):
             for t in targets:
+                t = list(t)
                 while t and tuple(t) not in by_module:
                     t = t[:-1]
                 dst = by_module.get(tuple(t))
                 if dst is not None and dst != rel:
-                    edges.append((rel, dst, node.lineno))
+                    edges.append((rel, dst, line))
     return edges
 
 
@@ -181,3 +205,18 @@ def test_the_memory_tracer_may_not_import_the_runtime(tmp_path):
     traced = root / "memory" / "traced.py"
     traced.write_text(traced.read_text() + "\n\ndef _late():\n    from ..runtime import executor\n")
     assert any(p.startswith("upward import: memory/traced.py:") and "runtime" in p for p in layer_problems(root))
+
+
+def test_the_op_traces_may_not_read_the_run_logs(tmp_path):
+    # trace/ops sits below trace/: run logs reach the what-if analysis only as op traces (trace/runops.py)
+    root = _copy(tmp_path)
+    whatif = root / "trace" / "ops" / "whatif.py"
+    whatif.write_text(whatif.read_text() + "\n\ndef _late():\n    from ..run import RunLog\n")
+    problems = layer_problems(root)
+    assert any(p.startswith("upward import: trace/ops/whatif.py:") and "trace/run.py" in p for p in problems), problems
+
+
+def test_every_subfloor_is_a_folder():
+    assert SUBFLOORS == {"trace/ops"}
+    for sub in SUBFLOORS:
+        assert (PKG / sub / "__init__.py").is_file(), sub

@@ -348,7 +348,7 @@ READ_ALLOWED = {
     ("trace/reader.py", "parse_file"),  # line by line, after check_input
     ("trace/sanity.py", "check_files"),  # the first 8 KiB, after check_input
     ("trace/formats.py", "head"),  # the first bytes of a regular file (os.path.isfile)
-    ("trace/optrace.py", "_read_table"),  # the CSV header line, after check_input
+    ("trace/ops/optrace.py", "_read_table"),  # the CSV header line, after check_input
     ("runtime/launch.py", "_child"),  # the rank's arguments: a private temp file the parent wrote
     ("cli/tune_cmd.py", "_titan_line"),  # launch.json, written by this very command a moment before
 }

@@ -123,3 +123,27 @@ def test_file_errors_name_file_section_and_field(tmp_path):
 def test_non_finite_values_are_refused_when_saving():
     with pytest.raises(ConfigError, match="schedule.options.x"):
         PipeloomConfig(schedule=ScheduleSection(options={"x": float("inf")})).to_toml()
+
+
+def test_a_new_field_is_checked_by_its_type_without_a_line_of_its_own():
+    # one validation shape for every section: a field appended to a section (as the next feature will) is checked
+    # from its declared type, with the same message as the others, before any line is written for it
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class Job2(JobSection):
+        retries: int | None = None
+        share: float = 0.5
+
+    assert Job2(retries=3, share=0.25).retries == 3
+    with pytest.raises(ConfigError, match=r"^job\.retries must be an integer >= 1 \(or left out\), got 0$"):
+        Job2(retries=0)
+    with pytest.raises(ConfigError, match=r"^job\.share must be a finite number > 0, got nan$"):
+        Job2(share=float("nan"))
+
+
+def test_a_field_of_a_type_without_a_rule_is_refused_when_made():
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class Job3(JobSection):
+        hosts: list | None = None
+
+    with pytest.raises(TypeError, match=r"job\.hosts: no check for a field of type list \| None"):
+        Job3()

@@ -38,6 +38,9 @@ def _splits(pp: int, vpp: int) -> dict:
 def _load(tmp_path, monkeypatch, job: tt.TitanJob, csv: str = "plan.torch.csv"):
     """Write the config module for ``job`` and load it with torchtitan's ConfigManager."""
     (tmp_path / "pipeloom_torchtitan.py").write_text(tt.config_module_text(job, csv))
+    # no .pyc of it: the next call rewrites the file within the same second and often at the same size, and a
+    # cached .pyc would then be taken for it (bytecode is checked by mtime in seconds and size)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(tt.BASE_ENV, "titan_standin:base")
     sys.modules.pop("pipeloom_torchtitan", None)

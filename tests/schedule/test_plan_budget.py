@@ -65,7 +65,8 @@ def test_default_plan_is_fast(name, pp, m, costs, lim, runtime):
 
 
 #: shapes where effort=high runs its searches in a few seconds at most (it may take a minute on 201-400 jobs)
-HIGH = [("zbv", 4, 4, COSTS[1], "1p"), ("zbv", 2, 6, COSTS[1], "1p"), ("zbv", 3, 5, COSTS[2], "1.5p"),
+HIGH = [("zbv", 4, 4, COSTS[1], "1p"), ("zbv", 2, 6, COSTS[1], "1p"),
+        pytest.param("zbv", 3, 5, COSTS[2], "1.5p", marks=pytest.mark.slow),  # the longest; zbv has two above
         ("vhalf", 4, 4, COSTS[1], None), ("vmin", 4, 6, COSTS[2], None), ("zbvpp", 2, 8, COSTS[1], "1p"),
         ("zbvpp", 3, 4, COSTS[1], None)]
 

@@ -1,4 +1,4 @@
-"""Op traces as real trainers write them: the dependency model of :mod:`pipeloom.trace.opmodel` on the published
+"""Op traces as real trainers write them: the dependency model of :mod:`pipeloom.trace.ops.opmodel` on the published
 real trace (trace-SE, when ../shared/traces has it) and on synthetic traces in the same format (blocking P2P
 pairs, no-op records, an overlapped reduce-scatter, a context dimension, skewed clocks), replay accuracy as an
 output, and the sizes and plausibility checks that keep absurd traces from running away or getting a verdict."""
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from pipeloom.cli import main
-from pipeloom.trace.opcheck import check_optrace
-from pipeloom.trace.optrace import read_optrace
-from pipeloom.trace.optrace_synth import RealSynthConfig, generate_real, write
+from pipeloom.trace.ops.opcheck import check_optrace
+from pipeloom.trace.ops.optrace import read_optrace
+from pipeloom.trace.ops.synth import write
+from pipeloom.trace.ops.synth_real import RealSynthConfig, generate_real
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRACES = REPO.parent / "shared" / "traces"
@@ -98,7 +99,7 @@ def test_clock_alignment_from_the_collectives_is_what_makes_skewed_machines_repl
     """The slow-worker trace's machines have clocks up to 20 ms apart (a step is about 48 ms): aligned from the
     collectives, every pair and collective is consistent; left as recorded, transfers come out negative and
     the replay is far off."""
-    from pipeloom.trace.whatif import analyse, build_model
+    from pipeloom.trace.ops.whatif import analyse, build_model
 
     d, res, _ = real["slow_worker"]
     tr = read_optrace(d["trace"], d["trace"].rsplit(".", 1)[0] + ".meta.yaml")
@@ -261,7 +262,7 @@ def test_meta_context_size_is_read_as_dsp_size_too(tmp_path):
 def test_the_meta_published_beside_a_trace_is_found(tmp_path, capsys):
     """trace-X.parquet + meta-X.yaml (the artifact's naming) or STEM.meta.yaml: `check` reads the sizes from it
     without --meta (it inferred dp*pp = 64 for trace-SE's 128 ranks and warned); two candidates: none taken."""
-    from pipeloom.trace.optrace import find_meta
+    from pipeloom.trace.ops.optrace import find_meta
 
     trace = tmp_path / "trace-X.parquet"
     trace.write_bytes(b"")

@@ -8,11 +8,11 @@ import pytest
 
 from pipeloom import make_spec, plan
 from pipeloom.cli import main
-from pipeloom.trace.opcheck import check_run_whatif
+from pipeloom.trace.runops import check_run_whatif
 from pipeloom.trace.reader import read_logs
 from pipeloom.trace.runops import _serialise, optrace_of_run
 from pipeloom.trace.synth import SynthConfig, write_logs
-from pipeloom.trace.whatif import analyse, build_model
+from pipeloom.trace.ops.whatif import analyse, build_model
 
 
 def _logs(tmp_path, name, pp, m, vpp=1, **kw):

@@ -21,7 +21,7 @@ import pytest
 from pipeloom import make_spec, plan
 from pipeloom.cli import main
 from pipeloom.trace.formats import TraceFormat, detect, formats, register, unregister
-from pipeloom.trace.optrace_synth import OpSynthConfig, generate, write
+from pipeloom.trace.ops.synth import OpSynthConfig, generate, write
 from pipeloom.trace.synth import SynthConfig, generate as generate_logs, write_logs
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -21,7 +21,7 @@ import pytest
 from pipeloom import make_spec, plan
 from pipeloom.cli import main
 from pipeloom.trace.check import check_run
-from pipeloom.trace.opcheck import check_run_whatif
+from pipeloom.trace.runops import check_run_whatif
 from pipeloom.trace.reader import read_logs
 from pipeloom.trace.synth import SynthConfig, write_logs
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from pipeloom.cli import main
-from pipeloom.trace.opcheck import check_optrace
-from pipeloom.trace.optrace import OpTraceError, read_optrace
-from pipeloom.trace.optrace_synth import OpSynthConfig, generate, write
-from pipeloom.trace.whatif import analyse, build_model
+from pipeloom.trace.ops.opcheck import check_optrace
+from pipeloom.trace.ops.optrace import OpTraceError, read_optrace
+from pipeloom.trace.ops.synth import OpSynthConfig, generate, write
+from pipeloom.trace.ops.whatif import analyse, build_model
 
 
 def _write(tmp_path, cfg, name="t.parquet", **kw):
@@ -219,7 +219,7 @@ def test_parquet_with_malformed_rows_counts_them(tmp_path):
 
 
 def test_steps_option_rejects_bad_ranges():
-    from pipeloom.trace.opcheck import parse_steps
+    from pipeloom.trace.ops.opcheck import parse_steps
 
     assert parse_steps("3:6") == [3, 4, 5] and parse_steps("1,4") == [1, 4]
     for bad in ("6:3", "-1", "a:b", "x"):

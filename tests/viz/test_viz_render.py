@@ -10,7 +10,8 @@ from pipeloom import make_spec, plan, simulate
 from pipeloom.cli import main
 from pipeloom.schedule import registry
 from pipeloom.viz import render_plan, write_outputs
-from pipeloom.trace.check import check_run, measured_timeline, planned_timeline
+from pipeloom.trace.check import check_run
+from pipeloom.trace.timelines import measured_timeline, planned_timeline
 from pipeloom.viz.gantt import figure_size
 from pipeloom.trace.reader import read_logs
 from pipeloom.trace.synth import SynthConfig, write_logs

@@ -81,8 +81,9 @@ def run(args) -> int:
     if args.meta is not None:
         raise ValueError(f"--meta applies to op traces (.parquet / .csv), not to {args.logdir} (the sizes of a run "
                          f"come from its logs)")
-    from ..trace.check import check_run, measured_timeline
-    from ..trace.opcheck import parse_steps
+    from ..trace.check import check_run
+    from ..trace.timelines import measured_timeline
+    from ..trace.ops.opcheck import parse_steps
     from .common import print_json
 
     if args.png:
@@ -131,7 +132,7 @@ def _outputs_apart(args, fmt) -> None:
     the same folder would read them as part of the run)."""
     import os
 
-    from ..trace.opcheck import default_out_dir
+    from ..trace.ops.opcheck import default_out_dir
 
     inputs = {os.path.realpath(p) for p in fmt.files(args.logdir)}
     if args.meta:
@@ -157,9 +158,9 @@ WHATIF_TOP_KEYS = ("slowdown", "mw", "ms", "by_worker", "by_stage", "by_optype",
 
 
 def _run_whatif(run_log, args, layers: int | None) -> tuple[dict | None, str | None]:
-    """The what-if analysis of a run log (trace/opcheck.py), or None and why it could not run."""
-    from ..trace.opcheck import check_run_whatif
-    from ..trace.whatif import WhatIfError
+    """The what-if analysis of a run log (trace/runops.py), or None and why it could not run."""
+    from ..trace.runops import check_run_whatif
+    from ..trace.ops.whatif import WhatIfError
 
     kw = dict(steps=args.steps, threshold=args.slowdown_threshold, layers=layers, out_dir=args.out)
     try:
@@ -256,13 +257,13 @@ def _print(rep, run_log, args) -> None:
 
 # ------------------------------------------------------------------------------------------ op traces
 def run_optrace(args, fmt, layers: int | None) -> int:
-    """check TRACE (an op-level format, e.g. .parquet|.csv): what-if straggler analysis (trace/opcheck.py)."""
+    """check TRACE (an op-level format, e.g. .parquet|.csv): what-if straggler analysis (trace/runops.py)."""
     import sys
 
     from rich.console import Console
 
-    from ..trace.opcheck import check_ops, default_out_dir, parse_steps
-    from ..trace.optrace import find_meta
+    from ..trace.ops.opcheck import check_ops, default_out_dir, parse_steps
+    from ..trace.ops.optrace import find_meta
     from .common import print_json
 
     parse_steps(args.steps)

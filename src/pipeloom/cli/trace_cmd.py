@@ -34,7 +34,8 @@ def run(args) -> int:
     import os
 
     from ..viz import write_outputs
-    from ..trace.check import check_run, measured_timeline, planned_timeline
+    from ..trace.check import check_run
+    from ..trace.timelines import measured_timeline, planned_timeline
     from ..trace.formats import accepted, detect
 
     con = Console()

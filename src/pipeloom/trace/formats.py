@@ -7,7 +7,7 @@ input) and ``read(path, meta=None)`` into the run model:
 * level ``"jobs"``: a :class:`~pipeloom.trace.run.RunLog` (per rank the executed pipeline jobs; bubble check,
   Gantt pictures, Perfetto trace, and the what-if analysis through :mod:`.runops`), built by
   :func:`~pipeloom.trace.reader.run_of_ranks` from per-rank :class:`~pipeloom.trace.run.RankLog` records;
-* level ``"ops"``: an :class:`~pipeloom.trace.optrace.OpTrace` (per worker the recorded ops of any trainer;
+* level ``"ops"``: an :class:`~pipeloom.trace.ops.optrace.OpTrace` (per worker the recorded ops of any trainer;
   the what-if analysis only).
 
 Adding a format is one file with its ``sniff`` and ``read`` and one line::
@@ -117,13 +117,13 @@ def head(path: str, n: int = SNIFF_BYTES) -> bytes:
 
 # ------------------------------------------------------------------------------------------- built-in formats
 def _sniff_optrace(path: str) -> bool:
-    from .optrace import is_op_trace
+    from .ops.optrace import is_op_trace
 
     return is_op_trace(path)
 
 
 def _read_optrace(path: str, meta: str | None = None):
-    from .optrace import read_optrace
+    from .ops.optrace import read_optrace
 
     return read_optrace(path, meta)
 

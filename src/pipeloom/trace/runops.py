@@ -2,8 +2,10 @@
 
 :func:`optrace_of_run` turns a :class:`~pipeloom.trace.run.RunLog` (pipeloom's job logs, worker-log
 text lines, torch profiler traces: whatever :func:`~pipeloom.trace.reader.read_logs` read, clocks
-aligned and waits clipped) into the :class:`~pipeloom.trace.optrace.OpTrace` that op-trace files are
-read into, so :mod:`.whatif`, :mod:`.verdicts` and :mod:`.opcheck` have one input whatever wrote the run.
+aligned and waits clipped) into the :class:`~pipeloom.trace.ops.optrace.OpTrace` that op-trace files are
+read into, so :mod:`.ops.whatif`, :mod:`.ops.verdicts` and :mod:`.ops.opcheck` have one input whatever wrote
+the run; :func:`check_run_whatif` runs that analysis on a run log (with what only a run log tells: the layers
+each rank held, its machines, :func:`handoff_waits`).
 
 Mapping, one op row per logged job:
 
@@ -42,13 +44,16 @@ since the what-if model runs the ops of a worker one at a time.
 """
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 import numpy as np
 
-from .optrace import OpTrace
+from ..sim.replay import dependencies, produces
+from .ops.opcheck import check_ops, default_out_dir
+from .ops.optrace import OpTrace
+from .ops.whatif import WEIGHT_GRAD_OP
 from .run import RunLog
-from .whatif import WEIGHT_GRAD_OP
 
 OPTYPE_OF_KIND = {"F": "forward-compute", "B": "backward-compute", "BW": "backward-compute", "W": WEIGHT_GRAD_OP}
 """the op type of each pipeloom job kind"""
@@ -153,3 +158,66 @@ def _serialise(spans: list[tuple[float, float]]) -> tuple[list[tuple[float, floa
             pairs.append(-1)
         i = k
     return out, pairs, shared, clamped
+
+
+def check_run_whatif(run, *, steps: str | None = None, threshold: float = 0.05, layers: int | None = None,
+                     out_dir: str | None = None, pictures: bool = True, progress=None) -> dict:
+    """The same analysis of a run log (:class:`~pipeloom.trace.run.RunLog`: pipeloom's job logs, worker-log text
+    logs, torch profiler traces), through :func:`~pipeloom.trace.runops.optrace_of_run`; pictures go to
+    ``out_dir`` (default ``LOGDIR.whatif/`` beside the log directory)."""
+    tr = optrace_of_run(run)
+    machines = {(rk.dp_rank, rk.pp_rank if rk.pp_rank is not None else rk.rank % run.pp): rk.machine
+                for rk in run.ranks}
+    d = check_ops(tr, steps=steps, threshold=threshold, layers=layers, out_dir=out_dir or default_out_dir(run.root),
+                  pictures=pictures, progress=progress, layers_per_stage=run_layers_per_stage(run), machines=machines,
+                  handoffs=handoff_waits(run))
+    d["source"] = "run logs"
+    return d
+
+
+def handoff_waits(run) -> dict[tuple[int, int, str], float]:
+    """Who waited for whom at each hand-off between ranks: ``(dp rank, stage, "forward" | "backward")`` -> the share
+    of that worker's outputs (of F jobs; of B, BW, W jobs) whose consumer on another rank sat idle until they came
+    (its start after the end of its previous job, ``done`` when logged, by more than a tenth of the median job).
+    A slow link keeps its consumers waiting (share near 1); a sender that only waits for a late receiver to take
+    its output does not (share near 0): the verdicts tell the two apart with it."""
+    sched = run.schedule
+    if sched is None:
+        return {}
+    nc = sched.num_chunks
+    durs = [j.end - j.start for j in run.jobs()]
+    tol = 0.1 * statistics.median(durs) if durs else 0.0
+    prod: dict[tuple, tuple] = {}
+    for r in run.ranks:
+        for j in r.jobs:
+            for ev in produces(j.job()):
+                prod[(r.dp_rank, j.step) + ev] = (r, j)
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for r in run.ranks:
+        jobs = sorted(r.jobs, key=lambda j: (j.start, j.end))
+        for prev, c in zip(jobs, jobs[1:]):
+            if prev.step != c.step or c.chunk >= nc:
+                continue
+            srcs = [prod.get((r.dp_rank, c.step) + ev) for ev in dependencies(c.job(), nc)]
+            srcs = [x for x in srcs if x is not None and x[0] is not r]
+            if not srcs:
+                continue
+            pr, pj = max(srcs, key=lambda x: x[1].done if x[1].done is not None else x[1].end)
+            free = prev.done if prev.done is not None else prev.end
+            key = (pr.dp_rank, pr.pp_rank if pr.pp_rank is not None else pr.rank % run.pp,
+                   "forward" if pj.kind == "F" else "backward")
+            counts[key][0] += int(c.start - c.wait - free > tol)
+            counts[key][1] += 1
+    return {k: w / n for k, (w, n) in counts.items() if n}
+
+
+def run_layers_per_stage(run) -> list[int] | None:
+    """The decoder layers each pipeline rank held in the run (pipeloom's logs: the meta line's ``model``
+    entry, ``layers_per_chunk`` summed over the rank's chunks), or None when the logs do not say."""
+    meta = next((rk.meta for rk in run.ranks if rk.meta), None) or {}
+    per_chunk = (meta.get("model") or {}).get("layers_per_chunk") if isinstance(meta.get("model"), dict) else None
+    sched = run.schedule
+    if (sched is None or not isinstance(per_chunk, list) or len(per_chunk) != sched.num_chunks
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in per_chunk)):
+        return None
+    return [sum(per_chunk[c] for c in sched.chunks_of(p)) for p in range(sched.pp)]

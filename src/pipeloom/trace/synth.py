@@ -3,7 +3,7 @@
 Used by the tests and the docs to exercise :mod:`pipeloom.trace.reader` and :mod:`pipeloom.trace.check`
 without a cluster: a slow rank (its jobs take ``factor`` times longer), a rank that launches
 late, clock skew between machines, jitter, steps outside the profiled window, malformed and
-truncated lines, the seed-003 text form, several machines and data-parallel replicas.
+truncated lines, the worker-log text form, several machines and data-parallel replicas.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class SynthConfig:
     malformed: int = 0
     """garbage lines per file, plus a truncated last line when > 0"""
     text_form: bool = False
-    """write the seed-003 'Profiler Info: Job ...' text lines (no meta, no sync) instead of JSON"""
+    """write the worker-log 'Profiler Info: Job ...' text lines (no meta, no sync) instead of JSON"""
     run_id: str = "synth"
     """the meta lines' run id (the same on every rank of one run)"""
     t_start: float = 1_763_884_800.0

@@ -308,11 +308,21 @@ class _Space:
         return hit
 
     def summary(self, c):
-        """(the budget of ``c``, the largest parameter count of a device, the memory lower bound in bytes)."""
-        budget = self.budget(c)
-        hit = self.summaries.get(id(budget))
+        """(the layout key of ``c``, the largest parameter count of a device, the memory lower bound in bytes).
+
+        The enumeration asks this of every configuration, so only these numbers are kept per layout, not the
+        budget itself: :meth:`budget` keeps the few the evaluation asks for (a cache of every layout's budget
+        made the plan pool's forked workers slower: their garbage collector walks, and so copies, every object
+        they inherit)."""
+        k = (c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.pp, c.vpp, c.placement, c.ep, c.cp)
+        hit = self.summaries.get(k)
         if hit is None:
-            hit = self.summaries[id(budget)] = (budget, max(budget.params), budget.lower_bound_bytes())
+            budget = self.budgets.get(k)  # the key of budget()
+            if budget is None:
+                train, chunks = self.memory(c.tp, c.microbatch_size, c.recompute, c.zero, c.dp, c.seg_layer_num, c.ep,
+                                            c.cp)
+                budget = device_budget(self.p.model, train, (c.pp, c.vpp, c.placement, c.seg_layer_num), chunks=chunks)
+            hit = self.summaries[k] = (k, max(budget.params), budget.lower_bound_bytes())
         return hit
 
     def fit_units(self, c) -> float:

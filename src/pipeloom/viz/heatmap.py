@@ -1,7 +1,7 @@
 """Pictures of a what-if straggler analysis: a workers x steps heatmap (matplotlib, imported when drawing)
 and measured vs what-if op timelines as one Chrome/Perfetto trace (plain JSON).
 
-Drawing only: the numbers come from :mod:`pipeloom.trace.whatif`.
+Drawing only: the numbers come from :mod:`pipeloom.trace.ops.whatif`.
 """
 from __future__ import annotations
 

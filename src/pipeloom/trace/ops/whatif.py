@@ -2,7 +2,7 @@
 
 Follows Lin et al., "Understanding Stragglers in Large Model Training Using What-if Analysis" (OSDI 2025).
 
-The dependency model and its replay are in :mod:`.opmodel` (lanes, P2P pairs, no-op records, collectives,
+The dependency model is :mod:`.opmodel` and its replay :mod:`.replay` (lanes, P2P pairs, no-op records, collectives,
 clock alignment); this module runs the what-if scenarios on it.
 
 Scenarios and metrics (times are mean step times over the analysed steps):
@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .arrays import group_median
 from .opmodel import (COMPUTE_OPS, DP_COLLECTIVES, GLOBAL_COLLECTIVES, KIND_NAMES, KNOWN_OPS,  # noqa: F401
-                      PP_EDGE_COLLECTIVES, SEND_OF_RECV, WEIGHT_GRAD_OP, Model, WhatIfError, build_model, group_median,
-                      replay, replay_times)
+                      PP_EDGE_COLLECTIVES, SEND_OF_RECV, WEIGHT_GRAD_OP, WhatIfError, build_model)
+from .replay import Model, replay, replay_times
 
 TOP_WORKER_SHARE = 0.03
 """the paper's 3%: M_W fixes the top ceil(3% of workers) by S_w"""

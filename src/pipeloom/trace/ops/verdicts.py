@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..core.files import atomic_write
+from ...core.files import atomic_write
 from .whatif import COMPUTE_OPS, WhatIf
 
 PERSISTENT_SHARE = 0.6
@@ -118,7 +118,7 @@ def diagnose(r: WhatIf, model, *, threshold: float = 0.05, layers: int | None = 
     held in the run (used when their sum is ``layers`` or ``layers`` is None; else an even split of ``layers``);
     ``machines``: (dp rank, stage) -> machine, when the input tells (run logs); ``handoffs``: (dp rank, stage,
     "forward" | "backward") -> the share of the worker's hand-offs its consumers waited for
-    (:func:`~pipeloom.trace.opcheck.handoff_waits`, run logs), so that a send that only waits for a late receiver
+    (:func:`~pipeloom.trace.runops.handoff_waits`, run logs), so that a send that only waits for a late receiver
     is no slow link."""
     dg = Diagnosis()
     W, K = r.W, len(r.steps)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.files import check_input, read_input
+from ...core.files import check_input, read_input
 
 REQUIRED = ("dp_rank", "stage", "step", "optype", "start_ts", "duration")
 OPTIONAL = ("rank", "seq_id", "mc", "gmc", "mb_id")
@@ -108,7 +108,7 @@ class OpTrace:
     """rows in the file (kept + malformed)"""
     pair: np.ndarray | None = None
     """overlapped-pair id per row (-1: none; rows of one worker and step with one id ran together), or None;
-    not a column of the file format: set for run logs (:mod:`.runops`)"""
+    not a column of the file format: set for run logs (:mod:`pipeloom.trace.runops`)"""
     variant: np.ndarray | None = None
     """per row a sub-kind of its optype with its own typical duration (run logs: B and BW jobs are both
     backward-compute), or None"""
