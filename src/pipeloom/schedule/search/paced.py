@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ...core.ir import Job, Kind, Placement
+from ...sim import listsched
 
 INF = math.inf
 _EPS = 1e-9
@@ -79,9 +80,167 @@ def work_period(prob) -> float:
     return max(sum(prob.dF[c] + prob.dB[c] + prob.dW[c] for c in loc) for loc in prob.local)
 
 
+class PacedPolicy:
+    """The paced pass as a policy of :func:`pipeloom.sim.listsched.run` (see the module docstring): readiness
+    (the board's ``done`` through its rule tables), memory (``board.mem`` and ``board.dmem``) and the job
+    records come from the board; the policy keeps the targets, the release (``target - slack``), the
+    return-leg reservation, its per-chunk counters and the pending W."""
+
+    __slots__ = ("m", "nc", "P", "slack", "limit", "cand", "nf", "nb", "pend", "wdur", "wslot")
+
+    def __init__(self, prob, pace: Pace, board: listsched.Board,
+                 table: tuple[list[float], list[float]] | None = None) -> None:
+        m, nc = prob.m, prob.nc
+        self.m, self.nc = m, nc
+        self.P = pace.period
+        self.slack = INF if pace.slack is None else pace.slack
+        self.limit = prob.limit + _EPS
+        tf, tb = table or timetable(prob)
+        bb = pace.b_bias * self.P
+        aF = board.dmem[:nc]  # F's memory delta per chunk (slot c)
+        # room kept for the return leg when a new microbatch starts: head forwards of the largest other chunk
+        keep = [pace.head * max((aF[c] for c in loc[1:]), default=0.0) for loc in prob.local]
+        first = [loc[0] for loc in prob.local]
+        need_at = board._need_at
+        # per device, per local chunk: (chunk, B's needs on the board, B's base target, F's needs, F's base
+        # target, memory an F must find free)
+        self.cand = [tuple((c, need_at[nc + c], tb[c] - bb, need_at[c], tf[c],
+                            aF[c] + (keep[d] if c == first[d] else 0.0)) for c in loc)
+                     for d, loc in enumerate(prob.local)]
+        self.nf = [0] * nc
+        self.nb = [0] * nc
+        self.pend: list[deque] = [deque() for _ in range(prob.pp)]
+        self.wdur = board.dur[2 * nc:3 * nc]
+        self.wslot = 2 * nc
+
+    def step(self, board: listsched.Board, d: int, T: float):
+        now = T + _EPS
+        P, slack, m, nc = self.P, self.slack, self.m, self.nc
+        nf, nb = self.nf, self.nb
+        done = board.done
+        bt = INF     # the smallest target among the startable candidates ...
+        kind = -1    # ... its kind (0 F, 1 B) and chunk
+        c = -1
+        due = INF    # earliest time a candidate becomes startable (ready and released)
+        blocked = False
+        md = board.mem[d]
+        for ch, needb, tb0, needf, tf0, need in self.cand[d]:
+            mb = nb[ch]
+            if mb < nf[ch]:  # backward
+                at = mb * nc
+                r = 0.0
+                for k, cm in needb:
+                    e = done[k + at]
+                    if e < 0:
+                        r = INF
+                        break
+                    e += cm
+                    if e > r:
+                        r = e
+                if r < INF:
+                    tg = tb0 + mb * P
+                    s = tg - slack
+                    if r > s:
+                        s = r
+                    if s <= now:
+                        if tg < bt:
+                            bt, kind, c = tg, 1, ch
+                    elif s < due:
+                        due = s
+            mb = nf[ch]
+            if mb < m:  # forward
+                at = mb * nc
+                r = 0.0
+                for k, cm in needf:
+                    e = done[k + at]
+                    if e < 0:
+                        r = INF
+                        break
+                    e += cm
+                    if e > r:
+                        r = e
+                if r < INF:
+                    tg = tf0 + mb * P
+                    s = tg - slack
+                    if r > s:
+                        s = r
+                    if md + need > self.limit:
+                        if s <= now:
+                            blocked = True
+                    elif s <= now:
+                        if tg < bt:
+                            bt, kind, c = tg, 0, ch
+                    elif s < due:
+                        due = s
+        if kind == 0:
+            mb = nf[c]
+            nf[c] = mb + 1
+            return c, mb
+        if kind == 1:
+            mb = nb[c]
+            nb[c] = mb + 1
+            self.pend[d].append((mb, c))
+            return nc + c, mb
+        pw = self.pend[d]
+        if pw and (blocked or due == INF or due - T >= self.wdur[pw[0][1]] - _EPS):
+            mb, c = pw.popleft()
+            return self.wslot + c, mb
+        if due < INF:
+            return due
+        if pw:
+            mb, c = pw.popleft()
+            return self.wslot + c, mb
+        return INF  # asleep until a dependency is scheduled
+
+    def after(self, board: listsched.Board, d: int, end: float) -> float:
+        return end
+
+    def fed(self, board: listsched.Board, d: int, arrival: float, key: float) -> float:
+        f = board.free[d]
+        k = f if f > arrival else arrival
+        return k if k < key else key
+
+
 def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) -> list[list[Job]] | None:
-    """One paced pass (see the module docstring): per-device job lists, or None on deadlock. ``table``:
-    microbatch 0's (F, B) start per chunk (default :func:`timetable`)."""
+    """One paced pass (see the module docstring) on the list-scheduling board: per-device job lists, or None
+    on deadlock. ``table``: microbatch 0's (F, B) start per chunk (default :func:`timetable`)."""
+    board = listsched.Board.for_problem(prob)
+    if listsched.run(board, PacedPolicy(prob, pace, board, table)) != 3 * prob.m * prob.nc:
+        return None
+    return board.seqs
+
+
+def grid(prob) -> list[Pace]:
+    """The passes tried, most useful first: the work period with half a period of slack (the best on most
+    deep shapes with the Zero Bubble paper's costs at 0.5p, e.g. pp 32, m 128: 1563 against the greedy's
+    1929), then longer periods, other slacks and return-leg headroom."""
+    w = work_period(prob)
+    out = []
+    for f in (1.0, 1.125, 1.25, 1.5):
+        for slack in (0.5 * w, 0.0, None):
+            for head in (1.0, 0.0, 2.0):
+                out.append(Pace(period=f * w, slack=slack, head=head))
+    return out
+
+
+#: passes always tried (the first of :func:`grid`: return-leg headroom 1 and 0 win about equally often; also on
+#: big shapes: one pass only loses vmin pp 24, m 96, equal costs 665 -> 666, the official V-Min's 665)
+MIN_PASSES = 2
+
+
+def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Pace]]:
+    """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements, at least
+    :data:`MIN_PASSES` (deadlocks skipped)."""
+    njobs = 3 * prob.m * prob.nc
+    for pace in grid(prob)[:max(MIN_PASSES, max_jobs // max(njobs, 1))]:
+        seqs = run(prob, pace)
+        if seqs is not None:
+            yield seqs, pace
+
+
+def _run_legacy(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) -> list[list[Job]] | None:
+    """The pass with its own loop, readiness and memory checks (before :class:`PacedPolicy`); kept only so the
+    tests can check that the policy on the board places exactly the same jobs."""
     pp, m, nc = prob.pp, prob.m, prob.nc
     dF, dB, dW = prob.dF, prob.dB, prob.dW
     fcomm, bcomm, dev = prob.fcomm, prob.bcomm, prob.dev
@@ -229,31 +388,3 @@ def run(prob, pace: Pace, table: tuple[list[float], list[float]] | None = None) 
     if done != total:
         return None
     return seqs
-
-
-def grid(prob) -> list[Pace]:
-    """The passes tried, most useful first: the work period with half a period of slack (the best on most
-    deep shapes with the Zero Bubble paper's costs at 0.5p, e.g. pp 32, m 128: 1563 against the greedy's
-    1929), then longer periods, other slacks and return-leg headroom."""
-    w = work_period(prob)
-    out = []
-    for f in (1.0, 1.125, 1.25, 1.5):
-        for slack in (0.5 * w, 0.0, None):
-            for head in (1.0, 0.0, 2.0):
-                out.append(Pace(period=f * w, slack=slack, head=head))
-    return out
-
-
-#: passes always tried (the first of :func:`grid`: return-leg headroom 1 and 0 win about equally often; also on
-#: big shapes: one pass only loses vmin pp 24, m 96, equal costs 665 -> 666, the official V-Min's 665)
-MIN_PASSES = 2
-
-
-def candidates(prob, max_jobs: int) -> Iterator[tuple[list[list[Job]], Pace]]:
-    """Job lists of the paced passes of :func:`grid` within ``max_jobs`` placements, at least
-    :data:`MIN_PASSES` (deadlocks skipped)."""
-    njobs = 3 * prob.m * prob.nc
-    for pace in grid(prob)[:max(MIN_PASSES, max_jobs // max(njobs, 1))]:
-        seqs = run(prob, pace)
-        if seqs is not None:
-            yield seqs, pace
