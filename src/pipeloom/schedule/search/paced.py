@@ -86,7 +86,7 @@ class PacedPolicy:
     records come from the board; the policy keeps the targets, the release (``target - slack``), the
     return-leg reservation, its per-chunk counters and the pending W."""
 
-    __slots__ = ("m", "nc", "P", "slack", "limit", "cand", "nf", "nb", "pend", "wdur", "wslot")
+    __slots__ = ("m", "nc", "P", "slack", "limit", "cand", "nf", "nb", "pend", "wdur", "wslot", "_k")
 
     def __init__(self, prob, pace: Pace, board: listsched.Board,
                  table: tuple[list[float], list[float]] | None = None) -> None:
@@ -102,21 +102,33 @@ class PacedPolicy:
         keep = [pace.head * max((aF[c] for c in loc[1:]), default=0.0) for loc in prob.local]
         first = [loc[0] for loc in prob.local]
         need_at = board._need_at
-        # per device, per local chunk: (chunk, B's needs on the board, B's base target, F's needs, F's base
-        # target, memory an F must find free)
-        self.cand = [tuple((c, need_at[nc + c], tb[c] - bb, need_at[c], tf[c],
-                            aF[c] + (keep[d] if c == first[d] else 0.0)) for c in loc)
-                     for d, loc in enumerate(prob.local)]
+        # per device, per local chunk: (chunk, B's inputs on the board as (where, comm) twice (-1: none), B's base
+        # target, F's input (where, comm; -1: none), F's base target, memory an F must find free); the rule
+        # tables of a V give a B one or two inputs and an F at most one
+        cand = []
+        for d, loc in enumerate(prob.local):
+            row = []
+            for c in loc:
+                nb_, nf_ = need_at[nc + c], need_at[c]
+                if not 1 <= len(nb_) <= 2 or len(nf_) > 1:
+                    raise ValueError(f"paced: chunk {c} needs {len(nf_)} inputs for F and {len(nb_)} for B; "
+                                     "the paced pass handles at most 1 and 2")
+                (bk1, bc1), (bk2, bc2) = nb_[0], (nb_[1] if len(nb_) > 1 else (-1, 0.0))
+                fk, fc = nf_[0] if nf_ else (-1, 0.0)
+                row.append((c, bk1, bc1, bk2, bc2, tb[c] - bb, fk, fc, tf[c],
+                            aF[c] + (keep[d] if c == first[d] else 0.0)))
+            cand.append(tuple(row))
+        self.cand = cand
         self.nf = [0] * nc
         self.nb = [0] * nc
         self.pend: list[deque] = [deque() for _ in range(prob.pp)]
         self.wdur = board.dur[2 * nc:3 * nc]
         self.wslot = 2 * nc
+        self._k = (self.P, self.slack, m, nc, self.nf, self.nb, self.limit, self.cand)  # one load in step
 
     def step(self, board: listsched.Board, d: int, T: float):
         now = T + _EPS
-        P, slack, m, nc = self.P, self.slack, self.m, self.nc
-        nf, nb = self.nf, self.nb
+        P, slack, m, nc, nf, nb, limit, cand = self._k
         done = board.done
         bt = INF     # the smallest target among the startable candidates ...
         kind = -1    # ... its kind (0 F, 1 B) and chunk
@@ -124,19 +136,23 @@ class PacedPolicy:
         due = INF    # earliest time a candidate becomes startable (ready and released)
         blocked = False
         md = board.mem[d]
-        for ch, needb, tb0, needf, tf0, need in self.cand[d]:
+        for ch, bk1, bc1, bk2, bc2, tb0, fk, fc, tf0, need in cand[d]:
             mb = nb[ch]
             if mb < nf[ch]:  # backward
                 at = mb * nc
-                r = 0.0
-                for k, cm in needb:
-                    e = done[k + at]
-                    if e < 0:
-                        r = INF
-                        break
-                    e += cm
-                    if e > r:
-                        r = e
+                r = done[bk1 + at]
+                if r < 0:
+                    r = INF
+                else:
+                    r += bc1
+                    if bk2 >= 0:
+                        e = done[bk2 + at]
+                        if e < 0:
+                            r = INF
+                        else:
+                            e += bc2
+                            if e > r:
+                                r = e
                 if r < INF:
                     tg = tb0 + mb * P
                     s = tg - slack
@@ -149,22 +165,17 @@ class PacedPolicy:
                         due = s
             mb = nf[ch]
             if mb < m:  # forward
-                at = mb * nc
-                r = 0.0
-                for k, cm in needf:
-                    e = done[k + at]
-                    if e < 0:
-                        r = INF
-                        break
-                    e += cm
-                    if e > r:
-                        r = e
+                if fk < 0:
+                    r = 0.0
+                else:
+                    r = done[fk + mb * nc]
+                    r = INF if r < 0 else r + fc
                 if r < INF:
                     tg = tf0 + mb * P
                     s = tg - slack
                     if r > s:
                         s = r
-                    if md + need > self.limit:
+                    if md + need > limit:
                         if s <= now:
                             blocked = True
                     elif s <= now:
