@@ -10,8 +10,8 @@ one microbatch on the busiest device). Every job gets the target ``base + j * P`
 
 The pass. :class:`PacedPolicy`, a policy of the list-scheduling loop (:func:`pipeloom.sim.listsched.run`,
 readiness and memory from its board's rule tables); as in :mod:`.greedy`, the device with the earliest clock
-decides next; its candidates are, per
-local chunk, the next forward and the next input-grad backward (microbatch order per chunk) and the pending
+decides next; its candidates are, per local
+chunk, the next forward and the next input-grad backward (microbatch order per chunk) and the pending
 weight-grad jobs W. Among the ready F and B it starts the one with the smallest target (a backward that
 the timetable wants earlier is on the critical path of a microbatch further down the V; a forward wanted
 earlier feeds one), where
