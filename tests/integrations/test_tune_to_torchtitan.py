@@ -7,9 +7,9 @@ split (``examples/torchtitan_plan.py`` and ``examples/megatron_args.py`` do the 
 difference).
 
 The problems are the README's (70B on 1,024 H100s), Llama-3-70B on 512 and a 7B on 64, with the search narrowed
-(``--tp``, ``--pp``, ``--schedules``, ...) to the configuration the full search picks for the first, and to a V
-plan and an interleaved plan for the others, so that each takes seconds: a looped plan with an uneven split
-(pp 8 x 4 chunks of 3 and 2 layers), a V plan (pp 4 x 2) and an interleaved one (pp 2 x 4, micro-batch 2)."""
+(``--tp``, ``--pp``, ``--vpp``, ``--schedules``, ``--partitions``, ...) to a looped, a V and an interleaved plan, so
+that each takes seconds: a looped plan with an uneven split (pp 8 x 4 chunks of 2 and 3 layers: the chunks with the
+embedding and the loss head hold 2), a V plan (pp 4 x 2) and an interleaved one (pp 2 x 4)."""
 from __future__ import annotations
 
 import json
@@ -30,15 +30,17 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PROBLEMS = {
     "llama2-70b-1024-looped-uneven": (
         ["--model", "llama2-70b", "--gpus", "1024", "--global-batch", "1024", "--tp", "2", "--pp", "8",
-         "--schedules", "zbvpp", "--recompute", "none", "--zero", "1"],
-        dict(pp=8, vpp=4, schedule="zbvpp", placement="interleaved", split=[3] * 16 + [2] * 16)),
+         "--schedules", "zbvpp", "--recompute", "none", "--zero", "1", "--vpp", "4",
+         "--partitions", "uniform,balanced"],
+        dict(pp=8, vpp=4, schedule="zbvpp", placement="interleaved", split=[2] * 15 + [3] * 16 + [2])),
     "llama3-70b-512-v": (
         ["--model", "llama3-70b", "--gpus", "512", "--global-batch", "512", "--tp", "4", "--pp", "4",
-         "--schedules", "zbv", "--recompute", "none", "--zero", "1"],
+         "--schedules", "zbv", "--recompute", "none", "--zero", "1", "--vpp", "2", "--partitions", "uniform,balanced"],
         dict(pp=4, vpp=2, schedule="zbv", placement="v", split=[10] * 8)),
     "llama2-7b-64-interleaved": (
         ["--model", "llama2-7b", "--gpus", "64", "--global-batch", "512", "--tp", "1", "--pp", "2",
-         "--schedules", "interleaved,1f1b", "--recompute", "none", "--zero", "1"],
+         "--schedules", "interleaved,1f1b", "--recompute", "none", "--zero", "1", "--vpp", "4",
+         "--partitions", "uniform,balanced"],
         dict(pp=2, vpp=4, schedule="interleaved", placement="interleaved", split=[4] * 8)),
 }
 

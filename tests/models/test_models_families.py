@@ -260,6 +260,11 @@ def test_deepseek_v3_chunks_hold_the_models_parameters_once():
     m = _v3()
     split = [4] * 13 + [3] * 3  # 61 layers on 16 stages
     chunks = chunk_memory(m, TrainConfig(seq=4096), split)
-    assert sum(c.params for c in chunks) == flops.total_params(m)
+    # the last chunk also holds the multi-token prediction module (report sec. 2.2: one MoE layer, the 2h x h
+    # eh_proj and three RMSNorms; embedding and output head shared with the main model), which transformers'
+    # model leaves out of its count
+    mtp = m.mtp_layers * (flops.layer_params(m) + 2 * m.hidden * m.hidden + 3 * m.hidden)
+    assert m.mtp_layers == 1
+    assert sum(c.params for c in chunks) == flops.total_params(m) + mtp
     dense_first = flops.layers_params(m, 0, 4)
     assert chunks[0].params - flops.embedding_params(m) == dense_first < 4 * flops.layer_params(m)

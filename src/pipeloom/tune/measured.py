@@ -94,21 +94,21 @@ def tp_wait_per_chunk_pass(root: str, nchunks: int) -> dict[str, list[float]]:
     import json
     import statistics
 
+    from ..core.files import read_input
     from ..trace.reader import find_worker_logs
     seen: dict[tuple[str, int], list[float]] = {}
     for _, _, path in find_worker_logs(root):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(ev, dict) or ev.get("event") != "job" or "tp_comm" not in ev:
-                    continue
-                kind, chunk, w = ev.get("kind"), ev.get("chunk"), float(ev["tp_comm"])
-                for k, share in ((("B", 0.5), ("W", 0.5)) if kind == "BW" else ((kind, 1.0),)):
-                    if k in ("F", "B", "W") and isinstance(chunk, int) and 0 <= chunk < nchunks:
-                        seen.setdefault((k, chunk), []).append(w * share)
+        for line in str(read_input(path, "worker log")).splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict) or ev.get("event") != "job" or "tp_comm" not in ev:
+                continue
+            kind, chunk, w = ev.get("kind"), ev.get("chunk"), float(ev["tp_comm"])
+            for k, share in ((("B", 0.5), ("W", 0.5)) if kind == "BW" else ((kind, 1.0),)):
+                if k in ("F", "B", "W") and isinstance(chunk, int) and 0 <= chunk < nchunks:
+                    seen.setdefault((k, chunk), []).append(w * share)
     return {k: [statistics.median(seen[(k, c)]) if (k, c) in seen else 0.0 for c in range(nchunks)] for k in "FBW"}
 
 
