@@ -1,6 +1,6 @@
 """The paced pass runs on the shared list-scheduling board (sim/listsched.py) as a policy: readiness and memory
 come from the board's rule tables, and the pass places exactly the jobs its former own loop placed (kept as
-``paced._run_legacy`` for this comparison only), for every pace of the grid, on a broad sample of shapes."""
+``tests/schedule/_paced_legacy.py`` for this comparison only), for every pace of the grid, on a broad sample of shapes."""
 import json
 import pathlib
 
@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from pipeloom.core.ir import Placement
 from pipeloom.schedule.planning import make_spec
 from pipeloom.schedule.search import greedy, paced
+
+from _paced_legacy import run_legacy
 
 ZB = "F=1,B=2,W=1,comm=0.5"
 EQUAL = "F=1,B=1,W=1,comm=0"
@@ -25,7 +27,7 @@ def _prob(pp, m, costs, limit, vpp=2):
 def _same(prob, paces):
     finished = 0
     for pace in paces:
-        old = paced._run_legacy(prob, pace)
+        old = run_legacy(prob, pace)
         new = paced.run(prob, pace)
         assert new == old, (prob.pp, prob.m, prob.limit, pace)
         finished += new is not None
@@ -62,7 +64,7 @@ def test_a_deadlocked_pass_is_none_on_both():
     for pp in (4, 6, 8):
         prob = _prob(pp, 2 * pp, ZB, 0.5 * pp)
         for pace in paced.grid(prob):
-            old = paced._run_legacy(prob, pace)
+            old = run_legacy(prob, pace)
             assert paced.run(prob, pace) == old
             none += old is None
     assert none > 0
