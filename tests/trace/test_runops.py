@@ -111,7 +111,7 @@ def test_a_slow_rank_on_a_heavy_stage_gets_both_verdicts(tmp_path):
     assert 25 < pct < 55  # the stage's own 40%, not inflated by the straggler on it
 
 
-# ------------------------------------------------------------------------------- seed 003 text logs
+# ------------------------------------------------------------------------------- plain-text run logs
 def test_seed003_text_logs_of_two_skewed_machines(tmp_path):
     """Text lines (no meta, no sync), two machines with clocks 5 s apart: aligned by the reader, the replay
     reproduces the measured steps and the slow stage is the one the analysis names."""
