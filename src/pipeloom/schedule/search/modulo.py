@@ -167,28 +167,6 @@ def build(prob, mod: Modulo, m: int | None = None, x: dict | None = None) -> lis
     return seqs
 
 
-def _build_sorted(prob, mod: Modulo, m: int | None = None, x: dict | None = None) -> list[list[Job]] | None:
-    """:func:`build` by sorting every copy by its planned start (the reference the tests compare it with)."""
-    x = x or pattern(prob, mod)
-    if x is None:
-        return None
-    m = prob.m if m is None else m
-    P = mod.period
-    ev: list[list[tuple]] = [[] for _ in range(prob.pp)]
-    rank = {Kind.F: 0, Kind.B: 1, Kind.W: 2}
-    for (k, c), t in x.items():
-        lst = ev[prob.dev[c]]
-        r = rank[k]
-        for j in range(m):
-            lst.append((t + j * P, r, j, k, c))
-    seqs = []
-    new = tuple.__new__
-    for lst in ev:
-        lst.sort()
-        seqs.append([new(Job, (k, j, c)) for _, _, j, k, c in lst])
-    return seqs
-
-
 def pattern_peak(prob, mod: Modulo, x: dict) -> float:
     """Peak memory of the pattern repeated for ``prob.m`` microbatches, in the order :func:`build` gives.
 
