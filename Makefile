@@ -22,7 +22,7 @@ demo: $(STAMP)
 # the docs site first (quiet when it passes), so that pytest's summary stays the last line
 test: $(STAMP)
 	$(MAKE) --no-print-directory docs MKDOCS_FLAGS=--quiet
-	$(BIN)/python -m pytest -q -n 2 --timeout=600
+	$(BIN)/python -m pytest -q -n 2 --timeout=600 --durations=15
 
 # compiled sources and pytest's rewritten test modules are cached between runs even where the environment
 # turns bytecode off (PYTHONDONTWRITEBYTECODE): without it every CLI subprocess a test starts and each
