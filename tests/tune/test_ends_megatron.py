@@ -12,6 +12,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.mark.slow  # two subprocesses, one importing megatron-core and torch: 15-40 s on 2 cores
 def test_megatron_accepts_embedding_and_loss_only_stages(tmp_path):
     pytest.importorskip("megatron.core")
     out = tmp_path / "plan"
