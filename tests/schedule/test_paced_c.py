@@ -182,3 +182,21 @@ def test_tables_the_pass_cannot_handle_are_refused_by_both(monkeypatch):
                 run(prob, pace)
     finally:
         kernel._make_rules.cache_clear()
+
+
+@pytest.mark.parametrize("name,pp,m,limit", [("zbv", 8, 16, "0.5p"), ("vmin", 16, 32, None)])
+def test_a_default_plan_won_by_the_paced_pass_is_the_same_with_either_form(name, pp, m, limit, monkeypatch):
+    """Through the real path (the registry's default plan, the portfolio, the paced candidates): where the paced
+    pass wins, the plan made with its compiled form is the plan made with the Python form, job for job."""
+    from pipeloom.schedule import registry
+
+    spec = make_spec(pp=pp, vpp=2, microbatches=m, costs=ZB, mem_limit=limit)
+    compiled = registry.build(name, spec)
+    assert compiled.meta["policy"]["builder"] == "paced"
+    calls = []
+    real_py = paced.run_py
+    monkeypatch.setattr(paced, "accelerated", lambda: False)
+    monkeypatch.setattr(paced, "run_py", lambda *a: calls.append(1) or real_py(*a))
+    python = registry.build(name, spec)
+    assert calls, "the Python form did not run"
+    assert python.devices == compiled.devices and python.meta["policy"] == compiled.meta["policy"]
