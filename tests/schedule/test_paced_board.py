@@ -1,5 +1,6 @@
 """The paced pass runs on the shared list-scheduling board (sim/listsched.py) as a policy: readiness and memory
-come from the board's rule tables, and the pass places exactly the jobs its former own loop placed (kept as
+come from the board's rule tables, and the pass (its Python form, ``paced.run_py``; test_paced_c.py holds the
+compiled form to it) places exactly the jobs its former own loop placed (kept as
 ``tests/schedule/_paced_legacy.py`` for this comparison only), for every pace of the grid, on a broad sample of shapes."""
 import json
 import pathlib
@@ -28,7 +29,7 @@ def _same(prob, paces):
     finished = 0
     for pace in paces:
         old = run_legacy(prob, pace)
-        new = paced.run(prob, pace)
+        new = paced.run_py(prob, pace)
         assert new == old, (prob.pp, prob.m, prob.limit, pace)
         finished += new is not None
     return finished
@@ -65,7 +66,7 @@ def test_a_deadlocked_pass_is_none_on_both():
         prob = _prob(pp, 2 * pp, ZB, 0.5 * pp)
         for pace in paced.grid(prob):
             old = run_legacy(prob, pace)
-            assert paced.run(prob, pace) == old
+            assert paced.run_py(prob, pace) == old
             none += old is None
     assert none > 0
 

@@ -7,6 +7,7 @@
  * lockstep_pass()  the lock-step pass of pipeloom.schedule.search.lockstep, on the compiled form of the
  *                  list-scheduling board of pipeloom.sim.listsched (board_ready / board_commit, reading
  *                  the rule tables that time_order reads); board_replay() exposes the board to the tests
+ * paced_pass()     the paced pass of pipeloom.schedule.search.paced on the same board (its own section)
  * vblock_squeeze(), vblock_squeeze_w()  the two squeezes of the building blocks (schedule/search/vsqueeze.py)
  *
  * run_pass() here is a line-by-line transcription of the greedy pass (greedy.GreedyPolicy on the
@@ -23,6 +24,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1575,6 +1577,277 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- paced pass
+ * paced_pass(shape, needs, produces, durations, dmem, dev, handoff, rows, job_type, kinds)
+ *   shape = (pp, m, limit, eps, period, slack); limit with eps added, slack = inf for none;
+ *   needs/produces = pipeloom.sim.kernel.Rules tables; durations/dmem: per slot; dev: per chunk;
+ *   handoff: per slot None or (chunk offset, comm) (pipeloom.sim.listsched.handoff_table);
+ *   rows: per device, per local chunk (chunk, B's base target, F's base target, memory an F must find free)
+ *   (pipeloom.schedule.search.paced.chunk_rows); kinds = pipeloom.sim.kernel.KINDS
+ * -> None when the pass deadlocks, else the per-device job lists.
+ * The compiled form of pipeloom.schedule.search.paced.PacedPolicy on the event-driven loop of
+ * pipeloom.sim.listsched.run (both the specification): readiness from board_ready, memory from the board's
+ * dmem, every job placed by board_commit; the same decisions, the same float operations in the same order, the
+ * same event order (tests/schedule/test_paced_c.py).
+ */
+typedef struct {
+    long c;
+    double tb0, tf0, need;
+} PRow;
+
+typedef struct {
+    Board b;
+    long pp, m, nc;
+    double limit, eps, P, slack;
+    PRow *rows;
+    Py_ssize_t *rbeg;            /* device d's rows: rows[rbeg[d] .. rbeg[d+1]-1] */
+    long *nf, *nb;               /* per chunk: the next forward / backward microbatch */
+    long *pmb, *pc;              /* per device a queue of pending W (mb, chunk): pbeg[d] + ph[d] .. pt[d]-1 */
+    Py_ssize_t *pbeg, *ph, *pt;
+    long *hoff;                  /* per slot: the handoff's chunk offset, or LONG_MIN for none */
+    double *hcm;                 /* ... its comm */
+} PC;
+
+/* PacedPolicy.step: 1 and (*slot, *mb) = the job to run from T; 0 and *next = the next time to ask */
+static int pc_step(PC *s, long d, double T, long *slot, long *mb_out, double *next) {
+    const double now = T + s->eps, P = s->P, slack = s->slack, limit = s->limit;
+    const long nc = s->nc, m = s->m;
+    double bt = INFINITY, due = INFINITY;
+    int kind = -1, blocked = 0;
+    long c = -1;
+    const double md = s->b.mem[d];
+    for (Py_ssize_t i = s->rbeg[d]; i < s->rbeg[d + 1]; i++) {
+        const PRow *row = &s->rows[i];
+        const long ch = row->c;
+        long mb = s->nb[ch];
+        if (mb < s->nf[ch]) { /* backward */
+            double r = board_ready(&s->b, nc + ch, mb);
+            if (r >= 0) {
+                double tg = row->tb0 + (double)mb * P;
+                double st = tg - slack;
+                if (r > st) st = r;
+                if (st <= now) {
+                    if (tg < bt) bt = tg, kind = 1, c = ch;
+                } else if (st < due) {
+                    due = st;
+                }
+            }
+        }
+        mb = s->nf[ch];
+        if (mb < m) { /* forward */
+            double r = board_ready(&s->b, ch, mb);
+            if (r >= 0) {
+                double tg = row->tf0 + (double)mb * P;
+                double st = tg - slack;
+                if (r > st) st = r;
+                if (md + row->need > limit) {
+                    if (st <= now) blocked = 1;
+                } else if (st <= now) {
+                    if (tg < bt) bt = tg, kind = 0, c = ch;
+                } else if (st < due) {
+                    due = st;
+                }
+            }
+        }
+    }
+    if (kind == 0) {
+        *slot = c, *mb_out = s->nf[c]++;
+        return 1;
+    }
+    if (kind == 1) {
+        long mb = s->nb[c]++;
+        Py_ssize_t q = s->pbeg[d] + s->pt[d]++;
+        s->pmb[q] = mb, s->pc[q] = c;
+        *slot = nc + c, *mb_out = mb;
+        return 1;
+    }
+    const int pw = s->ph[d] < s->pt[d];
+    const Py_ssize_t q = s->pbeg[d] + s->ph[d];
+    if (pw && (blocked || due == INFINITY || due - T >= s->b.dur[2 * nc + s->pc[q]] - s->eps)) {
+        s->ph[d]++;
+        *slot = 2 * nc + s->pc[q], *mb_out = s->pmb[q];
+        return 1;
+    }
+    if (due < INFINITY) {
+        *next = due;
+        return 0;
+    }
+    if (pw) {
+        s->ph[d]++;
+        *slot = 2 * nc + s->pc[q], *mb_out = s->pmb[q];
+        return 1;
+    }
+    *next = INFINITY; /* asleep until a dependency is scheduled */
+    return 0;
+}
+
+/* pipeloom.sim.listsched.run with the paced policy (after: the job's end; fed: the later of the device's clock
+   and the arrival, if earlier than its point); 0, or -1 with an exception set */
+static int pc_run(PC *s, double *key, Heap *h) {
+    const long pp = s->pp;
+    for (long d = 0; d < pp; d++) {
+        key[d] = 0.0;
+        if (heap_push(h, (HItem){0.0, (int)d}) < 0) goto nomem;
+    }
+    HItem item = heap_pop(h);
+    for (;;) {
+        const double T = item.t;
+        const long d = item.d;
+        if (T != key[d]) { /* stale */
+            if (!h->n) break;
+            item = heap_pop(h);
+            continue;
+        }
+        long slot, mb;
+        double next;
+        if (!pc_step(s, d, T, &slot, &mb, &next)) {
+            key[d] = next;
+            if (next < INFINITY) {
+                item = heap_pushpop(h, (HItem){next, (int)d});
+                continue;
+            }
+            if (!h->n) break;
+            item = heap_pop(h);
+            continue;
+        }
+        double e = board_commit(&s->b, d, slot, mb, T);
+        if (e < 0 && PyErr_Occurred()) return -1;
+        if (s->hoff[slot] != LONG_MIN) {
+            long d2 = s->b.dev[s->b.schunk[slot] + s->hoff[slot]];
+            if (d2 != d) {
+                double arrival = e + s->hcm[slot], f = s->b.free_t[d2];
+                double k = f > arrival ? f : arrival;
+                if (!(k < key[d2])) k = key[d2];
+                if (k != key[d2]) {
+                    key[d2] = k;
+                    if (k < INFINITY && heap_push(h, (HItem){k, (int)d2}) < 0) goto nomem;
+                }
+            }
+        }
+        key[d] = e;
+        if (e < INFINITY)
+            item = heap_pushpop(h, (HItem){e, (int)d});
+        else if (h->n)
+            item = heap_pop(h);
+        else
+            break;
+    }
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+static PyObject *paced_pass(PyObject *self, PyObject *args) {
+    (void)self;
+    int pp, m;
+    double limit, eps, period, slack;
+    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_hand, *o_rows, *job_type, *kinds;
+    if (!PyArg_ParseTuple(args, "(iidddd)OOOOOOOOO", &pp, &m, &limit, &eps, &period, &slack, &o_needs, &o_prod,
+                          &o_dur, &o_dmem, &o_dev, &o_hand, &o_rows, &job_type, &kinds))
+        return NULL;
+    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
+        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
+        PyErr_SetString(PyExc_TypeError, "paced_pass: job_type must be a tuple subclass, kinds a 4-tuple");
+        return NULL;
+    }
+    Py_ssize_t nc = PyObject_Length(o_dev);
+    if (nc < 1 || pp < 1 || m < 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "paced_pass: pp, m and chunks must be >= 1");
+        return NULL;
+    }
+    PC s;
+    memset(&s, 0, sizeof(s));
+    Heap h = {NULL, 0, 0};
+    double *key = NULL;
+    PyObject *result = NULL, *frows = NULL, *fhand = NULL;
+    s.pp = pp, s.m = m, s.nc = (long)nc, s.limit = limit, s.eps = eps, s.P = period, s.slack = slack;
+    /* the rows first: they give each device's chunks, hence its jobs */
+    if (!(frows = PySequence_Fast(o_rows, "rows"))) goto done;
+    if (PySequence_Fast_GET_SIZE(frows) != pp) {
+        PyErr_SetString(PyExc_ValueError, "paced_pass: rows must have one entry per device");
+        goto done;
+    }
+    s.rbeg = calloc((size_t)pp + 1, sizeof(Py_ssize_t));
+    s.rows = malloc((size_t)nc * sizeof(PRow));
+    if (!s.rbeg || !s.rows) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t nrow = 0, maxloc = 1;
+    for (long d = 0; d < pp; d++) {
+        PyObject *dr = PySequence_Fast(PySequence_Fast_GET_ITEM(frows, d), "device rows");
+        if (!dr) goto done;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(dr);
+        if (n > maxloc) maxloc = n;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PRow r;
+            if (nrow >= nc || !PyArg_ParseTuple(PySequence_Fast_GET_ITEM(dr, i), "lddd", &r.c, &r.tb0, &r.tf0, &r.need) ||
+                r.c < 0 || r.c >= nc) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "paced_pass: a row names a chunk out of range");
+                Py_DECREF(dr);
+                goto done;
+            }
+            for (Py_ssize_t j = 0; j < nrow; j++)
+                if (s.rows[j].c == r.c) {
+                    PyErr_SetString(PyExc_ValueError, "paced_pass: a chunk is in two rows");
+                    Py_DECREF(dr);
+                    goto done;
+                }
+            s.rows[nrow++] = r;
+        }
+        Py_DECREF(dr);
+        s.rbeg[d + 1] = nrow;
+    }
+    if (board_init(&s.b, pp, nc, m, 3 * (Py_ssize_t)m * maxloc, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
+    if (!(fhand = PySequence_Fast(o_hand, "handoff"))) goto done;
+    if (PySequence_Fast_GET_SIZE(fhand) != 4 * nc) {
+        PyErr_SetString(PyExc_ValueError, "paced_pass: handoff must have 4*nc entries");
+        goto done;
+    }
+    s.hoff = malloc((size_t)(4 * nc) * sizeof(long));
+    s.hcm = calloc((size_t)(4 * nc), sizeof(double));
+    s.nf = calloc((size_t)nc, sizeof(long));
+    s.nb = calloc((size_t)nc, sizeof(long));
+    s.pmb = malloc((size_t)(nc * m) * sizeof(long));
+    s.pc = malloc((size_t)(nc * m) * sizeof(long));
+    s.pbeg = calloc((size_t)pp, sizeof(Py_ssize_t));
+    s.ph = calloc((size_t)pp, sizeof(Py_ssize_t));
+    s.pt = calloc((size_t)pp, sizeof(Py_ssize_t));
+    key = malloc((size_t)pp * sizeof(double));
+    if (!s.hoff || !s.hcm || !s.nf || !s.nb || !s.pmb || !s.pc || !s.pbeg || !s.ph || !s.pt || !key) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < 4 * nc; q++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fhand, q);
+        s.hoff[q] = LONG_MIN;
+        if (t == Py_None) continue;
+        if (!PyArg_ParseTuple(t, "ld", &s.hoff[q], &s.hcm[q])) goto done;
+        long c2 = (long)(q % nc) + s.hoff[q];
+        if (c2 < 0 || c2 >= nc) {
+            PyErr_SetString(PyExc_ValueError, "paced_pass: a handoff points outside the chunks");
+            goto done;
+        }
+    }
+    for (long d = 1; d < pp; d++) /* device d's pending W: at most m per local chunk */
+        s.pbeg[d] = s.pbeg[d - 1] + (s.rbeg[d] - s.rbeg[d - 1]) * m;
+    if (pc_run(&s, key, &h) < 0) goto done;
+    Py_ssize_t placed = 0;
+    for (long d = 0; d < pp; d++) placed += s.b.cnt[d];
+    if (placed != 3 * (Py_ssize_t)m * nc)
+        result = Py_NewRef(Py_None);
+    else
+        result = board_seqs(&s.b, job_type, kinds);
+done:
+    board_free(&s.b);
+    free(s.rows); free(s.rbeg); free(s.nf); free(s.nb); free(s.pmb); free(s.pc); free(s.pbeg); free(s.ph); free(s.pt);
+    free(s.hoff); free(s.hcm); free(key); free(h.v);
+    Py_XDECREF(frows);
+    Py_XDECREF(fhand);
+    return result;
+}
+
 /* ---------------------------------------------------------------- building-block squeezes
  * The compiled form of the two squeezes of pipeloom.schedule.search.vsqueeze (the Python functions stay the
  * specification; tests/schedule/test_vblock_c.py holds both to identical slot tables):
@@ -1917,6 +2190,7 @@ static PyMethodDef methods[] = {
     {"board_replay", board_replay, METH_VARARGS, "Place jobs in a given order on the compiled board (for tests)."},
     {"lockstep_pass", lockstep_pass, METH_VARARGS,
      "One lock-step pass on the list-scheduling board (see pipeloom.schedule.search.lockstep)."},
+    {"paced_pass", paced_pass, METH_VARARGS, "One paced pass on the list-scheduling board (see pipeloom.schedule.search.paced)."},
     {NULL, NULL, 0, NULL},
 };
 

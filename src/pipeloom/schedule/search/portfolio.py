@@ -20,6 +20,7 @@ from . import modulo as _modulo
 from . import paced as _paced
 from . import paper_blocks as _paper_blocks
 from . import vblock as _vblock
+from .gcpause import paused
 from .greedy import INF, _EPS, PassResult, Policy, Problem, _better, min_feasible_limit, run_pass
 from .localsearch import insertion_search, polish_result, result_of
 
@@ -174,6 +175,7 @@ def _coarse_to_fine(hi: int, n: int, f):
     return list(seen.values())
 
 
+@paused  # (the collector's passes over every candidate's job lists cost about a quarter of a deep plan)
 def search(prob: Problem, budget_jobs: int = 60_000, ls_budget: int = 100_000,
            insert_budget: int = 0, grid_jobs: int | None = None, target: float | None = None) -> PassResult | None:
     """Best schedule over the policy grid and a local search, within a deterministic work budget.
