@@ -192,7 +192,12 @@ def test_cli_explain_lists_every_communication_term_and_bad_modes_are_one_line()
     assert comm["tp_overlap"] == "chunked:2" and comm["backward"] == "fused BW"
     per = comm["tp_per_layer_and_chunk_pass"]
     assert set(per) == {"F", "B (of a fused BW)", "W"}
-    assert set(per["B (of a fused BW)"]) >= {"tp_grad_gather", "tp_dgrad_reduce"}
+    assert set(per["B (of a fused BW)"]) >= {"tp_grad_gather", "tp_dgrad_reduce", "tp_input_regather"}
+    # a split schedule: the re-gather is W's term
+    r = _cli(*[a if a != "1f1b" else "zbv" for a in base], "--json", "--explain")
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["explain"]["communication"]["tp_per_layer_and_chunk_pass"]["W"]["tp_input_regather"]
+    assert w["total"] == pytest.approx(w["exposed"] + w["hidden"]) and w["total"] > 0
     for term in per["B (of a fused BW)"]["tp_dgrad_reduce"], per["F"]["tp_forward"]:
         assert term["total"] == pytest.approx(term["exposed"] + term["hidden"]) and term["total"] > 0
     assert comm["dp"]["bucket_params"] == 1000
