@@ -2,7 +2,8 @@
 decoder layers on tp 2 (2 gloo CPU ranks), each mode against its blocking control, on the emulated link
 (``--tp-link-delay``: a collective lands D ms late, no CPU used) and on real gloo.
 
-    python bench/tp_overlap.py [--pairs 14] [--dim 512] [--layers 1] [--tokens 512] [--chunks 2] [--out TABLE.md]
+    python bench/tp_overlap.py [--pairs 14] [--dim 512] [--layers 1] [--tokens 512] [--chunks 2] [--sp-layers 2]
+                               [--out TABLE.md]
 
 One middle pipeline chunk (no embedding, no head) of the built-in Llama, sharded tp 2
 (:mod:`pipeloom.models.tp`); its column-parallel groups (q/k/v, w1/w3) each all-reduce an input gradient.
@@ -191,7 +192,12 @@ def bench_worker(a: dict) -> dict:
         return setup, run
 
     # ---- W with sequence parallelism: the same layers, their column groups' inputs gathered again in W
-    chunk_sp = build_tp_chunk_modules(cfg, split, 0, chunks=[1], group=dist.group.WORLD, sequence_parallel=True)[0]
+    # (--sp-layers decoder layers: a gather hides under the GEMMs before it, so W's first gather never hides, and
+    # with one layer only fc1's can, under the small q/k/v and output-projection GEMMs)
+    Ls = a["sp_layers"]
+    cfg_sp = LlamaConfig(n_layers=Ls + 2, dim=dim, n_heads=8, n_kv_heads=4, max_seq_len=seq, vocab_size=256)
+    chunk_sp = build_tp_chunk_modules(cfg_sp, [[0], list(range(1, Ls + 1)), [Ls + 1]], 0, chunks=[1],
+                                      group=dist.group.WORLD, sequence_parallel=True)[0]
     params_sp = list(chunk_sp.parameters())
     grads_sp = {p: torch.zeros_like(p) for p in params_sp}
     sg_sp = SplitGrad(chunk_sp)
@@ -287,6 +293,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per microbatch (sequences of 128)")
     ap.add_argument("--chunks", type=int, default=2, help="K of chunked:K")
+    ap.add_argument("--sp-layers", type=int, default=2, help="decoder layers of the sequence-parallel W comparison")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from pipeloom.runtime.launch import spawn
@@ -322,7 +329,10 @@ def main() -> None:
                  f"{args.tokens} tokens per microbatch, tp 2 ({res['params'] / 1e6:.2f} M parameters per rank). "
                  f"Measured: one w1/w3 group's wgrad GEMMs {ms(res['wgrad_ffn_s'])} ms, one q/k/v group's "
                  f"{ms(res['wgrad_qkv_s'])} ms, one W (every GEMM) {ms(res['wgrad_all_s'])} ms, a real gloo all-reduce of one input gradient "
-                 f"({args.tokens} x {args.dim} fp32) {ms(res['real_collective_s'])} ms. {args.pairs} pairs per row; "
+                 f"({args.tokens} x {args.dim} fp32) {ms(res['real_collective_s'])} ms. The W with sequence parallelism: "
+                 f"{args.sp_layers} decoder layers ({2 * args.sp_layers} re-gathers of {args.tokens} x {args.dim} fp32 each), "
+                 f"the column groups' inputs kept as sequence shards. "
+                 f"{args.pairs} pairs per row; "
                  f"{platform.machine()}, load average {load0:.1f} before, {load1:.1f} after ({os.cpu_count()} CPUs); "
                  f"bench wall time {wall:.0f} s.")
     table = "\n".join(lines) + "\n"
