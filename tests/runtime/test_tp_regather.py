@@ -19,6 +19,7 @@ DELAY_S, GEMM_S = 0.03, 0.02  # a group and the row-parallel GEMM after it: 2 x 
 def _w_waits() -> dict:
     import hashlib
     import time
+    import weakref
 
     import torch
     import torch.distributed as dist
@@ -26,7 +27,7 @@ def _w_waits() -> dict:
     from pipeloom.autograd.splitgrad import SplitGrad, weight_grads
     from pipeloom.models import tp_comm
     from pipeloom.models.llama import LlamaConfig
-    from pipeloom.models.tp import build_tp_chunk_modules
+    from pipeloom.models.tp import ColumnParallelLinear, build_tp_chunk_modules
 
     torch.manual_seed(0)
     cfg = LlamaConfig(n_layers=LAYERS + 2, dim=DIM, n_heads=HEADS, n_kv_heads=KV, max_seq_len=SEQ, vocab_size=64)
@@ -45,8 +46,14 @@ def _w_waits() -> dict:
             y = chunk(x)
         torch.autograd.backward(y, dy, inputs=[x] + kept)  # B: the weight gradients wait for W
         grads = {p: torch.zeros_like(p) for p in params}
+        gathered: list = []  # weak references to the gathered inputs W used
+        alive = []           # per gathered group: how many of them were still alive when its GEMMs began
 
         def wgrad(entries):
+            if isinstance(entries[0][0], ColumnParallelLinear):  # a column group: its input gathered again
+                assert entries[0][1].shape[1] == SEQ
+                gathered.append(weakref.ref(entries[0][1]))
+                alive.append(sum(r() is not None for r in gathered))
             weight_grads(entries, grads.get)
             time.sleep(GEMM_S)  # the GEMMs of a bigger layer
 
@@ -61,7 +68,7 @@ def _w_waits() -> dict:
         for p in params:
             h.update(grads[p].numpy().tobytes())
         out[name] = {"waited": waited, "gathers": st.regathers - g0, "prefetched": st.prefetched - p0,
-                     "digest": h.hexdigest(), "left": len(stash)}
+                     "digest": h.hexdigest(), "left": len(stash), "alive": alive}
     return out
 
 
@@ -72,6 +79,9 @@ def test_w_regather_is_double_buffered_and_bitwise_equal_to_serial():
     gathers = 2 * LAYERS  # q/k/v and w1/w3 per layer
     assert serial["gathers"] == double["gathers"] == gathers
     assert serial["left"] == double["left"] == 0  # the stash is emptied
+    # each gathered input is freed after its group's GEMMs: when a group's GEMMs begin, only its own is alive
+    # (the next one is in flight, not yet returned), so at most two are held at any time
+    assert double["alive"] == serial["alive"] == [1] * gathers
     assert serial["digest"] == double["digest"] == r["serial again"]["digest"]
     # serial: every gather's delay is waited for; double-buffered: the first one's (the others land under
     # the GEMMs before them), so about 1/(2 LAYERS) of it

@@ -95,6 +95,7 @@ class _Wire(threading.Thread):
             except BaseException as e:  # reported by the waiter
                 item.error = e
             item.event.set()
+            item = None  # not kept (with its result buffer) until the next collective arrives
 
 
 class _Pending:
