@@ -2,7 +2,8 @@
 decoder layers on tp 2 (2 gloo CPU ranks), each mode against its blocking control, on the emulated link
 (``--tp-link-delay``: a collective lands D ms late, no CPU used) and on real gloo.
 
-    python bench/tp_overlap.py [--pairs 14] [--dim 512] [--layers 1] [--tokens 512] [--chunks 2] [--out TABLE.md]
+    python bench/tp_overlap.py [--pairs 14] [--dim 512] [--layers 1] [--tokens 512] [--chunks 2] [--sp-layers 2]
+                               [--out TABLE.md]
 
 One middle pipeline chunk (no embedding, no head) of the built-in Llama, sharded tp 2
 (:mod:`pipeloom.models.tp`); its column-parallel groups (q/k/v, w1/w3) each all-reduce an input gradient.
@@ -14,14 +15,19 @@ the slowest rank's time), medians and the median of the per-pair ratios:
 * split B: the input-gradient backward alone (weight gradients deferred to W), ``chunked:K`` (the dgrad in K
   token pieces, piece i's all-reduce under piece i+1's GEMMs) against blocking;
 * fill: B of microbatch 1 and W of microbatch 0, ``fill`` (B runs W(0)'s GEMMs while its all-reduces are in
-  flight, W(0) does the rest) against B then W.
+  flight, W(0) does the rest) against B then W;
+* W with sequence parallelism (the same layers, ``sequence_parallel=True``): the column groups kept their input's
+  sequence shard and W gathers each again, double-buffered (group k+1's all-gather under group k's GEMMs,
+  the runtime's default) against serial (each gather waited right before its group), and against the gathered
+  inputs kept from F (``--keep-gathered-input``: no gather in W, more memory).
 
 The emulated link's delay D is the wgrad GEMM time of one w1/w3 group measured at the start (so that the
 collective and the work under it are of one size, where overlap can gain most); the link carries one
 collective at a time. "ideal" = what a perfect overlap would save, from the GEMM times the control entry
 measures in the same round (median over the rounds): fused, per group min(collective, its wgrad GEMMs);
 chunked, per group (K-1)/K of min(collective, its dgrad GEMMs, which cost what the wgrad ones do); fill,
-min(B's collectives, W(0)). The collective is D on the emulated link and a timed blocking all-reduce on real
+min(B's collectives, W(0)); re-gather, every gather but the first hidden under the GEMMs before it, per gather
+min(collective, those GEMMs). The collective is D on the emulated link and a timed blocking all-reduce on real
 gloo, which runs the reduction on the same 2 cores as the compute.
 """
 from __future__ import annotations
@@ -185,6 +191,59 @@ def bench_worker(a: dict) -> dict:
             return time.perf_counter() - t0, min(n_coll * link_s(), w)
         return setup, run
 
+    # ---- W with sequence parallelism: the same layers, their column groups' inputs gathered again in W
+    # (--sp-layers decoder layers: a gather hides under the GEMMs before it, so W's first gather never hides, and
+    # with one layer only fc1's can, under the small q/k/v and output-projection GEMMs)
+    Ls = a["sp_layers"]
+    cfg_sp = LlamaConfig(n_layers=Ls + 2, dim=dim, n_heads=8, n_kv_heads=4, max_seq_len=seq, vocab_size=256)
+    chunk_sp = build_tp_chunk_modules(cfg_sp, [[0], list(range(1, Ls + 1)), [Ls + 1]], 0, chunks=[1],
+                                      group=dist.group.WORLD, sequence_parallel=True)[0]
+    params_sp = list(chunk_sp.parameters())
+    grads_sp = {p: torch.zeros_like(p) for p in params_sp}
+    sg_sp = SplitGrad(chunk_sp)
+    kept_sp = sg_sp.kept(params_sp)
+    t_ = dist.get_world_size()
+    x_sp = torch.randn(tokens // seq, seq // t_, dim)
+    dy_sp = torch.randn(tokens // seq, seq // t_, dim) * 1e-2
+
+    def regather(kind):
+        def setup():
+            tp_comm.set_regather(kind != "kept")
+            x = x_sp.clone().requires_grad_(True)
+            stash: list = []
+            with sg_sp.deferring(stash):
+                y = chunk_sp(x)
+            torch.autograd.backward(y, dy_sp, inputs=[x] + kept_sp)  # B: the weight gradients wait for W
+            tp_comm.set_regather(True)
+            return stash
+
+        def run(stash):
+            items = []
+
+            def wgrad(es):
+                gathered = type(es[0][0]).__name__ == "ColumnParallelLinear"
+                t0 = time.perf_counter()
+                weight_grads(es, grads_sp.get)  # (empties es)
+                items.append((gathered, time.perf_counter() - t0))
+
+            t0 = time.perf_counter()
+            if kind == "kept":
+                weight_grads(stash, grads_sp.get)
+            else:
+                tp_comm.regather_wgrad(stash, wgrad, prefetch=kind == "double-buffered")
+            el = time.perf_counter() - t0
+            if kind != "serial":
+                return el, None
+            ideal, since, first = 0.0, 0.0, True  # per gather after the first: min(link, the GEMMs before it)
+            for gathered, t in items:
+                if gathered:
+                    if not first:
+                        ideal += min(link_s(), since)
+                    first, since = False, 0.0
+                since += t
+            return el, ideal
+        return setup, run
+
     link = {"s": 0.0}
 
     def link_s() -> float:
@@ -194,6 +253,8 @@ def bench_worker(a: dict) -> dict:
         "fused": {"async": fused("async"), "blocking": fused("off")},
         "split": {f"chunked:{a['chunks']}": split_b("chunked", a["chunks"]), "blocking": split_b("off", 1)},
         "fill": {"fill": fill("fill"), "B then W": fill("off")},
+        "regather": {"double-buffered": regather("double-buffered"), "serial": regather("serial"),
+                     "kept": regather("kept")},
     }
     out = {"delay_ms": delay_ms, "wgrad_ffn_s": wgrad_ffn, "wgrad_qkv_s": wgrad_qkv, "wgrad_all_s": wgrad_all,
            "real_collective_s": real_coll, "times": {}, "ideal": {}, "params": sum(p.numel() for p in params)}
@@ -220,6 +281,7 @@ def bench_worker(a: dict) -> dict:
             out["ideal"][(name, comp)] = median(ideal)
     tp_comm.set_link(0.0)
     sg.close()
+    sg_sp.close()
     out["groups"] = {"qkv": a["layers"], "ffn": a["layers"]}
     return out if dist.get_rank() == 0 else None
 
@@ -231,6 +293,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per microbatch (sequences of 128)")
     ap.add_argument("--chunks", type=int, default=2, help="K of chunked:K")
+    ap.add_argument("--sp-layers", type=int, default=2, help="decoder layers of the sequence-parallel W comparison")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from pipeloom.runtime.launch import spawn
@@ -242,27 +305,34 @@ def main() -> None:
     load1 = os.getloadavg()[0]
     ms = lambda v: f"{1e3 * v:.1f}"  # noqa: E731
     L = args.layers
-    names = {"fused": ("async", "blocking"), "split": (f"chunked:{args.chunks}", "blocking"), "fill": ("fill", "B then W")}
+    rows = [("fused", "async", "blocking"), ("split", f"chunked:{args.chunks}", "blocking"),
+            ("fill", "fill", "B then W"), ("regather", "double-buffered", "serial"),
+            ("regather", "double-buffered", "kept")]
     what = {"fused": "fused BW (backward + weight gradients)", "split": "split B (input gradients only)",
-            "fill": "B(1) + W(0)"}
+            "fill": "B(1) + W(0)", "regather": "W with sequence parallelism"}
+    label = {"double-buffered": "double-buffered re-gather", "serial": "serial re-gather",
+             "kept": "gathered input kept from F"}
     lines = ["| comparison | link | overlap (ms) | control (ms) | overlap/control (median of pairs) | saved (ms) | "
              "ideal saving (ms) | saved / ideal |", "|---|---|---|---|---|---|---|---|"]
-    for comp in ("fused", "split", "fill"):
+    for comp, a_name, b_name in rows:
         for link in ("emulated", "real"):
-            a_name, b_name = names[comp]
             ta, tb = res["times"][(link, comp)][a_name], res["times"][(link, comp)][b_name]
             ratio = median(paired_ratios(ta, tb))
             saved = median(tb) - median(ta)
             lk = f"emulated, {res['delay_ms']:g} ms" if link == "emulated" else "real gloo"
-            idl = res["ideal"][(link, comp)]
-            lines.append(f"| {what[comp]}: {a_name} vs {b_name} | {lk} | {ms(median(ta))} | {ms(median(tb))} | "
-                         f"{ratio:.3f} | {ms(saved)} | {ms(idl)} | {saved / idl:.2f} |")
+            idl = res["ideal"][(link, comp)] if b_name != "kept" else None  # vs kept: nothing to hide, only to pay
+            lines.append(f"| {what[comp]}: {label.get(a_name, a_name)} vs {label.get(b_name, b_name)} | {lk} | "
+                         f"{ms(median(ta))} | {ms(median(tb))} | {ratio:.3f} | {ms(saved)} | "
+                         + (f"{ms(idl)} | {saved / idl:.2f} |" if idl else "- | - |"))
     lines.append("")
     lines.append(f"Model: one middle chunk of {L} decoder layers, dim {args.dim}, 8 heads (4 key/value heads), "
                  f"{args.tokens} tokens per microbatch, tp 2 ({res['params'] / 1e6:.2f} M parameters per rank). "
                  f"Measured: one w1/w3 group's wgrad GEMMs {ms(res['wgrad_ffn_s'])} ms, one q/k/v group's "
                  f"{ms(res['wgrad_qkv_s'])} ms, one W (every GEMM) {ms(res['wgrad_all_s'])} ms, a real gloo all-reduce of one input gradient "
-                 f"({args.tokens} x {args.dim} fp32) {ms(res['real_collective_s'])} ms. {args.pairs} pairs per row; "
+                 f"({args.tokens} x {args.dim} fp32) {ms(res['real_collective_s'])} ms. The W with sequence parallelism: "
+                 f"{args.sp_layers} decoder layers ({2 * args.sp_layers} re-gathers of {args.tokens} x {args.dim} fp32 each), "
+                 f"the column groups' inputs kept as sequence shards. "
+                 f"{args.pairs} pairs per row; "
                  f"{platform.machine()}, load average {load0:.1f} before, {load1:.1f} after ({os.cpu_count()} CPUs); "
                  f"bench wall time {wall:.0f} s.")
     table = "\n".join(lines) + "\n"

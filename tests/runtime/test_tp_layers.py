@@ -16,6 +16,7 @@ from pipeloom.autograd.splitgrad import SplitGrad, deferred_share, weight_grads
 from pipeloom.models.llama import LlamaConfig, build_chunk_modules, build_reference, loss_fn, synthetic_batch
 from pipeloom.models.tp import (build_tp_chunk_modules, check_tp, gather_full, reduce_replicated_grads,
                                 vocab_parallel_cross_entropy)
+from pipeloom.models.tp_comm import regather_wgrad
 from pipeloom.runtime.launch import spawn
 
 TOL = 1e-5
@@ -76,7 +77,8 @@ def _run_tp(cfg, tp: int, group, split: bool, pipeline: bool, seed: int, sp: boo
         for p in (p for m in chunks for p in m.parameters()):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        weight_grads(stash, lambda p: p.grad)
+        # W: sequence-parallel column groups kept their input's shard and gather it again (double-buffered)
+        regather_wgrad(stash, lambda es: weight_grads(es, lambda p: p.grad))
     reduced = reduce_replicated_grads([p for m in chunks for p in m.parameters()], group)
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     ref_params = dict(ref.named_parameters())

@@ -4,6 +4,11 @@ equals the single-process reference (loss, every gradient gathered from the TP s
 step), and every overlap mode (``async``, ``chunked:2``, ``fill``) gives BITWISE the same losses, per-rank
 gradient digests and parameters as ``off``.
 
+With sequence parallelism a column-parallel group keeps its input's shard and gathers it again for its weight
+gradients (double-buffered in W, started before the dgrad in a fused backward): every SP cell re-gathers, and
+``zbv`` with ``keep_gathered_input`` (the gathered input kept from F) covers the other path, ``off`` against the
+reference and ``fill`` bitwise against it.
+
 tests/runtime/test_tp_run.py and test_tp_overlap.py check parts of this matrix with extra counters; this file is
 the one place that covers every (schedule, SP, mode) cell. Process start dominates, so all 48 cells run in ONE
 process group of 4 ranks, in sequence, and rank 0 returns their results."""
@@ -35,7 +40,10 @@ def test_every_schedule_sp_and_overlap_mode_matches_the_reference_and_off_bitwis
     cells = [(name, sp, mode) for name in SCHEDULES for sp in (False, True) for mode in MODES]
     cases = [dict(schedule=SCHEDULES[name], sequence_parallel=sp, tp_overlap=mode, verify=mode == "off", **SMALL)
              for name, sp, mode in cells]
-    res = dict(zip(cells, spawn(cases_worker, 4, (cases,), timeout_s=600)))
+    keep = [("zbv", "keep", "off"), ("zbv", "keep", "fill")]  # the gathered input kept from F to W
+    cases += [dict(schedule="zbv", sequence_parallel=True, keep_gathered_input=True, tp_overlap=mode,
+                   verify=mode == "off", **SMALL) for _, _, mode in keep]
+    res = dict(zip(cells + keep, spawn(cases_worker, 4, (cases,), timeout_s=600)))
     for name in SCHEDULES:
         for sp in (False, True):
             base = res[(name, sp, "off")]
@@ -54,6 +62,23 @@ def test_every_schedule_sp_and_overlap_mode_matches_the_reference_and_off_bitwis
     count = lambda r, what: sum(b[what] for b in r["rank_bytes"])  # noqa: E731
     assert all(count(res[(n, sp, "off")], w) == 0 for n in SCHEDULES for sp in (False, True)
                for w in ("tp_fused_gemms", "tp_chunked_pieces", "tp_filled_gemms"))
+    # re-gather: every SP cell gathers its column groups' inputs again (without SP and with the inputs kept, none);
+    # double-buffered (a gather started under the previous group's GEMMs) in every mode but off
+    for n in SCHEDULES:
+        for mode in MODES:
+            assert count(res[(n, True, mode)], "tp_regathers") > 0, (n, mode)
+            assert count(res[(n, False, mode)], "tp_regathers") == 0, (n, mode)
+            if mode == "off" or n in ("1f1b", "interleaved"):  # blocking, or every backward fused (no W job)
+                assert count(res[(n, True, mode)], "tp_regathers_prefetched") == 0, (n, mode)
+            elif n in ("zbv", "random"):  # W jobs apart from their B: their gathers double-buffered
+                assert count(res[(n, True, mode)], "tp_regathers_prefetched") > 0, (n, mode)
+    kb = res[("zbv", "keep", "off")]
+    assert kb["keep_gathered_input"] is True and kb["sequence_parallel"] is True
+    assert kb["max_loss_diff"] <= TOL and kb["max_grad_diff"] <= TOL and kb["max_param_diff"] <= REF_PARAM_TOL
+    assert _digest(res[("zbv", "keep", "fill")]) == _digest(kb)
+    assert count(kb, "tp_regathers") == count(res[("zbv", "keep", "fill")], "tp_regathers") == 0
+    # kept or gathered again: the same gradients (an all-gather copies; W's arithmetic is the same)
+    assert _digest(kb) == _digest(res[("zbv", True, "off")])
     for sp in (False, True):
         assert count(res[("1f1b", sp, "async")], "tp_fused_gemms") > 0
         assert count(res[("zbv", sp, "chunked:2")], "tp_chunked_pieces") > 0

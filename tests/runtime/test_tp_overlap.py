@@ -99,6 +99,7 @@ def test_overlap_modes_and_delayed_link_are_bitwise_equal_to_off():
     (dict(tp_overlap="async"), "--tp-overlap is about tensor-parallel collectives: it needs --tp > 1"),
     (dict(tp_link_delay_ms=2.0), "--tp-link-delay is about tensor-parallel collectives"),
     (dict(tp=2, tp_link_delay_ms=-1.0), "--tp-link-delay must be a finite number of milliseconds >= 0"),
+    (dict(tp=2, keep_gathered_input=True), "--keep-gathered-input is about sequence parallelism"),
 ])
 def test_bad_overlap_options_are_one_line(kw, msg):
     with pytest.raises(ValueError) as e:

@@ -66,12 +66,14 @@ def test_cli_run_tp2_sequence_parallel_json_verify(capsys):
     import json
 
     from pipeloom.cli import main
-    rc = main(["run", "--schedule", "1f1b", "--pp", "2", "--tp", "2", "--sequence-parallel", "--microbatches", "2",
-               "--steps", "2", "--seq-len", "8", "--verify", "--json"])  # the default microbatch size (2)
-    out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["verified"] is True
-    assert out["tp"] == 2 and out["sequence_parallel"] is True and out["steps"] == 2
-    assert out["max_loss_diff"] <= TOL and out["max_grad_diff"] <= TOL
+    for keep in ([], ["--keep-gathered-input"]):  # the column groups' inputs gathered again in W (default), or kept
+        rc = main(["run", "--schedule", "1f1b", "--pp", "2", "--tp", "2", "--sequence-parallel", "--microbatches", "2",
+                   "--steps", "2", "--seq-len", "8", "--verify", "--json", *keep])  # the default microbatch size (2)
+        out = json.loads(capsys.readouterr().out)
+        assert rc == 0 and out["verified"] is True
+        assert out["tp"] == 2 and out["sequence_parallel"] is True and out["steps"] == 2
+        assert out["keep_gathered_input"] is bool(keep)
+        assert out["max_loss_diff"] <= TOL and out["max_grad_diff"] <= TOL
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -68,6 +68,9 @@ def test_no_tp_weight_gradient_after_b_and_tp_wait_in_the_logs(tmp_path):
     assert jobs and all("tp_comm" in ev and ev["tp_comm"] >= 0.0 for ev in jobs)
     # every collective of the delayed link lands >= 3 ms late (a chunked piece 1.5 ms): B jobs wait for them
     assert max(ev["tp_comm"] for ev in jobs if ev["kind"] == "B") >= 1.5e-3
+    # sequence parallelism: a W apart from its B gathers the column groups' inputs again and waits at least for
+    # its first gather (a W right after its own B finds them done: the fused B gathered them)
+    assert max(ev["tp_comm"] for ev in jobs if ev["kind"] == "W") >= 3e-3 * 0.9
 
 
 def test_a_tp_peer_that_never_arrives_is_named_within_the_timeout():

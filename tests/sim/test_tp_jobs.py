@@ -100,3 +100,42 @@ def test_simulated_mode_ordering_matches_the_committed_measurement():
     # the predicted-beside-measured table in the docs is this prediction
     for line in mod.table(text).splitlines()[2:]:
         assert line in text, line
+
+
+def _reg(sched, mode, regather, n=2, comm=4.0, share=0.5, dB=2.0, dW=3.0):
+    nc = sched.num_chunks
+    return tp_job_durations(sched, [1.0] * nc, [dB] * nc, [dW] * nc,
+                            TPJobTerms(comm, share, mode, 1, regather=regather, regather_groups=n))
+
+
+def test_regather_by_hand_per_job():
+    """Sequence parallelism: W re-gathers the column groups' inputs double-buffered; a fused B or BW starts each
+    gather before its group's dgrad; off runs them blocking; a W after its fused B has nothing left to gather."""
+    # re-gather 2 in 2 groups (c = 1) under a W of 3 (1.5 per group): only the first gather shows
+    off, det0 = _reg(PLAN, "off", 2.0)
+    assert off[0][3] == 3 + 2 and off[0][7] == off[0][8] == 3 + 2 and det0["tp_regather_exposed"] == 6
+    asy, det = _reg(PLAN, "async", 2.0)
+    assert asy[0][7] == asy[0][8] == pytest.approx(3 + chunked_exposed(2.0, 3.0, 2)) == pytest.approx(3 + 1)
+    # B0 fused with W0: its gathers under the column dgrad (share 0.5 x B 2 = 1): 2 - 1 exposed; W0 none
+    assert asy[0][2] == pytest.approx(2 + (4 - 1.5) + (2 - 1)) and asy[0][3] == 3
+    assert det["tp_regather_exposed"] == pytest.approx(1 + 1 + 1)
+    # gathers longer than the GEMMs: 4 in 2 groups under a W of 3: 2 + max(0, 2 - 1.5)
+    assert _reg(PLAN, "async", 4.0)[0][0][7] == pytest.approx(3 + 2.5)
+    # none (kept inputs): the plain durations
+    assert _reg(PLAN, "async", 0.0)[0] == _dur(PLAN, "async")[0]
+    bw = _sched((F, 0, 0), (BW, 0, 0), m=1)
+    assert _reg(bw, "async", 2.0)[0][0][1] == pytest.approx(2 + 3 + 2.5 + 1)
+
+
+def test_fill_moves_only_row_parallel_work_when_inputs_are_gathered_again():
+    # W1 movable: its row-parallel share (1 - 0.5) x 3 = 1.5, not the column groups whose inputs need a gather
+    d, det = _reg(PLAN, "fill", 2.0)
+    assert det["tp_fill_moved"] == pytest.approx(1.5)
+    assert d[0][7] == pytest.approx(1.5 + chunked_exposed(2.0, 1.5, 2))
+
+
+def test_bad_regather_is_refused():
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        TPJobTerms(1.0, regather=-1.0)
+    with pytest.raises(ValueError, match="groups"):
+        TPJobTerms(1.0, regather=1.0, regather_groups=0)

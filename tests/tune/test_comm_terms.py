@@ -54,9 +54,31 @@ def test_async_hides_the_dgrad_reduce_behind_the_wgrad_only_in_a_fused_backward(
     assert fused["B"]["tp_grad_gather"][1] == pytest.approx(2 * G)
     # a fast GEMM hides all of it
     assert _terms("async", True, RATE_SLOW_GEMM * 1e-3)["B"]["tp_dgrad_reduce"][1] == 0.0
-    # W has no collective: the runtime keeps the gathered column inputs from F (no re-gather charged)
-    assert fused["W"] == {} and split["W"] == {}
-    assert ct.exposed(split, "W") == 0.0 and ct.exposed(_terms("off", False, RATE_SLOW_GEMM), "W") == 0.0
+    # W re-gathers the column groups' inputs (split: in W; fused: in the BW's B part); kept inputs: no W term
+    assert fused["W"] == {} and set(split["W"]) == {"tp_input_regather"}
+    assert "tp_input_regather" in fused["B"]
+    kept = ct.tp_layer_terms(M, T, TP, LINK, RATE_SLOW_GEMM, TPOverlap.parse("async"), fused=False, regather=False)
+    assert kept["W"] == {} and "tp_input_regather" not in kept["B"]
+    assert ct.exposed(_terms("off", False, RATE_SLOW_GEMM), "W") == pytest.approx(2 * G)
+
+
+def test_regather_double_buffered_by_hand():
+    # gathers 3, 3, 3 under GEMMs 1, 5: 3 + max(0, 3 - 1) + max(0, 3 - 5) = 5
+    assert ct.regather_exposed([3.0, 3.0, 3.0], [1.0, 5.0, 9.0]) == pytest.approx(5.0)
+    assert ct.regather_exposed([], []) == 0.0
+    # per layer, steady state: QKV's gather under the previous layer's fc1 + fc2 wgrad, fc1's under QKV + proj
+    ov = TPOverlap.parse("async")
+    qkv = 2 * T * 1024 * 3 * 1024 / TP
+    fc1, proj, fc2 = 2 * T * 1024 * 4096 / TP, 2 * T * 1024 * 1024 / TP, 2 * T * 4096 * 1024 / TP
+    rate = (qkv + proj) / (G / 2)  # QKV + proj take G/2: fc1's gather half exposed; fc1 + fc2 (G) hide QKV's
+    total, exp = ct.regather_layer(M, T, TP, LINK, rate, ov, fused=False)
+    assert total == pytest.approx(2 * G)
+    assert (fc1 + fc2) / rate == pytest.approx(G) and exp == pytest.approx(G / 2, abs=1e-12)
+    # fused backward: each gather under its own group's dgrad GEMMs (QKV: G/2 * qkv/(qkv+proj))
+    total, exp = ct.regather_layer(M, T, TP, LINK, rate, ov, fused=True)
+    assert exp == pytest.approx(max(0.0, G - qkv / rate) + max(0.0, G - fc1 / rate))
+    # blocking (off): the whole of both
+    assert ct.regather_layer(M, T, TP, LINK, rate, TPOverlap.parse("off"), fused=False) == (2 * G, 2 * G)
 
 
 def test_chunked_fused_backward_runs_as_async():
@@ -78,7 +100,8 @@ def test_off_exposes_everything():
     for kind in "FBW":
         for total, exp in t[kind].values():
             assert exp == total
-    assert ct.exposed(t, "F") == pytest.approx(4 * G) and ct.exposed(t, "B") == pytest.approx(4 * G)
+    # B of a fused BW: the output-gradient gathers, the dgrad reduce-scatters and the inputs gathered again
+    assert ct.exposed(t, "F") == pytest.approx(4 * G) and ct.exposed(t, "B") == pytest.approx(6 * G)
 
 
 def test_chunked_by_hand():
@@ -124,10 +147,15 @@ def test_layer_times_charge_the_mode():
     off = layer_times(M, GPU_, 0.5, tp_overlap="off", fused=True, **kw)
     fused = layer_times(M, GPU_, 0.5, tp_overlap="async", fused=True, **kw)
     split = layer_times(M, GPU_, 0.5, tp_overlap="async", fused=False, **kw)
-    hidden = fused.parts["tp_terms_s"]["B"]["tp_dgrad_reduce"]["hidden"]
-    assert hidden > 0
+    b = fused.parts["tp_terms_s"]["B"]
+    hidden = b["tp_dgrad_reduce"]["hidden"] + b["tp_input_regather"]["hidden"]
+    assert b["tp_dgrad_reduce"]["hidden"] > 0 and b["tp_input_regather"]["hidden"] > 0
     assert off.B - fused.B == pytest.approx(hidden)
-    assert split.B == pytest.approx(off.B)
+    # a split B keeps its reduce-scatter exposed; the re-gather moves with the weight gradients to W
+    regather = off.parts["tp_terms_s"]["B"]["tp_input_regather"]["total"]
+    assert split.B == pytest.approx(off.B - regather)
+    w = split.parts["tp_terms_s"]["W"]["tp_input_regather"]
+    assert w["total"] == pytest.approx(regather) and split.W - split.parts["compute_W_s"] == pytest.approx(w["exposed"])
     assert fused.F == off.F  # the forward is not overlapped without userbuffers
 
 
@@ -164,7 +192,12 @@ def test_cli_explain_lists_every_communication_term_and_bad_modes_are_one_line()
     assert comm["tp_overlap"] == "chunked:2" and comm["backward"] == "fused BW"
     per = comm["tp_per_layer_and_chunk_pass"]
     assert set(per) == {"F", "B (of a fused BW)", "W"}
-    assert set(per["B (of a fused BW)"]) >= {"tp_grad_gather", "tp_dgrad_reduce"}
+    assert set(per["B (of a fused BW)"]) >= {"tp_grad_gather", "tp_dgrad_reduce", "tp_input_regather"}
+    # a split schedule: the re-gather is W's term
+    r = _cli(*[a if a != "1f1b" else "zbv" for a in base], "--json", "--explain")
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["explain"]["communication"]["tp_per_layer_and_chunk_pass"]["W"]["tp_input_regather"]
+    assert w["total"] == pytest.approx(w["exposed"] + w["hidden"]) and w["total"] > 0
     for term in per["B (of a fused BW)"]["tp_dgrad_reduce"], per["F"]["tp_forward"]:
         assert term["total"] == pytest.approx(term["exposed"] + term["hidden"]) and term["total"] > 0
     assert comm["dp"]["bucket_params"] == 1000

@@ -46,8 +46,9 @@ def add_parser(sub) -> None:
                    help="Megatron sequence parallelism (split norm/dropout activations over tp)")
     p.add_argument("--keep-gathered-input", action="store_true",
                    help="with --sequence-parallel: the QKV and fc1 inputs stay all-gathered from F to W, as "
-                        "'pipeloom run --tp --sequence-parallel' keeps them (default: Megatron's, the sequence "
-                        "shard saved and gathered again in the backward)")
+                        "'pipeloom run --sequence-parallel --keep-gathered-input' keeps them (default: the sequence "
+                        "shard saved and gathered again before the weight gradients, as Megatron and 'pipeloom run "
+                        "--sequence-parallel' do)")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none",
                    help="activation recompute: selective = attention core, full = keep layer inputs only "
                         "(default: %(default)s)")

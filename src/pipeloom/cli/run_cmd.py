@@ -116,7 +116,10 @@ def add_parser(sub) -> None:
                         "kv_heads or be a multiple of it); world size = pp*dp*tp (default: %(default)s)")
     p.add_argument("--sequence-parallel", action="store_true", default=False,
                    help="with --tp > 1: norms and the activations between stages on seq_len/tp tokens per rank "
-                        "(all-gather before, reduce-scatter after the tensor-parallel GEMMs)")
+                        "(all-gather before, reduce-scatter after the tensor-parallel GEMMs; W gathers the shards again)")
+    p.add_argument("--keep-gathered-input", action="store_true", default=False,
+                   help="with --sequence-parallel: keep the column groups' gathered inputs from F to W, no re-gather "
+                        "(more memory: 'pipeloom memory --keep-gathered-input')")
     p.add_argument("--tp-overlap", type=_tp_overlap, default="off", metavar="MODE",
                    help="with --tp > 1: what a column-parallel layer's input-gradient collective overlaps in the "
                         "backward: off; async (its own weight-gradient GEMMs, where the plan fuses B and W or a W "
@@ -253,8 +256,8 @@ def run(args) -> int:
                        "max_param_diff": res["max_param_diff"], "verified": ok} if args.verify else {})
                    | ({"measured_costs": res["planned_costs"]} if cfg.measure_costs else {})
                    | ({"calibration_file": args.calibrate} if args.calibrate else {})
-                   | ({k: res[k] for k in ("tp", "sequence_parallel", "tp_overlap", "tp_link_delay_ms", "tp_comm_wait_s")}
-                      if res.get("tp", 1) > 1 else {})
+                   | ({k: res[k] for k in ("tp", "sequence_parallel", "keep_gathered_input", "tp_overlap", "tp_link_delay_ms",
+                                           "tp_comm_wait_s")} if res.get("tp", 1) > 1 else {})
                    | {k: res[k] for k in ("model", "tied_across_stages", "tied_weight_diff", "deferred_wgrad_share")
                       if k in res})
     else:
@@ -316,7 +319,8 @@ def run_config(args):
                   profile_steps=args.profile_steps, inject_delay=args.inject_delay, timeout_s=args.timeout,
                   dtype=args.dtype, model=model, data=args.data, data_dtype=args.data_dtype,
                   overlap_grad_reduce=args.overlap_grad_reduce, zero=args.zero, rank_order=args.rank_order,
-                  tp_overlap=args.tp_overlap, tp_link_delay_ms=args.tp_link_delay)
+                  tp_overlap=args.tp_overlap, tp_link_delay_ms=args.tp_link_delay,
+                  keep_gathered_input=args.keep_gathered_input)
     if sched is not None:
         split = getattr(args, "layers_per_chunk", None)  # the layer split of the plan (e.g. the tuner's)
         if split:
@@ -455,7 +459,8 @@ def _print_table(res: dict, args, tol: float, ok: bool, *, measured: bool = Fals
     t.add_column("value", justify="right")
     if res.get("tp", 1) > 1:
         t.add_row("pp x vpp x dp x tp", f"{res['pp']} x {res['vpp']} x {res['dp']} x {res['tp']}"
-                  + (" (sequence parallel)" if res.get("sequence_parallel") else ""))
+                  + ((" (sequence parallel, inputs kept for W)" if res.get("keep_gathered_input") else
+                      " (sequence parallel, inputs re-gathered in W)") if res.get("sequence_parallel") else ""))
         t.add_row("tp overlap", res["tp_overlap"] + (f" (emulated link: {res['tp_link_delay_ms']:g} ms per collective)"
                                                       if res["tp_link_delay_ms"] else ""))
         t.add_row("tp collectives waited (s/step)", fmt(res["tp_comm_wait_s"]))

@@ -52,9 +52,10 @@ class TrainConfig:
     sent (only its autograd node stays) and its received input is held only as the first layer's saved input;
     False: every chunk but the last also holds its output, per microbatch, until its backward"""
     keep_gathered_input: bool = False
-    """with sequence parallelism: True (pipeloom's TP runtime, :mod:`pipeloom.models.tp_comm`) keeps the
-    all-gathered input of each column-parallel GEMM group (QKV, fc1) from F to its weight gradient, full
-    width; False (Megatron): the sequence shard is saved and all-gathered again in the backward"""
+    """with sequence parallelism: True (``pipeloom run --keep-gathered-input``) keeps the all-gathered input of
+    each column-parallel GEMM group (QKV, fc1) from F to its weight gradient, full width; False (Megatron's and
+    pipeloom's TP runtime's default, :mod:`pipeloom.models.tp_comm`): the sequence shard is saved and
+    all-gathered again before the weight gradients"""
     # MoE, long context, FP8: pipeloom.memory.moe says what they change, pipeloom.models.moe the layout rules
     ep: int = 1
     """expert-parallel degree: experts / ep routed experts per rank, carved out of dp * cp"""

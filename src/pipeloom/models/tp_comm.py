@@ -14,8 +14,10 @@ The column-parallel GEMMs that share one input (q, k, v; w1, w3; the head) are O
 sequence parallelism the all-gather before and the reduce-scatter of the input gradient)::
 
     forward   x_full = x (or all-gather of the sequence shards);  y_i = x_full W_i^T
-    backward  dx = sum_i dy_i W_i  (in K token pieces: chunked:K)   -- each piece's collective starts at once
-              overlapped work (below)
+              keep for dW: x_full, or with sequence parallelism the shard x (a Shard, gathered again)
+    backward  [sequence parallel, fused: start the re-gather of x]   -- before the dgrad, as Megatron
+              dx = sum_i dy_i W_i  (in K token pieces: chunked:K)   -- each piece's collective starts at once
+              overlapped work (below)                    <- a fused dW waits for the re-gather first
               wait for every piece; return dx            <- nothing reads dx before its wait
 
 The overlapped work is chosen by the executor per job through :data:`STATE` (``mode``, ``fuse``):
@@ -34,6 +36,15 @@ mode gives bitwise the same gradients. Whatever consumes a weight gradient (the 
 optimizer) runs after the step's last job, after every GEMM: the two ordering rules of the overlap hold
 by construction. Without a split backward (a plain ``loss.backward()``) the function returns the weight
 gradients to autograd like ``F.linear``.
+
+Sequence parallelism (Megatron's behaviour, brought under the zero-bubble split): the forward all-gathers the
+shards and frees the gathered input after its GEMMs; the group keeps only this rank's shard (:class:`Shard`)
+and whoever computes its weight gradients gathers it again first: a fused backward starts that gather before
+the dgrad and waits for it before the wgrad GEMMs; W (:func:`regather_wgrad`) runs its entries in stash
+order, group k+1's gather started before group k's GEMMs (a double buffer: at most two gathered inputs
+alive). ``fill`` takes only entries whose input is local (row-parallel GEMMs), so every TP rank issues the same
+gathers in the same order whatever the timing. :func:`set_regather` (``False``: ``pipeloom run
+--keep-gathered-input``) keeps the gathered input from F instead.
 """
 from __future__ import annotations
 
@@ -51,7 +62,8 @@ import torch.nn.functional as F
 from .tp_modes import OVERLAP_MODES, parse_overlap  # noqa: F401  (re-exported)
 
 __all__ = ["set_link", "link_delay", "start", "run", "Handle", "STATE", "OverlapState", "parse_overlap",
-           "column_parallel", "ColumnSpec", "comm_stats", "OVERLAP_MODES", "TPPeerError"]
+           "column_parallel", "ColumnSpec", "comm_stats", "OVERLAP_MODES", "TPPeerError", "Shard", "set_regather",
+           "regather_wgrad"]
 
 
 class TPPeerError(RuntimeError):
@@ -83,6 +95,7 @@ class _Wire(threading.Thread):
             except BaseException as e:  # reported by the waiter
                 item.error = e
             item.event.set()
+            item = None  # not kept (with its result buffer) until the next collective arrives
 
 
 class _Pending:
@@ -92,7 +105,7 @@ class _Pending:
         self.fn, self.ready_at, self.event, self.error = fn, ready_at, threading.Event(), None
 
 
-_LINK: dict = {"delay_s": 0.0, "rng": None, "wire": None, "timeout_s": None}
+_LINK: dict = {"delay_s": 0.0, "rng": None, "wire": None, "timeout_s": None, "regather": True}
 
 
 @dataclass(slots=True)
@@ -102,6 +115,8 @@ class _Stats:
     fused: int = 0           # weight-gradient GEMMs run under their own layer's collective (async)
     filled: int = 0          # queued weight-gradient GEMMs of an earlier microbatch run under a collective (fill)
     pieces: int = 0          # input-gradient collectives started as one piece of a chunked dgrad
+    regathers: int = 0       # all-gathers of a sequence-parallel column group's input for its weight gradients
+    prefetched: int = 0      # of those, started before the previous group's weight-gradient GEMMs (double buffer)
 
 
 _STATS = _Stats()
@@ -110,7 +125,8 @@ _STATS = _Stats()
 def comm_stats() -> _Stats:
     """This process's running totals: ``exposed_s`` (seconds waited for TP collectives), ``count`` (collectives
     started), ``fused`` / ``filled`` (weight-gradient GEMMs run under a collective by async / fill), ``pieces``
-    (collectives of chunked input gradients)."""
+    (collectives of chunked input gradients), ``regathers`` (sequence-parallel inputs gathered again for their
+    weight gradients) and ``prefetched`` (of those, started under the previous group's weight-gradient GEMMs)."""
     return _STATS
 
 
@@ -255,6 +271,84 @@ class ColumnSpec:
     what: str
 
 
+class Shard:
+    """A sequence-parallel column group's input as its backward keeps it (Megatron's accounting): this rank's
+    sequence shard ``x`` (batch, seq/t, in), all-gathered again by :meth:`start` right before the group's
+    weight gradients. The group's stash entries share one ``Shard`` as their input (``[module, shard, dy]``):
+    :func:`regather_wgrad` (or the fused backward) gathers it once for all of them."""
+
+    __slots__ = ("x", "spec")
+
+    def __init__(self, x: torch.Tensor, spec: "ColumnSpec") -> None:
+        self.x, self.spec = x, spec
+
+    def start(self) -> Handle:
+        """Start the all-gather; the handle's :meth:`Handle.wait` returns the gathered (batch, seq, in) input,
+        laid out as the forward's (so every weight gradient is bitwise the one from a kept input)."""
+        t = dist.get_world_size(self.spec.group)
+        xs = _seq_first(self.x)
+        out = xs.new_empty((xs.shape[0] * t, *xs.shape[1:]))
+        h = start("all_gather", out, xs, self.spec.group, what=f"re-gather of {self.spec.what} input")
+        h.finish = lambda: out.transpose(0, 1)
+        _STATS.regathers += 1
+        return h
+
+
+def set_regather(on: bool = True) -> None:
+    """With sequence parallelism: ``True`` (the default) a column group keeps only its input's sequence shard for
+    its weight gradients and gathers it again before them (:class:`Shard`); ``False`` keeps the all-gathered input
+    from the forward (``pipeloom run --keep-gathered-input``). Read by each forward: set it before a step."""
+    _LINK["regather"] = bool(on)
+
+
+def regather_wgrad(stash: list, wgrad: Callable[[list], None], *, prefetch: bool = True) -> None:
+    """Compute a split backward's ``stash`` in order with ``wgrad`` (the executor's W arithmetic on a list of
+    entries), gathering each sequence-parallel column group's input (:class:`Shard`) first, then empty it.
+
+    ``prefetch`` (double buffer): group k+1's all-gather starts before group k's weight-gradient GEMMs (and the
+    row-parallel GEMMs between the two groups), so each gather runs under the GEMMs before it and at most two
+    gathered inputs are alive (k's, in use, and k+1's, in flight). Exposed: the first gather and
+    ``max(0, gather_k - gemm_{k-1})`` per later one (:func:`pipeloom.tune.comm_terms.regather_exposed`). Without
+    it each gather is started and waited right before its group (serial). Every TP rank issues the same gathers
+    in the same order: one per group with pending entries, in stash order (fill never takes a group's entries,
+    a fused backward takes all of them). Entries are computed in stash order, so each parameter accumulates as
+    :func:`pipeloom.autograd.splitgrad.weight_grads` on the whole stash would."""
+    items: list[tuple[Shard | None, list]] = []
+    for e in stash:
+        if e[2] is None:
+            continue  # done already, or its output never reached the loss
+        sh = e[1] if isinstance(e[1], Shard) else None
+        if sh is not None and items and items[-1][0] is sh:
+            items[-1][1].append(e)
+        else:
+            items.append((sh, [e]))
+    order = iter([k for k, (sh, _) in enumerate(items) if sh is not None])
+    inflight: dict[int, Handle] = {}
+
+    def launch(under_gemms: bool) -> None:
+        k = next(order, None)
+        if k is not None:
+            inflight[k] = items[k][0].start()
+            _STATS.prefetched += under_gemms
+
+    if prefetch:
+        launch(False)
+    for k, (sh, es) in enumerate(items):
+        if sh is not None:
+            if k not in inflight:
+                launch(False)
+            x_full = inflight.pop(k).wait()
+            if prefetch:
+                launch(True)  # the next group's gather under this group's GEMMs
+            for e in es:
+                e[1] = x_full
+            del x_full
+        wgrad(list(es))
+        for e in es:
+            e[1] = e[2] = None
+    stash.clear()
+
+
 class _ColumnGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec: ColumnSpec, *weights):
@@ -262,28 +356,41 @@ class _ColumnGroup(torch.autograd.Function):
         ys = tuple(F.linear(x_full, w) for w in weights)
         stash = getattr(spec.modules[0], "split_stash", None)
         ctx.spec = spec
+        ctx.regather = spec.sequence_parallel and _LINK["regather"]  # keep the shard, gather again for dW
         if stash is not None:  # the split backward defers these weight gradients: entries as its hooks make
-            ctx.entries = [[m, x_full.detach(), None] for m in spec.modules]
+            held = Shard(x.detach(), spec) if ctx.regather else x_full.detach()
+            ctx.entries = [[m, held, None] for m in spec.modules]
             stash.extend(ctx.entries)
             ctx.save_for_backward(*weights)
         else:
             ctx.entries = None
-            ctx.save_for_backward(x_full, *weights)
+            ctx.save_for_backward(x if ctx.regather else x_full, *weights)
         return ys
 
     @staticmethod
     def backward(ctx, *dys):
         spec, st = ctx.spec, STATE
+        gather = None
         if ctx.entries is None:
-            x_full, *weights = ctx.saved_tensors
+            held, *weights = ctx.saved_tensors
+            if ctx.regather and any(_wanted(ctx, 1 + i) for i in range(len(weights))):
+                gather = Shard(held, spec).start()  # Megatron: the re-gather before the dgrad, waited before dW
         else:
-            x_full, weights = None, ctx.saved_tensors
+            weights = ctx.saved_tensors
             for e, dy in zip(ctx.entries, dys):
                 e[2] = dy
+        fuse = ctx.entries is not None and st.fuse and st.mode != "off" and st.wgrad is not None
+        todo = [e for e in ctx.entries if e[2] is not None] if fuse else []
+        if todo and isinstance(todo[0][1], Shard):
+            gather = todo[0][1].start()
         pieces = st.chunks if st.mode == "chunked" and not st.fuse and ctx.entries is not None else 1
         handles, finish = _dgrad_start(dys, weights, spec, pieces)
-        if ctx.entries is not None and st.fuse and st.mode != "off" and st.wgrad is not None:
-            todo = [e for e in ctx.entries if e[2] is not None]
+        if fuse:
+            if gather is not None:
+                x_full = gather.wait()
+                for e in todo:
+                    e[1] = x_full
+                del x_full
             st.wgrad(todo)  # Megatron's fused BW: the weight-gradient GEMMs under the collective
             _STATS.fused += len(todo)
             for e in ctx.entries:
@@ -295,6 +402,7 @@ class _ColumnGroup(torch.autograd.Function):
         dx = finish()
         dws = [None] * len(weights)
         if ctx.entries is None:
+            x_full = gather.wait() if gather is not None else held
             for i, (w, dy) in enumerate(zip(weights, dys)):
                 if _wanted(ctx, 1 + i):
                     dws[i] = dy.reshape(-1, dy.shape[-1]).t().mm(x_full.reshape(-1, x_full.shape[-1])).to(w.dtype)

@@ -136,6 +136,10 @@ class RunConfig:
     (a piece of a chunked one its share), waiting on a communication thread, no CPU used"""
     tp_link_jitter: bool = False
     """testing: each TP collective's link delay is drawn at random in [0, tp_link_delay_ms] (the race detector)"""
+    keep_gathered_input: bool = False
+    """with sequence parallelism: keep each column-parallel group's all-gathered input from F to its weight
+    gradient (``pipeloom memory --keep-gathered-input`` counts it); False (the default, Megatron's): keep the
+    sequence shard and gather it again before the weight gradients, double-buffered in W"""
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "tp", "microbatches", "steps", "microbatch_size", "seq_len", "dim", "calibrate_steps"):
@@ -153,6 +157,9 @@ class RunConfig:
             raise ValueError(f"zero must be 0 (replicated optimizer) or 1 (ZeRO-1: sharded over dp), got {self.zero!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("--sequence-parallel splits the sequence over the tensor-parallel ranks: it needs --tp > 1")
+        if self.keep_gathered_input and not self.sequence_parallel:
+            raise ValueError("--keep-gathered-input is about sequence parallelism (the column-parallel groups' "
+                             "gathered inputs): it needs --sequence-parallel")
         if self.sequence_parallel and self.seq_len % self.tp:
             raise ValueError(f"--sequence-parallel: --seq-len {self.seq_len} must be a multiple of --tp {self.tp} "
                              f"(each TP rank holds seq_len/tp tokens)")

@@ -113,9 +113,10 @@ def worker(cfg: RunConfig) -> dict:
                              "supported: ZeRO-1 keeps the reduced gradients in shards; use --zero 0")
     elif tp_group is not None:
         from ..models.tp import build_tp_chunk_modules
-        from ..models.tp_comm import set_link
+        from ..models.tp_comm import set_link, set_regather
         set_link(cfg.tp_link_delay_ms / 1e3, jitter_seed=cfg.seed * 7919 + rank if cfg.tp_link_jitter else None,
                  timeout_s=cfg.timeout_s)
+        set_regather(not cfg.keep_gathered_input)
         mods = build_tp_chunk_modules(mcfg, split, cfg.seed, group=tp_group, chunks=mine, device=device,
                                       sequence_parallel=cfg.sequence_parallel)
     else:
@@ -239,6 +240,7 @@ def worker(cfg: RunConfig) -> dict:
         dist.all_reduce(d, op=dist.ReduceOp.MAX)
         out["tp_replica_param_diff"] = d[0].item()
         out["tp_overlap"], out["tp_link_delay_ms"] = cfg.tp_overlap, cfg.tp_link_delay_ms
+        out["keep_gathered_input"] = cfg.keep_gathered_input
         out["tp_comm_wait_s"] = d[1].item()  # per step (median), the slowest rank: TP collectives not hidden
     out["deferred_wgrad_share"] = _deferred_shares(ex, cfg, mcfg, sched, dp_rank)
     if cfg.measure_links:

@@ -43,7 +43,7 @@ from .commplan import Msg, build_comm_plan, needed, produced
 from ..trace.writer import JobLog
 from .p2p import P2P, PeerError
 from .grads import GradBuffer, GradReducer, barrier, make_reducer
-from ..autograd.splitgrad import SplitGrad, weight_grads
+from ..autograd.splitgrad import SplitGrad
 from .timing import StepStats, _After, _Timer
 from .tp_overlap import TPOverlap
 from .reference import reference_step
@@ -398,7 +398,7 @@ class PipelineExecutor:
             grads = self._backward(k, y, dy, x, wrt, params, split, want_dx)
         del y, dy
         if job.kind is Kind.BW and split:  # a deferring BW: its weight gradients now
-            weight_grads(self._stash.pop((m, k)), self.grads.views.get)
+            self.tp.weight_grads(self._stash.pop((m, k)), self.grads.views.get)
         if k > 0:
             dx = grads[0] if want_dx and grads[0] is not None else torch.zeros_like(x)
             self._give(Msg("grad", m, k), dx, job)
@@ -438,7 +438,7 @@ class PipelineExecutor:
         if stash is None:
             raise ScheduleRuntimeError(f"rank {dist.get_rank()}: job {job} has nothing to do: F{m}.{k} ran "
                                        "without deferral or B has not run")
-        weight_grads(stash, self.grads.views.get)
+        self.tp.weight_grads(stash, self.grads.views.get)  # TP: re-gathers sequence-parallel inputs first
 
     # ------------------------------------------------------------------ messages
     def _receive(self, job: Job) -> None:

@@ -19,6 +19,13 @@ same order per parameter: the modes give bitwise equal gradients.
 Fill takes W work only where that keeps each parameter's accumulation order: from the earliest W job
 after the current one, whose B has run, when it is not the current pair's and no BW of its chunk lies in
 between; one GEMM at a time, while the collective is still in flight. The W job later does what is left.
+How much fill takes depends on timing, so it takes only GEMMs whose input is local: with sequence parallelism
+(and re-gather, the default) a column group's input must be gathered again, a collective every TP rank must
+issue at the same point, so fill skips those groups (the row-parallel GEMMs remain) and leaves them to W.
+
+W (and the weight gradients of a BW, and of a fused B) run through :meth:`TPOverlap.weight_grads`: the stash
+in order, each sequence-parallel column group's input re-gathered first (:func:`pipeloom.models.tp_comm.regather_wgrad`),
+double-buffered in every mode but ``off`` (where every TP collective is blocking).
 """
 from __future__ import annotations
 
@@ -60,6 +67,14 @@ class TPOverlap:
             if j.kind is Kind.BW:
                 self.bw_at.setdefault(j.chunk, []).append(i)
 
+    def weight_grads(self, stash: list, grad_of: Callable) -> None:
+        """W of one stash (and the rest of a BW's): :func:`~pipeloom.autograd.splitgrad.weight_grads`, with each
+        sequence-parallel column group's input gathered again first (double-buffered unless the mode is off)."""
+        if any(isinstance(e[1], tp_comm.Shard) for e in stash):
+            tp_comm.regather_wgrad(stash, lambda es: weight_grads(es, grad_of), prefetch=self.mode != "off")
+        else:
+            weight_grads(stash, grad_of)
+
     @contextmanager
     def backward(self, i: int, job: Job, stashes: dict, outs: dict, grad_of: Callable) -> Iterator[None]:
         """Around the backward of job ``i`` (B or BW): what its column-parallel groups overlap."""
@@ -88,8 +103,8 @@ class TPOverlap:
             if any(i < b < j for b in self.bw_at.get(mk[1], ())):  # a BW of that chunk adds first
                 return
             for e in stash:
-                if e[2] is None:
-                    continue  # done already, or its output never reached the loss
+                if e[2] is None or isinstance(e[1], tp_comm.Shard):
+                    continue  # done already, its output never reached the loss, or its input must be gathered
                 if done():
                     return
                 weight_grads([e], grad_of)

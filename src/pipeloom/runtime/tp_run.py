@@ -55,11 +55,12 @@ def grad_digest(ex: PipelineExecutor) -> str:
 
 def tp_counts(since: dict | None = None) -> dict:
     """This rank's TP overlap counters (``tp_comm.comm_stats``) since ``since``: collectives, fused and filled
-    weight-gradient GEMMs, chunked pieces."""
+    weight-gradient GEMMs, chunked pieces, sequence-parallel inputs gathered again for their weight gradients
+    (``tp_regathers``) and, of those, started under the previous group's GEMMs (``tp_regathers_prefetched``)."""
     from ..models.tp_comm import comm_stats
     st = comm_stats()
     now = {"tp_collectives": st.count, "tp_fused_gemms": st.fused, "tp_filled_gemms": st.filled,
-           "tp_chunked_pieces": st.pieces}
+           "tp_chunked_pieces": st.pieces, "tp_regathers": st.regathers, "tp_regathers_prefetched": st.prefetched}
     return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
 
 

@@ -19,6 +19,18 @@ column wgrad GEMMs of a W take ``col_share x W`` and the column dgrad GEMMs of a
 TP collectives (the forward's, the output-gradient all-gathers) are the same in every mode: fold them into the
 F and B costs. Fill moves W work into the B (never removes it), from the earliest W jobs after the B on the
 device whose B has run, not the B's own, with no BW of the same chunk in between, as the runtime does.
+
+With sequence parallelism the column groups' inputs are gathered again for their weight gradients (``regather``:
+the gathers of one chunk pass, in ``regather_groups`` equal groups; 0 when the gathered inputs are kept):
+
+    mode     W job                                          BW job / a B whose own W is the next job
+    off      + regather in full                             + regather in full
+    others   + double-buffered: c + (n-1) max(0, c - W'/n)  + max(0, regather - column dgrad GEMMs)
+             c = regather/n, W' = what is left of the W     (each gather started before its group's dgrad)
+
+(:func:`pipeloom.tune.comm_terms.regather_exposed` with equal groups and the W's GEMMs spread evenly over
+them), and fill takes only the row-parallel share ``1 - col_share`` of a W (the runtime never moves a GEMM
+whose input must be gathered: the ranks must issue the same gathers).
 """
 from __future__ import annotations
 
@@ -63,11 +75,19 @@ class TPJobTerms:
     """off, async, chunked or fill"""
     chunks: int = 1
     """token pieces of ``chunked``"""
+    regather: float | tuple[float, ...] = 0.0
+    """sequence parallelism: the all-gathers of one chunk pass's column-parallel inputs for their weight
+    gradients, in cost units (one value, or one per chunk); 0: none (no SP, or the gathered inputs kept)"""
+    regather_groups: int = 2
+    """column groups per chunk pass whose gathers W double-buffers (two per decoder layer)"""
 
     def __post_init__(self) -> None:
-        for v in (self.comm if isinstance(self.comm, tuple) else (self.comm,)):
+        for v in ((self.comm if isinstance(self.comm, tuple) else (self.comm,))
+                  + (self.regather if isinstance(self.regather, tuple) else (self.regather,))):
             if not (v >= 0 and v < float("inf")):
                 raise ValueError(f"tp comm must be a finite number >= 0, got {v}")
+        if not isinstance(self.regather_groups, int) or self.regather_groups < 1:
+            raise ValueError(f"tp re-gather groups must be an integer >= 1, got {self.regather_groups!r}")
         if not 0.0 <= self.col_share <= 1.0:
             raise ValueError(f"tp column share must lie in [0, 1], got {self.col_share}")
         if self.mode not in ("off", "async", "chunked", "fill"):
@@ -88,18 +108,15 @@ def fused_pairs(devices: Sequence[Sequence]) -> set[tuple[int, int]]:
 def tp_job_durations(schedule: Schedule, dF: Sequence[float], dB: Sequence[float], dW: Sequence[float],
                      terms: TPJobTerms) -> tuple[list[list[float]], dict]:
     """``(durations[d][i], detail)``: each job's duration with the exposed TP collective of ``terms.mode``;
-    ``detail``: exposed collective seconds in total, W seconds moved into B by fill, B jobs run fused."""
+    ``detail``: exposed collective seconds in total (the re-gathers' also apart), W seconds moved into B by fill,
+    B jobs run fused."""
     mode, share = terms.mode, terms.col_share
     nc = schedule.num_chunks
-    if isinstance(terms.comm, tuple):
-        if len(terms.comm) != nc:
-            raise ValueError(f"tp comm has {len(terms.comm)} values, the plan has {nc} chunks")
-        comms = list(terms.comm)
-    else:
-        comms = [float(terms.comm)] * nc
+    comms = _per_chunk(terms.comm, nc, "tp comm")
+    regs = _per_chunk(terms.regather, nc, "tp re-gather")
     fused = fused_pairs(schedule.devices) if mode != "off" else set()
     out: list[list[float]] = []
-    exposed_total = moved_total = 0.0
+    exposed_total = moved_total = regather_total = 0.0
     for d, jobs in enumerate(schedule.devices):
         dur = [0.0] * len(jobs)
         moved = [0.0] * len(jobs)          # W work already run inside an earlier B (fill)
@@ -107,19 +124,31 @@ def tp_job_durations(schedule: Schedule, dF: Sequence[float], dB: Sequence[float
         for i, j in enumerate(jobs):
             c = j.chunk
             comm = comms[c]
+            reg, n = regs[c], terms.regather_groups
+            fused_reg = reg if mode == "off" else max(0.0, reg - share * dB[c])  # each under its group's dgrad
             if j.kind is Kind.F:
                 dur[i] = dF[c]
             elif j.kind is Kind.W:
-                dur[i] = max(0.0, dW[c] - moved[i])
+                left = max(0.0, dW[c] - moved[i])
+                if (d, i - 1) in fused:
+                    e = 0.0  # its B (fused) gathered the column groups' inputs
+                else:
+                    e = reg if mode == "off" else chunked_exposed(reg, left, n)  # double-buffered re-gathers
+                dur[i] = left + e
+                exposed_total += e
+                regather_total += e
             elif j.kind is Kind.BW:
-                e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=True)
+                e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=True) + fused_reg
                 dur[i] = dB[c] + dW[c] + e
                 exposed_total += e
+                regather_total += fused_reg
             elif j.kind is Kind.B:
                 if (d, i) in fused:
-                    e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=True)
+                    e = exposed_dgrad(mode, terms.chunks, comm, share * dB[c], share * dW[c], fused=True) + fused_reg
+                    regather_total += fused_reg
                 elif mode == "fill":
-                    took = _fill(jobs, i, pos, dW, moved, comm)
+                    movable = [w * (1.0 - share) if r > 0 else w for w, r in zip(dW, regs)]
+                    took = _fill(jobs, i, pos, movable, moved, comm)
                     e = max(0.0, comm - took)
                     moved_total += took
                 else:
@@ -130,7 +159,16 @@ def tp_job_durations(schedule: Schedule, dF: Sequence[float], dB: Sequence[float
             else:
                 dur[i] = 0.0
         out.append(dur)
-    return out, {"tp_exposed": exposed_total, "tp_fill_moved": moved_total, "tp_fused_b": len(fused)}
+    return out, {"tp_exposed": exposed_total, "tp_fill_moved": moved_total, "tp_fused_b": len(fused),
+                 "tp_regather_exposed": regather_total}
+
+
+def _per_chunk(v, nc: int, what: str) -> list[float]:
+    if isinstance(v, tuple):
+        if len(v) != nc:
+            raise ValueError(f"{what} has {len(v)} values, the plan has {nc} chunks")
+        return [float(x) for x in v]
+    return [float(v)] * nc
 
 
 def _fill(jobs, i: int, pos: dict, dW: Sequence[float], moved: list[float], budget: float) -> float:

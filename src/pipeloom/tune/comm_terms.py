@@ -17,12 +17,15 @@ and an all-reduce of X takes ``2g``. Per layer (attention block, then MLP block)
   what Megatron's ``LinearWithGradAccumulationAndAsyncCommunication`` launches asynchronously and waits for
   after the weight-gradient GEMM (Narayanan et al. 2021, Sec. 4.2; Megatron-LM's
   ``tensor_parallel/layers.py``).
-* weight gradient (W): no collective. pipeloom's runtime keeps the all-gathered input of each
-  column-parallel group from F to W (:mod:`pipeloom.models.tp_comm`; its memory is counted at full width by
-  :func:`pipeloom.memory.layers.layer_activations`), so W does not re-gather it. Megatron instead saves the
-  sequence shard and re-gathers (``2g``, :func:`tp_input_regather`, not charged here): the runtime does not,
-  because ``fill`` decides per rank how much W work runs where, and a W-side re-gather would first need the
-  ranks to agree on it.
+* weight gradient (W): the re-gather (``2g``, :func:`tp_input_regather`). With sequence parallelism a
+  column-parallel group keeps only its input's sequence shard (Megatron's accounting, the default of
+  :func:`pipeloom.memory.layers.layer_activations`) and gathers it again before its weight gradients (Megatron's
+  ``LinearWithGradAccumulationAndAsyncCommunication.backward``; pipeloom's runtime,
+  :func:`pipeloom.models.tp_comm.regather_wgrad`). A split W double-buffers them: group k+1's gather runs under
+  group k's GEMMs (:func:`regather_exposed`); a fused backward starts each group's gather before its dgrad GEMMs
+  and waits before its wgrad ones, ``max(0, g - dgrad of the group)`` per group. ``off`` runs them blocking.
+  With ``regather=False`` (``pipeloom run --keep-gathered-input``: the gathered input kept from F, counted
+  full width by ``pipeloom memory --keep-gathered-input``) there is no W-side collective.
 
 What each mode exposes (:func:`tp_layer_terms`; ``G_*`` are GEMM seconds of the layer on one rank):
 
@@ -126,9 +129,21 @@ def tp_dgrad_reduce(model: ModelConfig, tokens: float, tp: int, link: Link) -> f
 
 
 def tp_input_regather(model: ModelConfig, tokens: float, tp: int, link: Link) -> float:
-    """The all-gather of the QKV and fc1 inputs for their weight gradients that Megatron runs in W (2 g). Not
-    charged by :func:`tp_layer_terms`: pipeloom's runtime keeps the gathered inputs instead (module docstring)."""
+    """The all-gather of the QKV and fc1 inputs for their weight gradients (2 g), run where those are computed
+    (W, or a fused backward): Megatron's and pipeloom's default with sequence parallelism (module docstring)."""
     return 2 * _g(model, tokens, tp, link)
+
+
+def regather_exposed(gathers, gemms) -> float:
+    """Exposed seconds of W's double-buffered re-gathers: ``gathers[k]`` is group k's all-gather, ``gemms[k]`` the
+    weight-gradient GEMMs W runs after waiting for it and before waiting for group k+1's (group k's own and the
+    row-parallel ones that follow it). Gather k+1 starts before group k's GEMMs (at most two gathered inputs
+    alive), so ``gathers[0] + sum_k max(0, gathers[k] - gemms[k-1])`` (:func:`pipeloom.models.tp_comm.regather_wgrad`;
+    Megatron overlaps the same all-gather with the dgrad GEMM of its fused backward)."""
+    gathers, gemms = list(gathers), list(gemms)
+    if not gathers:
+        return 0.0
+    return gathers[0] + sum(max(0.0, g - gemms[k - 1]) for k, g in enumerate(gathers) if k)
 
 
 def column_wgrad_flops(model: ModelConfig, tokens: float) -> float:
@@ -162,13 +177,44 @@ def _userbuffers(comm: float, gemm: float, tp: int) -> float:
 
 
 def tp_layer_terms(model: ModelConfig, tokens: float, tp: int, link: Link, rate: float, overlap: TPOverlap,
-                   *, fused: bool) -> dict:
+                   *, fused: bool, regather: bool = True) -> dict:
     """Every TP term of one layer on one rank (seconds): ``{"F"|"B"|"W": {term: (total, exposed)}}``, where
     ``B`` (with ``fused``) is the B part of a fused BW, whose wgrad GEMMs hide the dgrad reduce-scatter.
-    ``rate``: FLOP/s a rank reaches (peak x efficiency). The module docstring has the rules. ``W`` has no term:
-    the runtime keeps the gathered column-parallel inputs (no re-gather)."""
+    ``rate``: FLOP/s a rank reaches (peak x efficiency). The module docstring has the rules. ``regather``: the
+    column groups' inputs are gathered again for their weight gradients (``tp_input_regather``: in W, or in the
+    B of a fused BW); False: kept from F, no term."""
     if tp <= 1:
         return {"F": {}, "B": {}, "W": {}}
+    terms = _layer_terms(model, tokens, tp, link, rate, overlap, fused=fused)
+    if regather:
+        total, exp = regather_layer(model, tokens, tp, link, rate, overlap, fused=fused)
+        terms["B" if fused else "W"]["tp_input_regather"] = (total, exp)
+    return terms
+
+
+def regather_layer(model: ModelConfig, tokens: float, tp: int, link: Link, rate: float, overlap: TPOverlap,
+                   *, fused: bool) -> tuple[float, float]:
+    """(total, exposed) seconds of one layer's re-gathers (QKV's and fc1's inputs, ``g`` each). Split W, in a
+    chunk's steady state (:func:`regather_exposed`): fc1's gather runs under the QKV and output-projection wgrad
+    GEMMs, the next layer's QKV gather under fc1's and fc2's; the first gather of each W (one ``g`` per chunk
+    pass) is not in this per-layer term. Fused backward: each gather under its own group's dgrad GEMMs. ``off``:
+    blocking, all of it."""
+    g = _g(model, tokens, tp, link)
+    if overlap.mode == "off":
+        return 2 * g, 2 * g
+    h = model.hidden
+    qkv = 2.0 * tokens * h * (model.q_dim + 2 * model.kv_dim) / tp / rate    # its wgrad (and dgrad) GEMMs
+    up = (column_wgrad_flops(model, tokens) / tp / rate) - qkv                # fc1 (gate+up, or the experts')
+    rest = max(0.0, gemm_flops(model, tokens) / tp / rate - qkv - up)         # output projection and fc2
+    proj = min(rest, 2.0 * tokens * h * model.q_dim / tp / rate)              # the output projection
+    if fused:
+        return 2 * g, max(0.0, g - qkv) + max(0.0, g - up)
+    # steady state: [qkv gather under the previous layer's fc1 + fc2, fc1 gather under qkv + proj]
+    return 2 * g, regather_exposed([0.0, g, g], [up + rest - proj, qkv + proj])
+
+
+def _layer_terms(model: ModelConfig, tokens: float, tp: int, link: Link, rate: float, overlap: TPOverlap,
+                 *, fused: bool) -> dict:
     fwd = tp_forward(model, tokens, tp, link)
     gat = tp_grad_gather(model, tokens, tp, link)
     red = tp_dgrad_reduce(model, tokens, tp, link)
@@ -197,5 +243,5 @@ def exposed(terms: dict, kind: str) -> float:
 
 
 __all__ = ["ACT_BYTES", "TPOverlap", "TPOverlapError", "TP_OVERLAP_MODES", "chunked_exposed", "column_share", "column_wgrad_flops",
-           "dgrad_reduce_exposed", "exposed", "gemm_flops", "tp_dgrad_reduce", "tp_forward", "tp_grad_gather", "tp_input_regather",
-           "tp_layer_terms"]
+           "dgrad_reduce_exposed", "exposed", "gemm_flops", "regather_exposed", "regather_layer", "tp_dgrad_reduce", "tp_forward",
+           "tp_grad_gather", "tp_input_regather", "tp_layer_terms"]
