@@ -1799,16 +1799,19 @@ done:
  * The compiled form of the two squeezes of pipeloom.schedule.search.vsqueeze (the Python functions stay the
  * specification; tests/schedule/test_vblock_c.py holds both to identical slot tables):
  *
- * vblock_squeeze(pp, m, ntypes, T, dm, cap, jobs, deps, movable, warm) -> T'   (vsqueeze._squeeze)
- * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vsqueeze._squeeze_implicit_w)
- *   T: the slot table flattened, T[(d * ntypes + k) * m + j] (ntypes 6 or 4; 4 for squeeze_w); dm: per device
- *   the memory change of its 6 types; jobs: the walk of vsqueeze._unsteady_jobs as (t, d, k, j, cool) tuples,
+ * vblock_squeeze(pp, m, ntypes, T, xm, cap, jobs, deps, movable, warm) -> T'   (vsqueeze._squeeze_py)
+ * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vsqueeze._squeeze_implicit_w_py)
+ *   T: the slot table flattened, T[(d * ntypes + k) * m + j] (ntypes 6 or 4; 4 for squeeze_w); xm: per device
+ *   the memory change counted at each of its ntypes types' slots (vsqueeze._type_mem); dm: per device the
+ *   memory change of its 6 types; jobs: the walk of vsqueeze._unsteady_jobs as (t, d, k, j, cool) tuples,
  *   in order; deps: per device and type (pp * 6) the (device, type) pairs of vsqueeze._dep_table, flattened as
  *   4 ints (d1, k1, d2, k2; -1 where absent); movable: the types that may move.
+ * The tables come from vsqueeze (made there once for both forms); each function here writes its move rule once.
  */
-static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssize_t pp, PyObject *o_jobs,
-                           PyObject *o_deps, long **T, double **dm, long **jobs, Py_ssize_t *njobs, long **deps) {
-    if (!(*T = as_longs(o_T, nT, "T")) || !(*dm = as_doubles(o_dm, 6 * pp, "dm")) ||
+static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssize_t ndm, Py_ssize_t pp,
+                           PyObject *o_jobs, PyObject *o_deps, long **T, double **dm, long **jobs, Py_ssize_t *njobs,
+                           long **deps) {
+    if (!(*T = as_longs(o_T, nT, "T")) || !(*dm = as_doubles(o_dm, ndm, "memory changes")) ||
         !(*deps = as_longs(o_deps, 4 * 6 * pp, "deps")))
         return -1;
     PyObject *fj = PySequence_Fast(o_jobs, "jobs");
@@ -1862,8 +1865,8 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
     long pp, m, ntypes;
     double cap;
     int warm;
-    PyObject *o_T, *o_dm, *o_jobs, *o_deps, *o_mov;
-    if (!PyArg_ParseTuple(args, "lllOOdOOOp", &pp, &m, &ntypes, &o_T, &o_dm, &cap, &o_jobs, &o_deps, &o_mov, &warm))
+    PyObject *o_T, *o_xm, *o_jobs, *o_deps, *o_mov;
+    if (!PyArg_ParseTuple(args, "lllOOdOOOp", &pp, &m, &ntypes, &o_T, &o_xm, &cap, &o_jobs, &o_deps, &o_mov, &warm))
         return NULL;
     if (pp < 1 || m < 1 || (ntypes != 4 && ntypes != 6)) {
         PyErr_SetString(PyExc_ValueError, "vblock_squeeze: pp, m >= 1 and ntypes 4 or 6");
@@ -1871,11 +1874,11 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
     }
     const Py_ssize_t nT = pp * ntypes * m;
     long *T = NULL, *jobs = NULL, *deps = NULL, *mov = NULL;
-    double *dm = NULL, *run = NULL, *delta = NULL;
+    double *xm = NULL, *run = NULL, *delta = NULL;
     unsigned char *occ = NULL;
     Py_ssize_t njobs = 0;
     PyObject *result = NULL;
-    if (vb_parse_common(o_T, nT, o_dm, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
+    if (vb_parse_common(o_T, nT, o_xm, pp * ntypes, pp, o_jobs, o_deps, &T, &xm, &jobs, &njobs, &deps) < 0) goto done;
     if (!(mov = as_longs(o_mov, ntypes, "movable"))) goto done;
     long horizon = 0;
     for (Py_ssize_t i = 0; i < nT; i++) {
@@ -1905,11 +1908,11 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    /* the memory a device holds at each slot (W counted where it runs with 6 types, right after its B with 4) */
+    /* the memory a device holds at each slot */
     for (long d = 0; d < pp; d++) {
         for (long t = 0; t <= horizon; t++) delta[t] = 0.0;
         for (long k = 0; k < ntypes; k++) {
-            double x = ntypes == 6 || k < 2 ? dm[d * 6 + k] : dm[d * 6 + k] + dm[d * 6 + (k == 2 ? 4 : 5)];
+            double x = xm[d * ntypes + k];
             for (long j = 0; j < m; j++) {
                 long t = T[(d * ntypes + k) * m + j];
                 occ[d * horizon + t] = 1;
@@ -1929,88 +1932,39 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
         if (!mov[k] || !(warm || cool)) continue;
         if (t < 0 || t >= horizon) continue;
         long dep = vb_dep(T, ntypes, m, deps, d, k, j);
-        double xm = ntypes == 6 || k < 2 ? dm[d * 6 + k] : dm[d * 6 + k] + dm[d * 6 + (k == 2 ? 4 : 5)];
+        const double dx = xm[d * ntypes + k];
         unsigned char *o = occ + d * horizon;
         double *r = run + d * horizon;
         for (long s = dep + 1 < 0 ? 0 : dep + 1; s < t; s++) {
             if (o[s]) continue;
-            if (xm > 0) {
+            if (dx > 0) {
                 double mx = r[s];
                 for (long u = s + 1; u < t; u++)
                     if (r[u] > mx) mx = r[u];
-                if (mx + xm > lim) continue;
+                if (mx + dx > lim) continue;
             }
             o[t] = 0;
             o[s] = 1;
-            for (long u = s; u < t; u++) r[u] += xm;
+            for (long u = s; u < t; u++) r[u] += dx;
             T[(d * ntypes + k) * m + j] = s;
             break;
         }
     }
     result = vb_result(T, nT);
 done:
-    free(T); free(jobs); free(deps); free(mov); free(dm); free(run); free(delta); free(occ);
+    free(T); free(jobs); free(deps); free(mov); free(xm); free(run); free(delta); free(occ);
     return result;
 }
 
-/* vsqueeze._w_states over one row: after each slot the chunk-1 and chunk-0 W still due and the level; the peak */
-static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv) {
+/* vsqueeze._w_walk: THE walk of one row's memory with W in its free slots (chunk 1's first), from slot s on,
+   from the state (s1, s0, lv) held before s; past slot t it stops where its state equals the old one. 1 and
+   *pk = the peak over the job slots walked; 0 as soon as one exceeds cap (unless update: then the states are
+   rewritten instead). vb_w_states (the whole row) and the incremental check of a move are this walk. */
+static int vb_w_walk(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv, Py_ssize_t s,
+                     Py_ssize_t t, double cap, int update, double *pk) {
     long due1 = 0, due0 = 0;
-    double cur = 0.0, pk = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long k = row[i];
-        if (k < 0) {
-            if (due1) {
-                due1 -= 1;
-                cur += dm[4];
-            } else if (due0) {
-                due0 -= 1;
-                cur += dm[5];
-            }
-        } else {
-            cur += dm[k];
-            if (k == 2)
-                due1 += 1;
-            else if (k == 3)
-                due0 += 1;
-            if (cur > pk) pk = cur;
-        }
-        s1[i] = due1, s0[i] = due0, lv[i] = cur;
-    }
-    return pk;
-}
-
-/* vsqueeze._peak_implicit_w */
-static double vb_peak(const long *row, Py_ssize_t n, const double *dm) {
-    long due1 = 0, due0 = 0;
-    double cur = 0.0, pk = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long k = row[i];
-        if (k < 0) {
-            if (due1) {
-                due1 -= 1;
-                cur += dm[4];
-            } else if (due0) {
-                due0 -= 1;
-                cur += dm[5];
-            }
-            continue;
-        }
-        cur += dm[k];
-        if (k == 2)
-            due1 += 1;
-        else if (k == 3)
-            due0 += 1;
-        if (cur > pk) pk = cur;
-    }
-    return pk;
-}
-
-/* vsqueeze._move_fits */
-static int vb_move_fits(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv, long s,
-                        long t, double cap, int update) {
-    long due1 = 0, due0 = 0;
-    double cur = 0.0;
+    double cur = 0.0, p = 0.0;
+    const double lim = cap + 1e-9;
     if (s) due1 = s1[s - 1], due0 = s0[s - 1], cur = lv[s - 1];
     for (Py_ssize_t i = s; i < n; i++) {
         long k = row[i];
@@ -2028,12 +1982,21 @@ static int vb_move_fits(const long *row, Py_ssize_t n, const double *dm, long *s
                 due1 += 1;
             else if (k == 3)
                 due0 += 1;
-            if (cur > cap + 1e-9 && !update) return 0;
+            if (cur > p) p = cur;
+            if (cur > lim && !update) return 0;
         }
-        if (i > t && due1 == s1[i] && due0 == s0[i] && fabs(cur - lv[i]) <= 1e-12) return 1;
+        if (i > t && due1 == s1[i] && due0 == s0[i] && fabs(cur - lv[i]) <= 1e-12) break;
         if (update) s1[i] = due1, s0[i] = due0, lv[i] = cur;
     }
+    *pk = p;
     return 1;
+}
+
+/* vsqueeze._w_states: the walk over the whole row, its states rewritten; the peak */
+static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv) {
+    double pk = 0.0;
+    vb_w_walk(row, n, dm, s1, s0, lv, 0, n, HUGE_VAL, 1, &pk);
+    return pk;
 }
 
 static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
@@ -2049,11 +2012,11 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
     const long ntypes = 4;
     const Py_ssize_t nT = pp * ntypes * m;
     long *T = NULL, *jobs = NULL, *deps = NULL, *rows = NULL, *s1 = NULL, *s0 = NULL;
-    double *dm = NULL, *lv = NULL, *pk = NULL;
+    double *dm = NULL, *lv = NULL;
     unsigned char *fast = NULL;
     Py_ssize_t njobs = 0;
     PyObject *result = NULL;
-    if (vb_parse_common(o_T, nT, o_dm, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
+    if (vb_parse_common(o_T, nT, o_dm, 6 * pp, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
     long horizon = 0;
     for (Py_ssize_t i = 0; i < nT; i++) {
         if (T[i] < 0) {
@@ -2081,9 +2044,8 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
     s1 = malloc((size_t)pp * n * sizeof(long));
     s0 = malloc((size_t)pp * n * sizeof(long));
     lv = malloc((size_t)pp * n * sizeof(double));
-    pk = malloc((size_t)pp * sizeof(double));
     fast = malloc((size_t)pp);
-    if (!rows || !s1 || !s0 || !lv || !pk || !fast) {
+    if (!rows || !s1 || !s0 || !lv || !fast) {
         PyErr_NoMemory();
         goto done;
     }
@@ -2092,30 +2054,29 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
         for (long k = 0; k < 4; k++)
             for (long j = 0; j < m; j++) rows[d * n + T[(d * 4 + k) * m + j]] = k;
     const double lim = cap + 1e-9;
-    for (long d = 0; d < pp; d++) {
-        pk[d] = vb_w_states(rows + d * n, n, dm + 6 * d, s1 + d * n, s0 + d * n, lv + d * n);
-        fast[d] = pk[d] <= lim;
-    }
+    for (long d = 0; d < pp; d++)
+        fast[d] = vb_w_states(rows + d * n, n, dm + 6 * d, s1 + d * n, s0 + d * n, lv + d * n) <= lim;
     for (Py_ssize_t i = 0; i < njobs; i++) {
         const long *x = jobs + 5 * i;
         long t = x[0], d = x[1], k = x[2], j = x[3];
         if (!x[4]) continue;
         long dep = vb_dep(T, ntypes, m, deps, d, k, j);
-        long *row = rows + d * n;
+        long *row = rows + d * n, *r1 = s1 + d * n, *r0 = s0 + d * n;
+        double *rl = lv + d * n, p;
         const double *dmd = dm + 6 * d;
         for (long s = dep + 1 < 0 ? 0 : dep + 1; s < t; s++) {
             if (row[s] >= 0) continue;
             row[s] = k, row[t] = -1;
-            int ok = fast[d] ? vb_move_fits(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n, s, t, cap, 0)
-                             : vb_peak(row, n, dmd) <= lim;
+            int ok;
+            if (fast[d]) {
+                ok = vb_w_walk(row, n, dmd, r1, r0, rl, s, t, cap, 0, &p);
+                if (ok) vb_w_walk(row, n, dmd, r1, r0, rl, s, t, cap, 1, &p);
+            } else { /* the whole row (its states are rewritten; they are read again only once a move is kept) */
+                ok = vb_w_states(row, n, dmd, r1, r0, rl) <= lim;
+                if (ok) fast[d] = 1;
+            }
             if (ok) {
                 T[(d * 4 + k) * m + j] = s;
-                if (fast[d]) {
-                    vb_move_fits(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n, s, t, cap, 1);
-                } else {
-                    pk[d] = vb_w_states(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n);
-                    fast[d] = pk[d] <= lim;
-                }
                 break;
             }
             row[s] = -1, row[t] = k;
@@ -2123,7 +2084,7 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
     }
     result = vb_result(T, nT);
 done:
-    free(T); free(jobs); free(deps); free(rows); free(s1); free(s0); free(dm); free(lv); free(pk); free(fast);
+    free(T); free(jobs); free(deps); free(rows); free(s1); free(s0); free(dm); free(lv); free(fast);
     return result;
 }
 
