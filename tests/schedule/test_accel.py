@@ -58,14 +58,25 @@ def test_pure_python_switch(monkeypatch):
     assert g.accelerated()
 
 
+def _board_tables(prob, **change):
+    t = {"needs": prob.tables.needs, "produces": prob.tables.produces, "dur": prob.dur_table, "dmem": prob.mem_tab,
+         "dev": prob.tables.dev, "handoff": prob.handoff} | change
+    return tuple(t.values())
+
+
 def test_bad_arguments_raise_not_crash():
     prob = g.make_problem(2, 2, 2, Placement.V, g.Costs(), MemModel(), None)
-    with pytest.raises(ValueError):
-        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), ((1.0,),) * 8 + ((0, 1, 1, 0),),
-                             ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
-                             (False, True, False, 0.0, False, -1), g.Job, g._KINDS)
+    dev_args = ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2])
+    pol = (False, True, False, 0.0, False, -1)
+    assert g._accel.run_pass((2, 2, 2, 9.0, 1e-9), _board_tables(prob), dev_args, pol, g.Job, g._KINDS) is not None
+    bad = {"durations of 8 slots, not 16": {"dur": [1.0] * 8},
+           "a device out of range": {"dev": (0, 1, 1, 7)},
+           "a handoff outside the chunks": {"handoff": [(5, 0.0)] * 16},
+           "a need outside the chunks": {"needs": [((0, -9, 0.0),)] * 16}}
+    for what, change in bad.items():
+        with pytest.raises(ValueError):
+            g._accel.run_pass((2, 2, 2, 9.0, 1e-9), _board_tables(prob, **change), dev_args, pol, g.Job, g._KINDS)
+            pytest.fail(what)
     with pytest.raises(ValueError):  # chunk index out of range
-        g._accel.run_pass((2, 2, 2, 1.0, 1e-9), (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF,
-                                                    prob.mB, prob.mW, (0, 1, 1, 7)),
-                             ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 2], [0, 3, 1, 2]),
-                             (False, True, False, 0.0, False, -1), g.Job, g._KINDS)
+        g._accel.run_pass((2, 2, 2, 9.0, 1e-9), _board_tables(prob), ([0, 1], [9.0, 9.0], [1.0, 1.0], [0, 3, 1, 7],
+                          [0, 3, 1, 2]), pol, g.Job, g._KINDS)

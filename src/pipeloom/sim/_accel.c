@@ -2,7 +2,7 @@
  *
  * time_order()     THE timing kernel of pipeloom.sim.kernel (time a fixed per-device order), rule-free:
  *                  it reads pipeloom.core.rules as tables
- * run_pass()       the greedy pass of pipeloom.schedule.search.greedy
+ * run_pass()       the greedy pass of pipeloom.schedule.search.greedy, on the list-scheduling board below
  * proven_valid()   the validator's witness check (pipeloom.schedule.validate), see below
  * lockstep_pass()  the lock-step pass of pipeloom.schedule.search.lockstep, on the compiled form of the
  *                  list-scheduling board of pipeloom.sim.listsched (board_ready / board_commit, reading
@@ -10,14 +10,11 @@
  * paced_pass()     the paced pass of pipeloom.schedule.search.paced on the same board (its own section)
  * vblock_squeeze(), vblock_squeeze_w()  the two squeezes of the building blocks (schedule/search/vsqueeze.py)
  *
- * run_pass() here is a line-by-line transcription of the greedy pass (greedy.GreedyPolicy on the
- * list-scheduling loop pipeloom.sim.listsched.run, the pure-Python reference, which stays the
- * specification); it keeps its own per-chunk copy of readiness (F ends, B ends, comm per edge; see
- * run_pass below), which tests/schedule/test_accel.py and tests/sim/test_listsched.py hold against the
- * board: the same decisions, the
- * same floating-point operations in the same order (built with -ffp-contract=off), and the
- * same event order (a min-heap of (time, device) pairs with stale entries skipped, as heapq).
- * tests/test_accel.py checks that both give identical job lists, orders, clocks and peaks.
+ * run_pass() is greedy.GreedyPolicy on the list-scheduling loop (pipeloom.sim.listsched.run, the pure-Python
+ * reference, which stays the specification), compiled on the same board as lockstep_pass: the rules come from
+ * the tables only. The same decisions, the same floating-point operations in the same order (built with
+ * -ffp-contract=off), and the same event order (a min-heap of (time, device) pairs with stale entries skipped,
+ * as heapq): tests/schedule/test_accel.py checks identical job lists, orders, clocks and peaks.
  *
  * It exists for speed only: one pass over pp 64, m 512 (196 608 jobs) takes about 0.3 s in
  * Python and about 15 ms here. If the extension is not built, _greedy uses the Python pass.
@@ -445,34 +442,45 @@ done:
     return seqs;
 }
 
-/* run_pass(shape, chunk_arrays, device_arrays, policy, job_type, kinds)
+/* run_pass(shape, board_tables, device_arrays, policy, job_type, kinds)
  *   shape        = (pp, vpp, m, limit, eps)
- *   chunk_arrays = (dF, dB, dW, fcomm, bcomm, mF, mB, mW, dev)          each of length nc = pp*vpp;
- *                  mF/mB/mW: the memory change of F/B/W per chunk (pipeloom.core.rules.memory_deltas)
+ *   board_tables = (needs, produces, durations, dmem, dev, handoff): the list-scheduling board's tables, as
+ *                  pipeloom.sim.listsched.Board reads them: pipeloom.sim.kernel.Rules needs / produces, per slot
+ *                  the duration (kernel.duration_table) and memory change (listsched.mem_table), per chunk its
+ *                  device, per slot the edge its handoff travels, (chunk offset, comm) or None
+ *                  (listsched.handoff_table)
  *   device_arrays= (first, capd, need, bord, ford)                       bord/ford: pp*vpp chunks
  *   policy       = (reserve, b_first, fill_always, lookahead, h_warm, warmup or -1)
  * -> None on deadlock, else (seqs, order_bytes, t, peak, start0)
  *
- * The greedy pass (greedy.GreedyPolicy on the loop of pipeloom.sim.listsched.run), transcribed for speed with
- * the board's readiness written out per chunk (F(mb, c) waits for F(mb, c-1) + fcomm[c]; B(mb, c) for F(mb, c)
- * and B(mb, c+1) + bcomm[c]; the comm and memory arrays are core.rules.edge_comm and memory_deltas): this copy
- * reads fe/be chunk by chunk without the board's table walk, which made the pass about 10% slower (pp 64,
- * m 512: 33 ms against 30). It is held to the board by tests/schedule/test_accel.py (identical results over
- * hypothesis-drawn shapes, costs, limits and policies) and tests/sim/test_listsched.py (a mutated dependency
- * rule reaches the Python pass, not this one: the two then differ).
+ * The greedy pass: greedy.GreedyPolicy on the loop of pipeloom.sim.listsched.run, compiled, on the compiled
+ * board (readiness board_ready, memory b.mem / b.dmem, commit board_commit: the rules come from the tables
+ * only, as in the Python pass). What stays here is the policy's own state (per chunk the next F and B
+ * microbatch, per device its W queue, forwards before its first B, the reservation) and the loop's heap.
+ * The same decisions, the same floating-point operations in the same order (built with -ffp-contract=off)
+ * and the same event order (a min-heap of (time, device) pairs with stale entries skipped, as heapq):
+ * tests/schedule/test_accel.py checks identical job lists, orders, clocks and peaks, and
+ * tests/sim/test_listsched.py that a mutated rule reaches this pass as it reaches the Python one.
+ *
+ * Speed (within 0-3% of the former transcription with its own per-chunk readiness: medians of paired CPU
+ * times, pp 64 vpp 2 m 512 and pp 32 vpp 4 m 256): the board's accessors are inlined (flatten), and rdy[]
+ * keeps per F/B slot the ready time of the chunk's next microbatch once every input is placed (an event is
+ * written once, so it cannot change; cleared when the cursor moves on), so a candidate waiting for the device
+ * is not re-read at every decision point. (Also tried, slower: heap operations out of line; a "waiting" mark
+ * per slot cleared by the commits that feed it.)
  */
-static PyObject *run_pass(PyObject *self, PyObject *args) {
+__attribute__((flatten)) static PyObject *run_pass(PyObject *self, PyObject *args) {
     (void)self;
     int pp, vpp, m;
     double limit, eps;
-    PyObject *o_dF, *o_dB, *o_dW, *o_fc, *o_bc, *o_a, *o_b, *o_w, *o_dev;
+    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_hand;
     PyObject *o_first, *o_capd, *o_need, *o_bord, *o_ford;
     int reserve, b_first, fill_always, h_warm, warm;
     double look;
     PyObject *job_type, *kinds;
-    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_dF, &o_dB,
-                          &o_dW, &o_fc, &o_bc, &o_a, &o_b, &o_w, &o_dev, &o_first, &o_capd, &o_need, &o_bord, &o_ford,
-                          &reserve, &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
+    if (!PyArg_ParseTuple(args, "(iiidd)(OOOOOO)(OOOOO)(pppdpi)OO", &pp, &vpp, &m, &limit, &eps, &o_needs, &o_prod,
+                          &o_dur, &o_dmem, &o_dev, &o_hand, &o_first, &o_capd, &o_need, &o_bord, &o_ford, &reserve,
+                          &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
         return NULL;
     if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "job_type must be a tuple subclass");
@@ -489,73 +497,87 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     const Py_ssize_t nc = (Py_ssize_t)pp * vpp;
     const Py_ssize_t per_dev = 3 * (Py_ssize_t)m * vpp; /* jobs each device runs */
     const Py_ssize_t total = per_dev * pp;
-    const long last = (long)nc - 1;
+    const long sF = 0, sB = (long)nc, sW = 2 * (long)nc; /* slots: kind index (F 0, B 1, W 2) * nc + chunk */
     const double INF = HUGE_VAL;
 
-    PyObject *result = NULL;
-    double *dF = NULL, *dB = NULL, *dW = NULL, *fcomm = NULL, *bcomm = NULL, *a = NULL, *mB = NULL, *mW = NULL;
-    double *capd = NULL, *need = NULL;
-    long *dev = NULL, *first = NULL, *bord = NULL, *ford = NULL;
-    double *fe = NULL, *be = NULL, *t = NULL, *mem = NULL, *resv = NULL, *peak = NULL, *key = NULL,
-           *start0 = NULL;
-    long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL, *cnt = NULL;
-    long *pend_mb = NULL, *pend_c = NULL, *ph = NULL, *pt = NULL;
-    unsigned char *jk = NULL;
-    long *jmb = NULL, *jc = NULL;
+    Board b;
+    memset(&b, 0, sizeof(b));
+    PyObject *result = NULL, *fh = NULL;
+    double *capd = NULL, *need = NULL, *resv = NULL, *key = NULL, *start0 = NULL, *hcm = NULL, *rdy = NULL;
+    long *first = NULL, *bord = NULL, *ford = NULL, *hoff = NULL;
+    long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL, *pend_mb = NULL, *pend_c = NULL, *ph = NULL,
+         *pt = NULL;
     int64_t *ord = NULL;
-    PyObject **ints = NULL;
     Heap heap = {NULL, 0, 0};
-    Py_ssize_t nints = (m > nc ? m : nc) + 1;
 
-    if (!(dF = as_doubles(o_dF, nc, "dF")) || !(dB = as_doubles(o_dB, nc, "dB")) ||
-        !(dW = as_doubles(o_dW, nc, "dW")) || !(fcomm = as_doubles(o_fc, nc, "fcomm")) ||
-        !(bcomm = as_doubles(o_bc, nc, "bcomm")) || !(a = as_doubles(o_a, nc, "mF")) ||
-        !(mB = as_doubles(o_b, nc, "mB")) || !(mW = as_doubles(o_w, nc, "mW")) || !(dev = as_longs(o_dev, nc, "dev")) ||
-        !(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
+    if (board_init(&b, pp, nc, m, per_dev, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
+    if (!(first = as_longs(o_first, pp, "first")) || !(capd = as_doubles(o_capd, pp, "capd")) ||
         !(need = as_doubles(o_need, pp, "need")) || !(bord = as_longs(o_bord, nc, "bord")) ||
         !(ford = as_longs(o_ford, nc, "ford")))
         goto done;
     for (Py_ssize_t i = 0; i < nc; i++) {
-        if (dev[i] < 0 || dev[i] >= pp || bord[i] < 0 || bord[i] >= nc || ford[i] < 0 || ford[i] >= nc) {
+        if (b.dev[i] < 0 || b.dev[i] >= pp || bord[i] < 0 || bord[i] >= nc || ford[i] < 0 || ford[i] >= nc) {
             PyErr_SetString(PyExc_ValueError, "device or chunk index out of range");
             goto done;
         }
     }
-    fe = malloc((size_t)nc * m * sizeof(double));
-    be = malloc((size_t)nc * m * sizeof(double));
-    t = calloc((size_t)pp, sizeof(double));
-    mem = calloc((size_t)pp, sizeof(double));
+    hoff = calloc((size_t)4 * nc, sizeof(long));
+    hcm = calloc((size_t)4 * nc, sizeof(double));
+    if (!hoff || !hcm) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!(fh = PySequence_Fast(o_hand, "handoff"))) goto done;
+    if (PySequence_Fast_GET_SIZE(fh) != 4 * nc) {
+        PyErr_SetString(PyExc_ValueError, "handoff: expected 4*nc entries");
+        goto done;
+    }
+    for (Py_ssize_t s = 0; s < 4 * nc; s++) { /* None, or (chunk offset, comm): the edge the job's event travels */
+        PyObject *h = PySequence_Fast_GET_ITEM(fh, s);
+        if (h == Py_None) continue;
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+            PyErr_SetString(PyExc_TypeError, "handoff: an edge is (chunk offset, comm) or None");
+            goto done;
+        }
+        hoff[s] = PyLong_AsLong(PyTuple_GET_ITEM(h, 0));
+        hcm[s] = PyFloat_AsDouble(PyTuple_GET_ITEM(h, 1));
+        if (PyErr_Occurred()) goto done;
+        long c2 = (long)(s % nc) + hoff[s];
+        if (!hoff[s] || c2 < 0 || c2 >= nc) {
+            PyErr_SetString(PyExc_ValueError, "handoff: an edge points outside the chunks");
+            goto done;
+        }
+    }
     resv = calloc((size_t)pp, sizeof(double));
-    peak = calloc((size_t)pp, sizeof(double));
+    rdy = malloc((size_t)2 * nc * sizeof(double));
     key = calloc((size_t)pp, sizeof(double));
     start0 = calloc((size_t)pp, sizeof(double));
     nf = calloc((size_t)nc, sizeof(long));
     nb = calloc((size_t)nc, sizeof(long));
     nfwd = calloc((size_t)pp, sizeof(long));
     started_b = calloc((size_t)pp, sizeof(long));
-    cnt = calloc((size_t)pp, sizeof(long));
     pend_mb = malloc((size_t)pp * m * vpp * sizeof(long));
     pend_c = malloc((size_t)pp * m * vpp * sizeof(long));
     ph = calloc((size_t)pp, sizeof(long));
     pt = calloc((size_t)pp, sizeof(long));
-    jk = malloc((size_t)total);
-    jmb = malloc((size_t)total * sizeof(long));
-    jc = malloc((size_t)total * sizeof(long));
     ord = malloc((size_t)total * sizeof(int64_t));
     heap.cap = pp + 16;
     heap.v = malloc((size_t)heap.cap * sizeof(HItem));
-    if (!fe || !be || !t || !mem || !resv || !peak || !key || !start0 || !nf || !nb || !nfwd || !started_b ||
-        !cnt || !pend_mb || !pend_c || !ph || !pt || !jk || !jmb || !jc || !ord || !heap.v) {
+    if (!resv || !rdy || !key || !start0 || !nf || !nb || !nfwd || !started_b || !pend_mb || !pend_c || !ph || !pt || !ord ||
+        !heap.v) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < nc * m; i++) fe[i] = be[i] = -1.0;
     for (int d = 0; d < pp; d++) {
         heap.v[d].t = 0.0;
         heap.v[d].d = d;
     }
     heap.n = pp; /* sorted by device at time 0: already a heap */
+    for (Py_ssize_t s = 0; s < 2 * nc; s++) rdy[s] = -1.0;
 
+    const double *dur = b.dur, *dmem = b.dmem;
+    double *mem = b.mem, *free_t = b.free_t;
+    const long *dev = b.dev;
     Py_ssize_t ncommit = 0;
     HItem item = heap_pop(&heap);
     for (;;) {
@@ -569,16 +591,16 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
         /* ---- backward candidates */
         long bc = -1;
         double rb = INF;
+        const long *bo = bord + (Py_ssize_t)d * vpp;
         for (int j = 0; j < vpp; j++) {
-            long c = bord[d * vpp + j];
+            long c = bo[j];
             long mb = nb[c];
             if (mb >= nf[c]) continue;
-            double r = fe[c * m + mb];
-            if (c != last) {
-                double e = be[(c + 1) * m + mb];
-                if (e < 0) continue;
-                e += bcomm[c];
-                if (e > r) r = e;
+            double r = rdy[sB + c];
+            if (r < 0) {
+                r = board_ready(&b, sB + c, mb);
+                if (r < 0) continue;
+                rdy[sB + c] = r;
             }
             if (r <= T) {
                 bc = c;
@@ -592,19 +614,18 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
         int blocked = 0;
         if (bc < 0 || !b_first) {
             double md = mem[d];
+            const long *fo = ford + (Py_ssize_t)d * vpp;
             for (int j = 0; j < vpp; j++) {
-                long c = ford[d * vpp + j];
+                long c = fo[j];
                 long mb = nf[c];
                 if (mb >= m) continue;
-                double r;
-                if (c == 0) {
-                    r = 0.0;
-                } else {
-                    r = fe[(c - 1) * m + mb];
+                double r = rdy[sF + c];
+                if (r < 0) {
+                    r = board_ready(&b, sF + c, mb);
                     if (r < 0) continue;
-                    r += fcomm[c];
+                    rdy[sF + c] = r;
                 }
-                double ac = a[c];
+                double ac = dmem[sF + c];
                 int ok;
                 if (c == first[d]) {
                     if (warm >= 0 && !started_b[d] && nfwd[d] >= warm) continue;
@@ -632,7 +653,7 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             kind = 1;
             c = bc;
         } else if (fc >= 0) {
-            if (look > 0.0 && rb - T < look * dF[fc])
+            if (look > 0.0 && rb - T < look * dur[sF + fc])
                 rf = INF; /* hold the device for the coming B */
             else {
                 kind = 0;
@@ -643,7 +664,7 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
             int pw = ph[d] < pt[d];
             double nxt = rb < rf ? rb : rf;
             if (pw && (blocked || fill_always || nxt == INF ||
-                       nxt - T >= dW[pend_c[(Py_ssize_t)d * m * vpp + ph[d]]] - eps)) {
+                       nxt - T >= dur[sW + pend_c[(Py_ssize_t)d * m * vpp + ph[d]]] - eps)) {
                 kind = 2;
             } else if (nxt < INF && nxt > T) {
                 key[d] = nxt;
@@ -659,88 +680,58 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
                 continue;
             }
         }
-        /* ---- commit */
-        double e;
-        long mb;
+        /* ---- the chosen job: the policy's counters, then the board commits it */
+        long mb, slot;
         if (kind == 0) {
             mb = nf[c];
             nf[c] = mb + 1;
-            e = T + dF[c];
-            fe[c * m + mb] = e;
-            double md = mem[d] + a[c];
-            mem[d] = md;
-            if (md > peak[d]) peak[d] = md;
+            slot = sF + c;
+            rdy[slot] = -1.0;
             if (reserve && c == first[d]) resv[d] += need[d];
             if (!started_b[d]) nfwd[d] += 1;
-            if (c != last) {
-                int d2 = (int)dev[c + 1];
-                if (d2 != d) {
-                    double k = e + fcomm[c + 1];
-                    if (t[d2] > k) k = t[d2];
-                    if (k < key[d2]) {
-                        key[d2] = k;
-                        HItem hi = {k, d2};
-                        if (heap_push(&heap, hi) < 0) {
-                            PyErr_NoMemory();
-                            goto done;
-                        }
-                    }
-                }
-            }
         } else if (kind == 1) {
             mb = nb[c];
             nb[c] = mb + 1;
-            e = T + dB[c];
-            be[c * m + mb] = e;
-            mem[d] += mB[c];
-            resv[d] += mB[c];
+            slot = sB + c;
+            rdy[slot] = -1.0;
+            resv[d] += dmem[slot];
             started_b[d] = 1;
-            Py_ssize_t slot = (Py_ssize_t)d * m * vpp + pt[d];
+            Py_ssize_t q = (Py_ssize_t)d * m * vpp + pt[d];
             if (pt[d] >= (long)m * vpp) {
                 PyErr_SetString(PyExc_RuntimeError, "internal error: W queue overflow");
                 goto done;
             }
-            pend_mb[slot] = mb;
-            pend_c[slot] = c;
+            pend_mb[q] = mb;
+            pend_c[q] = c;
             pt[d] += 1;
-            if (c) {
-                int d2 = (int)dev[c - 1];
-                if (d2 != d) {
-                    double k = e + bcomm[c - 1];
-                    if (t[d2] > k) k = t[d2];
-                    if (k < key[d2]) {
-                        key[d2] = k;
-                        HItem hi = {k, d2};
-                        if (heap_push(&heap, hi) < 0) {
-                            PyErr_NoMemory();
-                            goto done;
-                        }
+        } else {
+            Py_ssize_t q = (Py_ssize_t)d * m * vpp + ph[d];
+            mb = pend_mb[q];
+            c = pend_c[q];
+            ph[d] += 1;
+            slot = sW + c;
+            resv[d] += dmem[slot];
+        }
+        double e = board_commit(&b, d, slot, mb, T);
+        if (e < 0 && PyErr_Occurred()) goto done;
+        if (b.cnt[d] == 1) start0[d] = T;
+        ord[(Py_ssize_t)d * per_dev + b.cnt[d] - 1] = ncommit;
+        ncommit += 1;
+        if (hoff[slot]) { /* the loop's fed(): the receiving device decides again when the input arrives */
+            int d2 = (int)dev[c + hoff[slot]];
+            if (d2 != d) {
+                double k = e + hcm[slot];
+                if (free_t[d2] > k) k = free_t[d2];
+                if (k < key[d2]) {
+                    key[d2] = k;
+                    HItem hi = {k, d2};
+                    if (heap_push(&heap, hi) < 0) {
+                        PyErr_NoMemory();
+                        goto done;
                     }
                 }
             }
-        } else {
-            Py_ssize_t slot = (Py_ssize_t)d * m * vpp + ph[d];
-            mb = pend_mb[slot];
-            c = pend_c[slot];
-            ph[d] += 1;
-            e = T + dW[c];
-            double fr = mW[c];
-            mem[d] += fr;
-            resv[d] += fr;
         }
-        if (cnt[d] >= per_dev) {
-            PyErr_SetString(PyExc_RuntimeError, "internal error: device job overflow");
-            goto done;
-        }
-        if (!cnt[d]) start0[d] = T;
-        Py_ssize_t at = (Py_ssize_t)d * per_dev + cnt[d];
-        jk[at] = (unsigned char)kind;
-        jmb[at] = mb;
-        jc[at] = c;
-        ord[at] = ncommit;
-        cnt[d] += 1;
-        ncommit += 1;
-        t[d] = e;
         key[d] = e;
         HItem hi = {e, d};
         item = heap_pushpop(&heap, hi);
@@ -749,48 +740,11 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    /* ---- build (seqs, order_bytes, t, peak, start0); jobs are job_type(kind, mb, chunk) tuples */
-    ints = calloc((size_t)nints, sizeof(PyObject *));
-    if (!ints) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < nints; i++) {
-        ints[i] = PyLong_FromSsize_t(i);
-        if (!ints[i]) goto done;
-    }
-    PyTypeObject *jt = (PyTypeObject *)job_type;
-    PyObject *seqs = PyList_New(pp);
+    /* ---- (seqs, order_bytes, t, peak, start0); jobs are job_type(kind, mb, chunk) tuples */
+    PyObject *seqs = board_seqs(&b, job_type, kinds);
     if (!seqs) goto done;
-    for (int d = 0; d < pp; d++) {
-        PyObject *lst = PyList_New(per_dev);
-        if (!lst) {
-            Py_DECREF(seqs);
-            goto done;
-        }
-        PyList_SET_ITEM(seqs, d, lst);
-        for (Py_ssize_t i = 0; i < per_dev; i++) {
-            Py_ssize_t at = (Py_ssize_t)d * per_dev + i;
-            PyObject *job = jt->tp_alloc(jt, 3);
-            if (!job) {
-                Py_DECREF(seqs);
-                goto done;
-            }
-            PyObject *k = PyTuple_GET_ITEM(kinds, jk[at]);
-            Py_INCREF(k);
-            Py_INCREF(ints[jmb[at]]);
-            Py_INCREF(ints[jc[at]]);
-            PyTuple_SET_ITEM(job, 0, k);
-            PyTuple_SET_ITEM(job, 1, ints[jmb[at]]);
-            PyTuple_SET_ITEM(job, 2, ints[jc[at]]);
-            /* (Kind member, int, int) can close no reference cycle: keep the 200k jobs out of the
-               cyclic GC, as CPython does for tuples of atoms (else each collection walks them all) */
-            PyObject_GC_UnTrack(job);
-            PyList_SET_ITEM(lst, i, job);
-        }
-    }
     PyObject *ob = PyBytes_FromStringAndSize((const char *)ord, (Py_ssize_t)(total * sizeof(int64_t)));
-    PyObject *lt = list_of_doubles(t, pp), *lp = list_of_doubles(peak, pp), *ls = list_of_doubles(start0, pp);
+    PyObject *lt = list_of_doubles(free_t, pp), *lp = list_of_doubles(b.peak, pp), *ls = list_of_doubles(start0, pp);
     if (!ob || !lt || !lp || !ls) {
         Py_XDECREF(ob);
         Py_XDECREF(lt);
@@ -802,19 +756,14 @@ static PyObject *run_pass(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(NNNNN)", seqs, ob, lt, lp, ls);
 
 done:
-    if (ints) {
-        for (Py_ssize_t i = 0; i < nints; i++) Py_XDECREF(ints[i]);
-        free(ints);
-    }
-    free(dF); free(dB); free(dW); free(fcomm); free(bcomm); free(a); free(mB); free(mW); free(capd); free(need);
-    free(dev); free(first); free(bord); free(ford);
-    free(fe); free(be); free(t); free(mem); free(resv); free(peak); free(key); free(start0);
-    free(nf); free(nb); free(nfwd); free(started_b); free(cnt);
-    free(pend_mb); free(pend_c); free(ph); free(pt);
-    free(jk); free(jmb); free(jc); free(ord); free(heap.v);
+    board_free(&b);
+    Py_XDECREF(fh);
+    free(capd); free(need); free(resv); free(rdy); free(key); free(start0); free(hcm);
+    free(first); free(bord); free(ford); free(hoff);
+    free(nf); free(nb); free(nfwd); free(started_b); free(pend_mb); free(pend_c); free(ph); free(pt);
+    free(ord); free(heap.v);
     return result;
 }
-
 /* ---------------------------------------------------------------- witness check
  * proven_valid(devices, witness, shape, home, kinds, needs, produces, dmem, limit) -> bool
  *   devices = per device a sequence of (kind, mb, chunk) tuples; witness = per device a sequence of
@@ -1852,16 +1801,19 @@ done:
  * The compiled form of the two squeezes of pipeloom.schedule.search.vsqueeze (the Python functions stay the
  * specification; tests/schedule/test_vblock_c.py holds both to identical slot tables):
  *
- * vblock_squeeze(pp, m, ntypes, T, dm, cap, jobs, deps, movable, warm) -> T'   (vsqueeze._squeeze)
- * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vsqueeze._squeeze_implicit_w)
- *   T: the slot table flattened, T[(d * ntypes + k) * m + j] (ntypes 6 or 4; 4 for squeeze_w); dm: per device
- *   the memory change of its 6 types; jobs: the walk of vsqueeze._unsteady_jobs as (t, d, k, j, cool) tuples,
+ * vblock_squeeze(pp, m, ntypes, T, xm, cap, jobs, deps, movable, warm) -> T'   (vsqueeze._squeeze_py)
+ * vblock_squeeze_w(pp, m, T, dm, cap, jobs, deps) -> T'                           (vsqueeze._squeeze_implicit_w_py)
+ *   T: the slot table flattened, T[(d * ntypes + k) * m + j] (ntypes 6 or 4; 4 for squeeze_w); xm: per device
+ *   the memory change counted at each of its ntypes types' slots (vsqueeze._type_mem); dm: per device the
+ *   memory change of its 6 types; jobs: the walk of vsqueeze._unsteady_jobs as (t, d, k, j, cool) tuples,
  *   in order; deps: per device and type (pp * 6) the (device, type) pairs of vsqueeze._dep_table, flattened as
  *   4 ints (d1, k1, d2, k2; -1 where absent); movable: the types that may move.
+ * The tables come from vsqueeze (made there once for both forms); each function here writes its move rule once.
  */
-static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssize_t pp, PyObject *o_jobs,
-                           PyObject *o_deps, long **T, double **dm, long **jobs, Py_ssize_t *njobs, long **deps) {
-    if (!(*T = as_longs(o_T, nT, "T")) || !(*dm = as_doubles(o_dm, 6 * pp, "dm")) ||
+static int vb_parse_common(PyObject *o_T, Py_ssize_t nT, PyObject *o_dm, Py_ssize_t ndm, Py_ssize_t pp,
+                           PyObject *o_jobs, PyObject *o_deps, long **T, double **dm, long **jobs, Py_ssize_t *njobs,
+                           long **deps) {
+    if (!(*T = as_longs(o_T, nT, "T")) || !(*dm = as_doubles(o_dm, ndm, "memory changes")) ||
         !(*deps = as_longs(o_deps, 4 * 6 * pp, "deps")))
         return -1;
     PyObject *fj = PySequence_Fast(o_jobs, "jobs");
@@ -1915,8 +1867,8 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
     long pp, m, ntypes;
     double cap;
     int warm;
-    PyObject *o_T, *o_dm, *o_jobs, *o_deps, *o_mov;
-    if (!PyArg_ParseTuple(args, "lllOOdOOOp", &pp, &m, &ntypes, &o_T, &o_dm, &cap, &o_jobs, &o_deps, &o_mov, &warm))
+    PyObject *o_T, *o_xm, *o_jobs, *o_deps, *o_mov;
+    if (!PyArg_ParseTuple(args, "lllOOdOOOp", &pp, &m, &ntypes, &o_T, &o_xm, &cap, &o_jobs, &o_deps, &o_mov, &warm))
         return NULL;
     if (pp < 1 || m < 1 || (ntypes != 4 && ntypes != 6)) {
         PyErr_SetString(PyExc_ValueError, "vblock_squeeze: pp, m >= 1 and ntypes 4 or 6");
@@ -1924,11 +1876,11 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
     }
     const Py_ssize_t nT = pp * ntypes * m;
     long *T = NULL, *jobs = NULL, *deps = NULL, *mov = NULL;
-    double *dm = NULL, *run = NULL, *delta = NULL;
+    double *xm = NULL, *run = NULL, *delta = NULL;
     unsigned char *occ = NULL;
     Py_ssize_t njobs = 0;
     PyObject *result = NULL;
-    if (vb_parse_common(o_T, nT, o_dm, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
+    if (vb_parse_common(o_T, nT, o_xm, pp * ntypes, pp, o_jobs, o_deps, &T, &xm, &jobs, &njobs, &deps) < 0) goto done;
     if (!(mov = as_longs(o_mov, ntypes, "movable"))) goto done;
     long horizon = 0;
     for (Py_ssize_t i = 0; i < nT; i++) {
@@ -1958,11 +1910,11 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    /* the memory a device holds at each slot (W counted where it runs with 6 types, right after its B with 4) */
+    /* the memory a device holds at each slot */
     for (long d = 0; d < pp; d++) {
         for (long t = 0; t <= horizon; t++) delta[t] = 0.0;
         for (long k = 0; k < ntypes; k++) {
-            double x = ntypes == 6 || k < 2 ? dm[d * 6 + k] : dm[d * 6 + k] + dm[d * 6 + (k == 2 ? 4 : 5)];
+            double x = xm[d * ntypes + k];
             for (long j = 0; j < m; j++) {
                 long t = T[(d * ntypes + k) * m + j];
                 occ[d * horizon + t] = 1;
@@ -1982,88 +1934,39 @@ static PyObject *vblock_squeeze(PyObject *self, PyObject *args) {
         if (!mov[k] || !(warm || cool)) continue;
         if (t < 0 || t >= horizon) continue;
         long dep = vb_dep(T, ntypes, m, deps, d, k, j);
-        double xm = ntypes == 6 || k < 2 ? dm[d * 6 + k] : dm[d * 6 + k] + dm[d * 6 + (k == 2 ? 4 : 5)];
+        const double dx = xm[d * ntypes + k];
         unsigned char *o = occ + d * horizon;
         double *r = run + d * horizon;
         for (long s = dep + 1 < 0 ? 0 : dep + 1; s < t; s++) {
             if (o[s]) continue;
-            if (xm > 0) {
+            if (dx > 0) {
                 double mx = r[s];
                 for (long u = s + 1; u < t; u++)
                     if (r[u] > mx) mx = r[u];
-                if (mx + xm > lim) continue;
+                if (mx + dx > lim) continue;
             }
             o[t] = 0;
             o[s] = 1;
-            for (long u = s; u < t; u++) r[u] += xm;
+            for (long u = s; u < t; u++) r[u] += dx;
             T[(d * ntypes + k) * m + j] = s;
             break;
         }
     }
     result = vb_result(T, nT);
 done:
-    free(T); free(jobs); free(deps); free(mov); free(dm); free(run); free(delta); free(occ);
+    free(T); free(jobs); free(deps); free(mov); free(xm); free(run); free(delta); free(occ);
     return result;
 }
 
-/* vsqueeze._w_states over one row: after each slot the chunk-1 and chunk-0 W still due and the level; the peak */
-static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv) {
+/* vsqueeze._w_walk: THE walk of one row's memory with W in its free slots (chunk 1's first), from slot s on,
+   from the state (s1, s0, lv) held before s; past slot t it stops where its state equals the old one. 1 and
+   *pk = the peak over the job slots walked; 0 as soon as one exceeds cap (unless update: then the states are
+   rewritten instead). vb_w_states (the whole row) and the incremental check of a move are this walk. */
+static int vb_w_walk(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv, Py_ssize_t s,
+                     Py_ssize_t t, double cap, int update, double *pk) {
     long due1 = 0, due0 = 0;
-    double cur = 0.0, pk = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long k = row[i];
-        if (k < 0) {
-            if (due1) {
-                due1 -= 1;
-                cur += dm[4];
-            } else if (due0) {
-                due0 -= 1;
-                cur += dm[5];
-            }
-        } else {
-            cur += dm[k];
-            if (k == 2)
-                due1 += 1;
-            else if (k == 3)
-                due0 += 1;
-            if (cur > pk) pk = cur;
-        }
-        s1[i] = due1, s0[i] = due0, lv[i] = cur;
-    }
-    return pk;
-}
-
-/* vsqueeze._peak_implicit_w */
-static double vb_peak(const long *row, Py_ssize_t n, const double *dm) {
-    long due1 = 0, due0 = 0;
-    double cur = 0.0, pk = 0.0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long k = row[i];
-        if (k < 0) {
-            if (due1) {
-                due1 -= 1;
-                cur += dm[4];
-            } else if (due0) {
-                due0 -= 1;
-                cur += dm[5];
-            }
-            continue;
-        }
-        cur += dm[k];
-        if (k == 2)
-            due1 += 1;
-        else if (k == 3)
-            due0 += 1;
-        if (cur > pk) pk = cur;
-    }
-    return pk;
-}
-
-/* vsqueeze._move_fits */
-static int vb_move_fits(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv, long s,
-                        long t, double cap, int update) {
-    long due1 = 0, due0 = 0;
-    double cur = 0.0;
+    double cur = 0.0, p = 0.0;
+    const double lim = cap + 1e-9;
     if (s) due1 = s1[s - 1], due0 = s0[s - 1], cur = lv[s - 1];
     for (Py_ssize_t i = s; i < n; i++) {
         long k = row[i];
@@ -2081,12 +1984,21 @@ static int vb_move_fits(const long *row, Py_ssize_t n, const double *dm, long *s
                 due1 += 1;
             else if (k == 3)
                 due0 += 1;
-            if (cur > cap + 1e-9 && !update) return 0;
+            if (cur > p) p = cur;
+            if (cur > lim && !update) return 0;
         }
-        if (i > t && due1 == s1[i] && due0 == s0[i] && fabs(cur - lv[i]) <= 1e-12) return 1;
+        if (i > t && due1 == s1[i] && due0 == s0[i] && fabs(cur - lv[i]) <= 1e-12) break;
         if (update) s1[i] = due1, s0[i] = due0, lv[i] = cur;
     }
+    *pk = p;
     return 1;
+}
+
+/* vsqueeze._w_states: the walk over the whole row, its states rewritten; the peak */
+static double vb_w_states(const long *row, Py_ssize_t n, const double *dm, long *s1, long *s0, double *lv) {
+    double pk = 0.0;
+    vb_w_walk(row, n, dm, s1, s0, lv, 0, n, HUGE_VAL, 1, &pk);
+    return pk;
 }
 
 static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
@@ -2102,11 +2014,11 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
     const long ntypes = 4;
     const Py_ssize_t nT = pp * ntypes * m;
     long *T = NULL, *jobs = NULL, *deps = NULL, *rows = NULL, *s1 = NULL, *s0 = NULL;
-    double *dm = NULL, *lv = NULL, *pk = NULL;
+    double *dm = NULL, *lv = NULL;
     unsigned char *fast = NULL;
     Py_ssize_t njobs = 0;
     PyObject *result = NULL;
-    if (vb_parse_common(o_T, nT, o_dm, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
+    if (vb_parse_common(o_T, nT, o_dm, 6 * pp, pp, o_jobs, o_deps, &T, &dm, &jobs, &njobs, &deps) < 0) goto done;
     long horizon = 0;
     for (Py_ssize_t i = 0; i < nT; i++) {
         if (T[i] < 0) {
@@ -2134,9 +2046,8 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
     s1 = malloc((size_t)pp * n * sizeof(long));
     s0 = malloc((size_t)pp * n * sizeof(long));
     lv = malloc((size_t)pp * n * sizeof(double));
-    pk = malloc((size_t)pp * sizeof(double));
     fast = malloc((size_t)pp);
-    if (!rows || !s1 || !s0 || !lv || !pk || !fast) {
+    if (!rows || !s1 || !s0 || !lv || !fast) {
         PyErr_NoMemory();
         goto done;
     }
@@ -2145,30 +2056,29 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
         for (long k = 0; k < 4; k++)
             for (long j = 0; j < m; j++) rows[d * n + T[(d * 4 + k) * m + j]] = k;
     const double lim = cap + 1e-9;
-    for (long d = 0; d < pp; d++) {
-        pk[d] = vb_w_states(rows + d * n, n, dm + 6 * d, s1 + d * n, s0 + d * n, lv + d * n);
-        fast[d] = pk[d] <= lim;
-    }
+    for (long d = 0; d < pp; d++)
+        fast[d] = vb_w_states(rows + d * n, n, dm + 6 * d, s1 + d * n, s0 + d * n, lv + d * n) <= lim;
     for (Py_ssize_t i = 0; i < njobs; i++) {
         const long *x = jobs + 5 * i;
         long t = x[0], d = x[1], k = x[2], j = x[3];
         if (!x[4]) continue;
         long dep = vb_dep(T, ntypes, m, deps, d, k, j);
-        long *row = rows + d * n;
+        long *row = rows + d * n, *r1 = s1 + d * n, *r0 = s0 + d * n;
+        double *rl = lv + d * n, p;
         const double *dmd = dm + 6 * d;
         for (long s = dep + 1 < 0 ? 0 : dep + 1; s < t; s++) {
             if (row[s] >= 0) continue;
             row[s] = k, row[t] = -1;
-            int ok = fast[d] ? vb_move_fits(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n, s, t, cap, 0)
-                             : vb_peak(row, n, dmd) <= lim;
+            int ok;
+            if (fast[d]) {
+                ok = vb_w_walk(row, n, dmd, r1, r0, rl, s, t, cap, 0, &p);
+                if (ok) vb_w_walk(row, n, dmd, r1, r0, rl, s, t, cap, 1, &p);
+            } else { /* the whole row (its states are rewritten; they are read again only once a move is kept) */
+                ok = vb_w_states(row, n, dmd, r1, r0, rl) <= lim;
+                if (ok) fast[d] = 1;
+            }
             if (ok) {
                 T[(d * 4 + k) * m + j] = s;
-                if (fast[d]) {
-                    vb_move_fits(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n, s, t, cap, 1);
-                } else {
-                    pk[d] = vb_w_states(row, n, dmd, s1 + d * n, s0 + d * n, lv + d * n);
-                    fast[d] = pk[d] <= lim;
-                }
                 break;
             }
             row[s] = -1, row[t] = k;
@@ -2176,7 +2086,7 @@ static PyObject *vblock_squeeze_w(PyObject *self, PyObject *args) {
     }
     result = vb_result(T, nT);
 done:
-    free(T); free(jobs); free(deps); free(rows); free(s1); free(s0); free(dm); free(lv); free(pk); free(fast);
+    free(T); free(jobs); free(deps); free(rows); free(s1); free(s0); free(dm); free(lv); free(fast);
     return result;
 }
 

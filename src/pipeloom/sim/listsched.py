@@ -29,9 +29,10 @@ Slots. A job of kind ``k`` (index in :data:`pipeloom.sim.kernel.KINDS`: F 0, B 1
 ``c`` is slot ``k * nc + c``; event ``e`` of (mb, c) is ``done[e * m * nc + mb * nc + c]`` (-1 while it
 has not happened), as in the timing kernel.
 
-The compiled forms in ``_accel.c`` (``run_pass``, ``lockstep_pass``) read the same tables
-(``Rules.needs``, ``Rules.produces``, :meth:`Board.mem_table`) with the same operations in the same
-order, so both give identical floats (tests/sim/test_listsched.py, tests/schedule/test_accel.py).
+The compiled board in ``_accel.c`` (``board_ready``, ``board_commit``; the greedy pass ``run_pass`` and
+the lock-step pass ``lockstep_pass`` on it) reads the same tables (``Rules.needs``, ``Rules.produces``,
+:func:`mem_table`, :func:`handoff_table`) with the same operations in the same order, so both give identical
+floats (tests/sim/test_listsched.py, tests/schedule/test_accel.py).
 """
 from __future__ import annotations
 

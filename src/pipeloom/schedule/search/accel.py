@@ -1,11 +1,10 @@
 """The optional C extension ``pipeloom.sim._accel`` (built from ``sim/_accel.c`` by setup.py), as the planners use it.
 
 ``_accel.c`` holds the compiled form of the timing kernel (:mod:`pipeloom.sim.kernel`, which loads it), of the
-list-scheduling board (:mod:`pipeloom.sim.listsched`) with the lock-step pass of :mod:`.lockstep` and the paced
-pass of :mod:`.paced` on it, the
-greedy pass of :mod:`.greedy` (readiness written out per chunk, for speed), the squeezes of :mod:`.vsqueeze`
-and the validator's witness check (their Python forms are the specification); the board, the squeezes and
-the witness check read the rules as the tables of :class:`pipeloom.sim.kernel.Rules`. Without a C compiler at
+list-scheduling board (:mod:`pipeloom.sim.listsched`) with the greedy pass of :mod:`.greedy`, the lock-step
+pass of :mod:`.lockstep` and the paced pass of :mod:`.paced` on it, the squeezes of :mod:`.vsqueeze` and the
+validator's witness check (their Python forms are the specification); the board, the squeezes and the witness
+check read the rules as the tables of :class:`pipeloom.sim.kernel.Rules`. Without a C compiler at
 install time ``ext`` is None and everything runs in Python; ``PIPELOOM_PURE_PYTHON=1`` forces that path.
 """
 from __future__ import annotations

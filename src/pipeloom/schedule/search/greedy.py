@@ -90,6 +90,8 @@ class Problem:
     """memory change of W per chunk (-(a-b); derived)"""
     mem_tab: list[float] | None = field(default=None, compare=False, repr=False)
     """the list-scheduling board's memory table (:func:`pipeloom.sim.listsched.mem_table`; derived)"""
+    handoff: list | None = field(default=None, compare=False, repr=False)
+    """the board's handoff table (:func:`pipeloom.sim.listsched.handoff_table`; derived)"""
 
     def __post_init__(self) -> None:  # derived again by every dataclasses.replace (e.g. other durations)
         object.__setattr__(self, "tables", kernel.Rules.make(self.pp, self.nc, self.placement, self.comm))
@@ -98,6 +100,7 @@ class Problem:
         for name, k in (("mF", Kind.F), ("mB", Kind.B), ("mW", Kind.W)):
             object.__setattr__(self, name, tuple(md[k]))
         object.__setattr__(self, "mem_tab", listsched.mem_table(len(self.a), self.a, self.b))
+        object.__setattr__(self, "handoff", listsched.handoff_table(self.tables))
 
     @property
     def nc(self) -> int:
@@ -190,8 +193,9 @@ class PassResult:
 def run_pass(prob: Problem, pol: Policy) -> PassResult | None:
     """One greedy pass; None if it deadlocks (memory full, nothing can run).
 
-    Runs :func:`_run_pass_py` (the specification) or, when built, its C transcription in
-    ``_accel.c``, which gives the identical result (tests/schedule/test_accel.py).
+    Runs :func:`_run_pass_py` (the specification) or, when built, its compiled form ``run_pass`` in
+    ``_accel.c`` (the same policy on the compiled list-scheduling board, reading the same rule tables),
+    which gives the identical result (tests/schedule/test_accel.py).
     """
     if accelerated():
         return _run_pass_c(prob, pol)
@@ -209,9 +213,10 @@ def _pass_inputs(prob: Problem, pol: Policy):
 
 def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
     capd, b_order, f_order = _pass_inputs(prob, pol)
+    tables = prob.tables
     out = _accel.run_pass(
         (prob.pp, prob.vpp, prob.m, prob.limit + _EPS, _EPS),
-        (prob.dF, prob.dB, prob.dW, prob.fcomm, prob.bcomm, prob.mF, prob.mB, prob.mW, prob.dev),
+        (tables.needs, tables.produces, prob.dur_table, prob.mem_tab, tables.dev, prob.handoff),
         ([loc[0] for loc in prob.local], capd, prob.need, [c for o in b_order for c in o],
          [c for o in f_order for c in o]),
         (pol.admit == "reserve", pol.b_first, pol.w_fill == "always", float(pol.lookahead), pol.h_warm,

@@ -22,6 +22,14 @@ free slot after its dependencies where the device's memory stays within the cap.
 per-device slot order is the schedule; it is re-timed with the real per-chunk costs and
 ``comm`` by the caller (:func:`pipeloom.schedule.search.localsearch.result_of`), which also checks the
 memory limit under the real memory model. Only V placement with two chunks per device.
+
+Why the layout is not a policy of the list-scheduling loop (:mod:`pipeloom.sim.listsched`, which decides job by
+job in time order from what the board has placed): a squeeze moves a job from its pattern slot ``t`` to the
+earliest free slot ``s`` where the device's memory *at every slot from s to t*, jobs the pattern puts after
+``s`` included, stays within the cap (the second squeeze: the whole row's peak), and it walks the jobs in the
+order of their pattern slots, so a job walked later can take a slot earlier than one a job walked before it
+took, by a check that reads that move. Slot ``s`` is decided by what comes after ``s``; a policy asked at ``s``
+sees only the past, and could only replay a slot table computed first (the same algorithm plus a replay).
 """
 from __future__ import annotations
 

@@ -3,20 +3,22 @@
 A block's repeated pattern is a slot table ``T[d][type][mb]`` (types F0, F1, B1, B0 and, before the second
 squeeze, W of chunk 1 and W of chunk 0; see :mod:`.vblock`). The squeezes move the warm-up and cool-down jobs
 of that table to earlier free slots after what they wait for (:func:`_deps`: the row's previous job and
-the jobs that complete the events the job needs, :func:`pipeloom.core.rules.needs` read from the timing
+the jobs that complete the events it needs, :func:`pipeloom.core.rules.needs` read from the timing
 kernel's tables) where the device's memory stays within the cap:
 
-* :func:`_squeeze`: memory counted slot by slot (W where it runs, or right after its B without W rows);
-* :func:`_squeeze_implicit_w`: cool-down only, F and B, W in the free slots (the peak walk of
-  :func:`_peak_implicit_w`, checked incrementally by :func:`_move_fits`).
+* :func:`_squeeze`: memory counted slot by slot (W where it runs, or right after its B without W rows:
+  :func:`_type_mem`);
+* :func:`_squeeze_implicit_w`: cool-down only, F and B, W in the free slots (the one walk of a row's memory
+  with W in its free slots, :func:`_w_walk`, over the whole row or, incrementally, over the slots a move changes).
 
-Both walk the jobs in time order without the steady phase (:func:`_unsteady_jobs`). Each has a Python
-form (``*_py``, the specification) and a compiled one in ``_accel.c`` (``vblock_squeeze``,
-``vblock_squeeze_w``: the same slots, tests/schedule/test_vblock_c.py).
+Both walk the jobs in time order without the steady phase (:func:`_unsteady_jobs`). Their compiled forms in
+``_accel.c`` (``vblock_squeeze``, ``vblock_squeeze_w``) run whenever the extension is built; the Python forms
+(``*_py``) are the reference, run without the extension and held to the compiled ones (the same slots) by
+tests/schedule/test_vblock_c.py. The tables both read (the job walk, the dependency pairs, the memory change of
+each type) are made here once; each form writes the move rule once (one free-slot search, one memory walk).
 """
 from __future__ import annotations
 
-import heapq
 from functools import lru_cache
 
 from ...core import rules
@@ -67,16 +69,25 @@ def _squeeze(pp, m, T, dm, cap, ntypes, movable, warm=True):
     """Move warm-up and cool-down jobs (types in ``movable``) to the earliest free slot after their
     dependencies where the device's running memory stays within ``cap`` (in place).
 
-    Without W jobs (``ntypes`` 4) memory is counted as if W ran right after its B, so only moves
-    that never raise memory (B) are made then. Runs :func:`_squeeze_py` (the specification) or its
-    compiled form ``vblock_squeeze`` in ``_accel.c`` (the same slots: tests/schedule/test_vblock_c.py)."""
+    Without W jobs (``ntypes`` 4) memory is counted as if W ran right after its B (:func:`_type_mem`), so only
+    moves that never raise memory (B) are made then. Runs the compiled form ``vblock_squeeze`` in ``_accel.c``
+    or, without the extension, :func:`_squeeze_py` (the reference: the same slots, tests/schedule/test_vblock_c.py)."""
+    xm = _type_mem(dm, ntypes)
     if accelerated():
-        out = ext.vblock_squeeze(pp, m, ntypes, _flat(T, ntypes), [x for row in dm for x in row], float(cap),
+        out = ext.vblock_squeeze(pp, m, ntypes, _flat(T, ntypes), [x for row in xm for x in row], float(cap),
                                  list(_unsteady_jobs(T, pp, ntypes, m)), _dep_flat(pp),
                                  [int(k in movable) for k in range(ntypes)], bool(warm))
         _unflat(T, out, pp, ntypes, m)
         return
-    _squeeze_py(pp, m, T, dm, cap, ntypes, movable, warm)
+    _squeeze_py(pp, m, T, xm, cap, ntypes, movable, warm)
+
+
+def _type_mem(dm, ntypes: int) -> list[list[float]]:
+    """Per device, the memory change the first squeeze counts at each type's slot: ``dm`` itself with W rows
+    (``ntypes`` 6); without them (4) a B's change includes its W's (W counted right after its B)."""
+    if ntypes == 6:
+        return [list(row[:6]) for row in dm]
+    return [[row[_F0], row[_F1], row[_B1] + row[4], row[_B0] + row[5]] for row in dm]
 
 
 def _flat(T, ntypes: int) -> list[int]:
@@ -101,15 +112,15 @@ def _dep_flat(pp: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _squeeze_py(pp, m, T, dm, cap, ntypes, movable, warm=True):
-    """:func:`_squeeze` in Python."""
+def _squeeze_py(pp, m, T, xm, cap, ntypes, movable, warm=True):
+    """:func:`_squeeze` in Python (``xm``: :func:`_type_mem`)."""
     horizon = max(T[d][k][m - 1] for d in range(pp) for k in range(ntypes)) + 2
     occ = [bytearray(horizon) for _ in range(pp)]
     run = [[0.0] * horizon for _ in range(pp)]
     for d in range(pp):
         delta = [0.0] * (horizon + 1)
         for k in range(ntypes):
-            x = dm[d][k] if ntypes == 6 or k < _B1 else dm[d][k] + dm[d][4 if k == _B1 else 5]
+            x = xm[d][k]
             for t in T[d][k]:
                 occ[d][t] = 1
                 delta[t] += x
@@ -130,7 +141,7 @@ def _squeeze_py(pp, m, T, dm, cap, ntypes, movable, warm=True):
         if not mov[k] or not (warm or cool):
             continue
         dep = _deps(T, pp, d, k, j)
-        x = dm[d][k] if ntypes == 6 or k < _B1 else dm[d][k] + dm[d][4 if k == _B1 else 5]
+        x = xm[d][k]
         o = occ[d]
         r = run[d]
         s = o.find(0, dep + 1, t) if dep + 1 < t else -1  # the free slots, found in C (the block is dense)
@@ -153,43 +164,23 @@ def _squeeze_py(pp, m, T, dm, cap, ntypes, movable, warm=True):
 VECTOR_HORIZON = 1024
 
 
-def _phased_jobs(T, pp: int, ntypes: int, m: int):
-    """Every job of the block in time order, ``(t, d, k, j, steady, cool)``: steady from device 0's first B
-    (while it still has forwards left) until its last F, cool-down after that (the job that ends the steady
-    phase is not yielded). Each job's next time is read when the job is yielded, so a caller may move
-    ``T[d][k][j]`` earlier without disturbing the order. (The specification of :func:`_unsteady_jobs`.)"""
-    heap = [(T[d][k][0], d, k, 0) for d in range(pp) for k in range(ntypes)]
-    heapq.heapify(heap)
-    steady = cool = False
-    f0_dev0 = 0
-    while heap:
-        t, d, k, j = heapq.heappop(heap)
-        if j + 1 < m:
-            heapq.heappush(heap, (T[d][k][j + 1], d, k, j + 1))
-        if d == 0 and k == _B0 and j == 0:
-            steady = f0_dev0 < m
-        if d == 0 and k == _F0:
-            f0_dev0 += 1
-            if steady and f0_dev0 == m:
-                steady, cool = False, True
-                continue
-        yield t, d, k, j, steady, cool
-
-
 def _unsteady_jobs(T, pp: int, ntypes: int, m: int):
-    """:func:`_phased_jobs` without its steady jobs (which every squeeze skips), ``(t, d, k, j, cool)``.
+    """The jobs of the block that the squeezes may move, in time order, ``(t, d, k, j, cool)``: every job but
+    the steady phase's, which runs from device 0's first B0 (while it still has forwards left) until its last
+    F0 (that job included); ``cool``: after it.
 
-    The walk yields the jobs in the order of their times *before* any move (a job's successor on its row is
-    read when the job is yielded, before the caller moves it), and every row rises (a move never passes the
-    row's previous job: :func:`_deps`). So the steady phase is one interval of that order, from
-    ``K1 = (T[0][B0][0], 0, B0, 0)`` to ``K2 = (T[0][F0][m-1], 0, F0, m-1)`` (not yielded): the warm-up is each
-    row's prefix below K1, the cool-down its suffix above K2, sorted together. When K2 comes first the steady
-    phase never starts and every job is warm-up (pp 128, m 512: 1.3 million jobs walked -> 0.2 million)."""
+    In time order ``(t, d, k, j)`` of the table as given (rows rise, and a move never passes the row's previous
+    job: :func:`_deps`), the steady phase is one interval, from ``K1 = (T[0][B0][0], 0, B0, 0)`` to
+    ``K2 = (T[0][F0][m-1], 0, F0, m-1)``: the warm-up is each row's prefix below K1, the cool-down its suffix
+    above K2, sorted together. When K2 comes first the steady phase never starts and every job is warm-up
+    (pp 128, m 512: 1.3 million jobs walked -> 0.2 million). (tests/schedule/test_vblock_c.py holds this
+    against a walk of every job in time order that tracks the phase.)"""
     k1 = (T[0][_B0][0], 0, _B0, 0)
     k2 = (T[0][_F0][m - 1], 0, _F0, m - 1)
     if k2 < k1:
-        for t, d, k, j, _steady, cool in _phased_jobs(T, pp, ntypes, m):
-            yield t, d, k, j, cool
+        every = sorted((row[j], d, k, j) for d in range(pp) for k, row in enumerate(T[d][:ntypes]) for j in range(m))
+        for t, d, k, j in every:
+            yield t, d, k, j, False
         return
     warm, cool = [], []
     for d in range(pp):
@@ -213,40 +204,10 @@ def _unsteady_jobs(T, pp: int, ntypes: int, m: int):
         yield t, d, k, j, True
 
 
-def _peak_implicit_w(row, dm) -> float:
-    """Peak memory of one device whose slots hold the types in ``row`` (-1 = free), W in the free slots
-    (chunk 1's first, in B order)."""
-    due1 = due0 = 0
-    cur = pk = 0.0
-    d0, d1, d2, d3, d4, d5 = dm
-    for k in row:
-        if k < 0:
-            if due1:
-                due1 -= 1
-                cur += d4
-            elif due0:
-                due0 -= 1
-                cur += d5
-            continue
-        if k == 0:
-            cur += d0
-        elif k == 1:
-            cur += d1
-        elif k == 2:
-            cur += d2
-            due1 += 1
-        else:
-            cur += d3
-            due0 += 1
-        if cur > pk:
-            pk = cur
-    return pk
-
-
 def _squeeze_implicit_w(pp, m, T, dm, cap):
     """Second squeeze (cool-down only, F and B, no W jobs): a move is kept when the device's peak, with W
-    in the free slots, stays within ``cap`` (in place). Runs :func:`_squeeze_implicit_w_py` (the
-    specification) or its compiled form ``vblock_squeeze_w`` in ``_accel.c``."""
+    in the free slots, stays within ``cap`` (in place). Runs the compiled form ``vblock_squeeze_w`` in
+    ``_accel.c`` or, without the extension, :func:`_squeeze_implicit_w_py` (the reference)."""
     if accelerated():
         out = ext.vblock_squeeze_w(pp, m, _flat(T, 4), [x for row in dm for x in row], float(cap),
                                    list(_unsteady_jobs(T, pp, 4, m)), _dep_flat(pp))
@@ -279,57 +240,36 @@ def _squeeze_implicit_w_py(pp, m, T, dm, cap):
             if row[s] >= 0:
                 continue
             row[s], row[t] = k, -1
-            if (_move_fits(row, dm[d], states[d], s, t, cap) if fast[d]
-                    else _peak_implicit_w(row, dm[d]) <= cap + 1e-9):
-                T[d][k][j] = s
-                if fast[d]:
+            if fast[d]:
+                ok = _move_fits(row, dm[d], states[d], s, t, cap)
+                if ok:
                     _move_fits(row, dm[d], states[d], s, t, cap, update=True)
-                else:
-                    states[d] = _w_states(row, dm[d])
-                    fast[d] = states[d][3] <= cap + 1e-9
+            else:  # the whole row; a kept move leaves it within the cap: from now on the device checks incrementally
+                st = _w_states(row, dm[d])
+                ok = st[3] <= cap + 1e-9
+                if ok:
+                    states[d], fast[d] = st, True
+            if ok:
+                T[d][k][j] = s
                 break
             row[s], row[t] = -1, k
 
 
-def _w_states(row, dm) -> tuple[list[int], list[int], list[float], float]:
-    """The walk of :func:`_peak_implicit_w` over ``row``: after each slot the chunk-1 and chunk-0 W still due and
-    the memory level; and the peak (over job slots: a free slot's W only lowers the level)."""
-    n = len(row)
-    s1, s0, lv = [0] * n, [0] * n, [0.0] * n
-    due1 = due0 = 0
-    cur = pk = 0.0
-    d0, d1, d2, d3, d4, d5 = dm
-    for i, k in enumerate(row):
-        if k < 0:
-            if due1:
-                due1 -= 1
-                cur += d4
-            elif due0:
-                due0 -= 1
-                cur += d5
-        else:
-            cur += (d0, d1, d2, d3)[k]
-            if k == 2:
-                due1 += 1
-            elif k == 3:
-                due0 += 1
-            if cur > pk:
-                pk = cur
-        s1[i], s0[i], lv[i] = due1, due0, cur
-    return s1, s0, lv, pk
-
-
-def _move_fits(row, dm, st, s, t, cap, update=False) -> bool:
-    """Whether ``row`` (changed at slots ``s`` < ``t`` only, from a row whose peak was within ``cap``, with
-    ``st`` its :func:`_w_states`) still peaks within ``cap``: the walk of :func:`_peak_implicit_w` from slot
-    ``s`` until, past ``t``, its state equals the old one (from there on nothing differs). With ``update``
-    ``st`` is rewritten for the new row instead (the move is kept)."""
-    s1, s0, lv, _pk = st
+def _w_walk(row, dm, st, s: int, t: int, cap: float, update: bool) -> float | None:
+    """THE walk of one device's memory with W in the free slots of ``row`` (the types per slot, -1 = free; a free
+    slot runs one due W, chunk 1's first, oldest B first), from slot ``s`` on, starting from the state ``st``
+    (per slot the chunk-1 and chunk-0 W still due and the memory level after it, :func:`_w_states`) held before
+    ``s``. Past slot ``t`` it stops where its state equals ``st`` (from there on nothing differs). Returns the
+    peak over the job slots walked, or None as soon as one exceeds ``cap`` (unless ``update``: then ``st`` is
+    rewritten with the new states instead)."""
+    s1, s0, lv = st[0], st[1], st[2]
     if s:
         due1, due0, cur = s1[s - 1], s0[s - 1], lv[s - 1]
     else:
         due1 = due0 = 0
         cur = 0.0
+    pk = 0.0
+    lim = cap + 1e-9
     d0, d1, d2, d3, d4, d5 = dm
     for i in range(s, len(row)):
         k = row[i]
@@ -346,10 +286,33 @@ def _move_fits(row, dm, st, s, t, cap, update=False) -> bool:
                 due1 += 1
             elif k == 3:
                 due0 += 1
-            if cur > cap + 1e-9 and not update:
-                return False
+            if cur > pk:
+                pk = cur
+            if cur > lim and not update:
+                return None
         if i > t and due1 == s1[i] and due0 == s0[i] and abs(cur - lv[i]) <= 1e-12:
-            return True
+            return pk
         if update:
             s1[i], s0[i], lv[i] = due1, due0, cur
-    return True
+    return pk
+
+
+def _w_states(row, dm) -> tuple[list[int], list[int], list[float], float]:
+    """:func:`_w_walk` over the whole of ``row``: after each slot the chunk-1 and chunk-0 W still due and the
+    memory level; and the peak (over job slots: a free slot's W only lowers the level)."""
+    n = len(row)
+    st = ([0] * n, [0] * n, [0.0] * n)
+    pk = _w_walk(row, dm, st, 0, n, float("inf"), True)
+    return st[0], st[1], st[2], pk
+
+
+def _peak_implicit_w(row, dm) -> float:
+    """Peak memory of one device whose slots hold the types in ``row`` (-1 = free), W in the free slots."""
+    return _w_states(row, dm)[3]
+
+
+def _move_fits(row, dm, st, s, t, cap, update=False) -> bool:
+    """Whether ``row`` (changed at slots ``s`` < ``t`` only, from a row whose peak was within ``cap``, with
+    ``st`` its :func:`_w_states`) still peaks within ``cap``: :func:`_w_walk` from slot ``s`` until, past ``t``,
+    its state equals the old one. With ``update`` ``st`` is rewritten for the new row instead (the move is kept)."""
+    return _w_walk(row, dm, st, s, t, cap, update) is not None
