@@ -5,6 +5,7 @@ every schedule of the committed low-memory grid and against planned schedules wh
 little memory), where no solver can prove an optimum."""
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 
@@ -160,3 +161,40 @@ def test_rounded_costs_keep_the_steady_term():
     b = bounds.lower_bound(odd, Placement.V)
     assert b.term == "steady state (memory)"
     assert 1394.0 <= b.value <= bounds.lower_bound(exact, Placement.V).value + 1e-3
+
+
+# ----------------------------------------------------------------------------- what users see
+def _cli_json(capsys, argv):
+    from pipeloom.cli import main
+
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_plan_simulate_and_show_report_the_steady_bound(tmp_path, capsys):
+    # vmin pp 16, m 64, Zero Bubble costs, its own 6 units: terms 1-3 give 651, the steady state 717
+    from pipeloom.cli import main
+
+    out = tmp_path / "vmin.json"
+    zb = "F=1,B=2,W=1,comm=0.5"
+    d = _cli_json(capsys, ["plan", "-s", "vmin", "--pp", "16", "-m", "64", "--costs", zb, "--json", "-o", str(out)])
+    assert (d["lower_bound"], d["bound_limit"]) == (717.0, 6.0)
+    assert d["gap"] == pytest.approx(d["makespan"] / 717 - 1)
+    d = _cli_json(capsys, ["simulate", "--plan", str(out), "--costs", zb, "--json"])
+    assert (d["lower_bound"], d["bound_limit"]) == (717.0, 6.0)
+    assert main(["show", str(out), "--costs", zb, "--width", "40"]) == 0
+    assert "proven lower bound 717 at memory 6 units" in capsys.readouterr().out
+
+
+def test_plan_bound_with_costs_in_seconds_keeps_the_steady_term():
+    # the tuner's --explain calls plan_bound with costs in seconds (no small fractions: a rounded integer graph)
+    from dataclasses import replace
+
+    spec = make_spec(pp=16, vpp=2, microbatches=64, costs="F=1,B=2,W=1,comm=0.5")
+    s = registry.build("vmin", spec)
+    r = simulate(s, spec.costs, spec.mem)
+    unit = 0.0123456789
+    sec = replace(spec, costs=Costs(F=unit, B=2 * unit, W=unit, comm=0.5 * unit))
+    b = bounds.plan_bound(s, sec, r.makespan * unit, max(r.peak_memory))
+    assert b["bound_limit"] == 6.0
+    assert b["lower_bound"] == pytest.approx(717 * unit, rel=1e-3)  # terms 1-3 alone: 651 units less a slack
