@@ -12,7 +12,7 @@ Two parts, both with the Zero Bubble paper's costs per chunk pass (F=1, B=2, W=1
     bound's there.
 
     python bench/bounds_at_depth.py --markdown docs/bench/schedules_at_scale.md     # about 4 minutes
-    python bench/bounds_at_depth.py --small --time-limit 150                         # up to 20 minutes
+    python bench/bounds_at_depth.py --small --time-limit 150                         # about 20 minutes
 """
 from __future__ import annotations
 
@@ -59,9 +59,10 @@ print(json.dumps({"makespan": r.makespan, "peak": max(r.peak_memory), "limit": l
                   "term": b.term, "cpu_s": cpu}))
 """
 
-#: (pp, m, limit units, costs) of the low-memory grid with the widest bound gaps at 0.5p (B = 2F)
-SMALL = ((2, 6, 1.0, "F=1,B=2,W=1,comm=0"), (2, 6, 1.0, ZB), (3, 6, 1.5, "F=1,B=2,W=1,comm=0"),
-         (3, 9, 1.5, "F=1,B=2,W=1,comm=0"), (3, 9, 1.5, ZB), (4, 8, 2.0, "F=1,B=2,W=1,comm=0"), (4, 8, 2.0, ZB))
+#: (pp, m, limit units, costs) of the low-memory grid at 0.5p with the widest gaps between plan and bound
+SMALL = ((2, 6, 1.0, "F=1,B=1,W=1,comm=0"), (2, 6, 1.0, "F=1,B=2,W=1,comm=0"), (2, 6, 1.0, ZB),
+         (3, 6, 1.5, "F=1,B=2,W=1,comm=0"), (3, 9, 1.5, "F=1,B=2,W=1,comm=0"), (3, 9, 1.5, ZB),
+         (4, 8, 2.0, "F=1,B=2,W=1,comm=0"), (4, 8, 2.0, ZB), (4, 12, 2.0, ZB))
 
 
 def plan(name: str, pp: int, m: int, limit, opts: dict, timeout: float = 300) -> dict | None:
