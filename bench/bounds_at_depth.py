@@ -11,7 +11,7 @@ Two parts, both with the Zero Bubble paper's costs per chunk pass (F=1, B=2, W=1
     default ``zbv`` plan, ``--time-limit`` seconds each): a proven optimum above the bound says the gap is the
     bound's there.
 
-    python bench/bounds_at_depth.py --markdown docs/bench/schedules_at_scale.md     # about 4 minutes
+    python bench/bounds_at_depth.py --markdown docs/bench/schedules_at_scale.md     # 75-250 s
     python bench/bounds_at_depth.py --small --time-limit 150                         # about 20 minutes
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ HEAD = "## Stronger searches at depth against the bound"
 INTRO = """Command (CPU, each plan in a fresh process; the same machine and load as the table below):
 
 ```
-python bench/bounds_at_depth.py --markdown docs/bench/schedules_at_scale.md      # about 4 minutes
+python bench/bounds_at_depth.py --markdown docs/bench/schedules_at_scale.md      # 75-250 s
 ```
 
 The Zero Bubble costs at pp 16 and 32, m 2pp and 4pp: `zbv` and `vhalf` at 0.5p and `vmin` at its own limit,
