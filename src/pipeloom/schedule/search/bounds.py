@@ -37,12 +37,37 @@ holds for every valid schedule, so their maximum is a lower bound of the makespa
    microbatch on d, so it is on d's highest local chunk (a microbatch's forwards go up the
    chunks), and ``T >= start(P) + tail[F on that chunk]``.
 
+4. steady state (memory; Little's law): let ``m(t)`` be the level after the last job of d that has
+   started by time t (0 before the first). d's jobs start one at a time in d's order, so ``m(t)`` is the
+   level after a prefix of that order: ``0 <= m(t) <= L`` at every t (this reads the order-based limit as a
+   function of time; no timing of the memory inside a job is assumed). Each job's change counts from its
+   start to T, so ``integral_0^T m(t) dt = sum over (j, c on d) of b_c (sB - sF) + (a_c - b_c) (sW - sF)``
+   (start times of F, B, W of (j, c); F adds ``a_c``, B frees ``b_c``, W the rest, all ``>= 0``). The
+   least ``sB - sF`` is ``res_c`` (:func:`residency`: the chain ``F(c) .. F(last), B(last) .. B(c+1)``
+   with ``comm`` on each edge between devices, the same for every microbatch), and ``sW >= sB + dB_c``
+   (W needs its B, on the same device). So the memory-time ``R = m * sum_c (b_c res_c + (a_c - b_c)
+   (res_c + dB_c))`` is at most ``integral_0^T m(t) dt <= L T``. Sharper, ``m(t)`` is capped by
+   ``u(t)``: 0 before ``hF``; before ``hB`` only forwards have started (no B yet, W needs its B), every one
+   but the last finished after ``hF``, so ``m(t) <= amax + rho (t - hF)`` with ``rho = max a_c / dF_c``;
+   ``L`` after. And the jobs not started at t must free ``m(t)`` (the level ends at 0; F only adds), one at
+   a time inside ``[t, T]``, so ``m(t) <= sigma (T - t)`` with ``sigma`` the most any B or W frees per unit
+   of time. So ``R <= A(T) = integral_0^T min(u(t), sigma (T - t)) dt``; A does not decrease with T, and
+   T is at least the least T with ``A(T) >= R`` (:func:`steady_state_time`); on an integer graph the least
+   integer (for each device order the earliest timing is optimal and integral). Where memory is scarce and m
+   large (``vmin`` with the Zero Bubble costs at depth) this term is the binding one.
+
 Example (``zbv`` pp 4, m 8, F=B=W=comm=1, limit 1p = 4 units, a = 1/2, b = 1/4): on the
 last device, ``hB = 20``, ``Fpre = 8`` (8 forwards fit), ``X = 8 - 4 = 4`` units = 16 jobs of
 1/4, so ``start(P) >= 20 + 16 + (16 - 1 - 8) = 43`` and ``T >= 43 + 22 = 65``: the official
 generator's 65 is optimal there (CP-SAT alone proves only 54 in 90 s).
 
-The bounds are checked against the exact optimum on small shapes (tests/schedule/test_polish.py).
+Example of term 4 (pp 2, vpp 1, m 4, F=B=W=1, comm 0, torch's memory model ``b = 0``, limit 1 unit): on
+device 0, ``res = F + F + B = 3``, so ``R = 4 * 1 * (3 + 1) = 16`` and ``R / L = 16``; W frees 1 per unit
+of time (``sigma = 1``) and ``u = L`` from ``hF = 0``, so ``A(T) = T - 1/2`` and ``T >= 16.5``, 17 on the
+integer grid, where terms 1-3 give 16 (the CP-SAT optimum is 20).
+
+The bounds are checked against the exact optimum on small shapes (tests/schedule/test_polish.py,
+tests/schedule/test_bounds.py).
 """
 from __future__ import annotations
 
@@ -50,7 +75,7 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-from ...core.ir import Job, Kind, Placement
+from ...core.ir import Job, Kind, Placement, device_of
 from ..registry import PlanSpec
 from .cpsat import JobGraph, job_graph
 
@@ -61,7 +86,7 @@ class Bound:
 
     value: float
     term: str
-    """'critical path / device', 'warm-up (memory)' or 'last forward (memory)'"""
+    """'critical path / device', 'warm-up (memory)', 'last forward (memory)' or 'steady state (memory)'"""
     device: int | None = None
 
 
@@ -155,12 +180,104 @@ def _min_free_work(g, chunks: list[int], need: int, exact: bool = True) -> float
     return cost
 
 
-def graph_bound(g) -> tuple[int, str, int | None]:
-    """(bound in the graph's integer time, term, device) of :func:`lower_bound` on a job graph."""
+def residency(g) -> list[int]:
+    """Per chunk c, the least time from the start of F(j, c) to the start of B(j, c) (any microbatch j):
+    the dependency chain up the chunks and back, ``F(c) .. F(last), B(last) .. B(c+1)`` with ``comm`` on every
+    edge between devices (the only path from F(c) to B(c) besides the direct edge, and never shorter)."""
+    nc, iF, iB, dev = g.nc, g.iF, g.iB, g.dev
+    out = [0] * nc
+    up = 0  # F(c) .. F(last) + B(last) .. B(c+1), with the comm of the edges between
+    for c in range(nc - 1, -1, -1):
+        if c < nc - 1:
+            up += iB[c + 1] + (2 * g.icomm if dev[c] != dev[c + 1] else 0)
+        up += iF[c]
+        out[c] = up
+    return out
+
+
+def _area(T: float, L: float, hF: float, hB: float, amax: float, rho: float, sigma: float) -> float:
+    """The most memory-time ``integral_0^T m(t) dt`` a device can hold under the caps of the steady-state term
+    (:func:`steady_state_time`): ``m(t) <= u(t) = 0`` before ``hF``, ``min(L, amax + rho (t - hF))`` in
+    ``[hF, hB)``, ``L`` after, and ``m(t) <= sigma (T - t)``. The integrand is piecewise linear between the
+    breakpoints collected here, so the midpoint rule on each piece is exact."""
+    def u(t: float) -> float:
+        if t < hF:
+            return 0.0
+        if t < hB:
+            return L if math.isinf(rho) else min(L, amax + rho * (t - hF))
+        return L
+
+    def cap(t: float) -> float:
+        x = u(t)
+        return x if math.isinf(sigma) else min(x, sigma * (T - t))
+
+    pts = {0.0, T, hF, hB}
+    if not math.isinf(rho) and rho > 0:
+        pts.add(hF + (L - amax) / rho)
+    if not math.isinf(sigma):
+        pts.add(T - L / sigma)
+        if not math.isinf(rho):
+            pts.add((sigma * T - amax + rho * hF) / (rho + sigma))
+    xs = sorted(x for x in pts if 0.0 <= x <= T)
+    return sum((x1 - x0) * cap((x0 + x1) / 2) for x0, x1 in zip(xs, xs[1:]) if x1 > x0)
+
+
+def steady_state_time(R: float, L: float, hF: float, hB: float, amax: float, rho: float, sigma: float,
+                      integral: bool) -> float:
+    """The least ``T`` with :func:`_area` ``(T) >= R`` (the memory-time a device must hold; see the module
+    docstring, term 4); with ``integral`` the least such integer. ``_area`` does not decrease with ``T``."""
+    if R <= 0:
+        return 0.0
+    hi = max(1.0, hB + R / L)
+    while _area(hi, L, hF, hB, amax, rho, sigma) < R:
+        hi *= 2
+    lo = R / L  # _area(T) <= L*T
+    if integral:
+        lo_i, hi_i = int(math.floor(lo)), int(math.ceil(hi))
+        while lo_i < hi_i:  # least integer with enough area (relative slack against float rounding)
+            mid = (lo_i + hi_i) // 2
+            if _area(mid, L, hF, hB, amax, rho, sigma) >= R * (1 - 1e-12):
+                hi_i = mid
+            else:
+                lo_i = mid + 1
+        return float(hi_i)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _area(mid, L, hF, hB, amax, rho, sigma) >= R * (1 - 1e-12):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * max(1.0, hi):
+            break
+    return lo
+
+
+def _steady_terms(g, d: int, chunks: list[int], res: list[int], hF: int, hB: int, integral: bool) -> float:
+    """Term 4 (steady state, Little's law) of :func:`graph_bound` for device ``d``, in the graph's time units."""
+    L = g.ilimit
+    R = g.m * sum(g.ib[c] * res[c] + (g.ia[c] - g.ib[c]) * (res[c] + g.iB[c]) for c in chunks)
+    if R <= 0 or L is None or L <= 0:
+        return 0.0
+    amax = max(g.ia[c] for c in chunks)
+    rho = max((g.ia[c] / g.iF[c] if g.iF[c] > 0 else (math.inf if g.ia[c] > 0 else 0.0)) for c in chunks)
+    rates = []
+    for c in chunks:
+        for fr, du in ((g.ib[c], g.iB[c]), (g.ia[c] - g.ib[c], g.iW[c])):
+            rates.append(fr / du if du > 0 else (math.inf if fr > 0 else 0.0))
+    sigma = max(rates)
+    if sigma <= 0:
+        sigma = math.inf
+    return steady_state_time(R, L, hF, hB, amax, rho, sigma, integral)
+
+
+def graph_bound(g, *, steady: bool = True) -> tuple[int, str, int | None]:
+    """(bound in the graph's integer time, term, device) of :func:`lower_bound` on a job graph
+    (``steady=False``: without term 4, the bound as it was before that term)."""
     best = (g.lb, "critical path / device", None)
     if g.ilimit is None:
         return best
     cells, memo = DP_CELLS, {}
+    res = residency(g)
     by_dev: dict[int, list[int]] = {}
     for c in range(g.nc):
         by_dev.setdefault(g.dev[c], []).append(c)
@@ -178,6 +295,10 @@ def graph_bound(g) -> tuple[int, str, int | None]:
         warm = hB + bwtot + ftot - fpre
         if warm > best[0]:
             best = (warm, "warm-up (memory)", d)
+        if steady and not g.rounded:
+            st = int(_steady_terms(g, d, chunks, res, hF, hB, True))
+            if st > best[0]:
+                best = (st, "steady state (memory)", d)
         top = max(chunks)
         need = g.m * sum(g.ia[c] for c in chunks) - g.ilimit
         key = (need, tuple((g.ia[c], g.ib[c], g.iB[c], g.iW[c]) for c in chunks))
@@ -236,8 +357,44 @@ def lower_bound(spec: PlanSpec, placement: Placement | str = Placement.V) -> Bou
     g = microbatch_graph(spec, Placement(placement))
     v, term, d = graph_bound(g)
     if g.rounded:  # durations rounded to 1/tscale: every path or sum has < 2*njobs terms, each off by <= 1/2
-        return Bound(max(0.0, (v - 3 * g.m * g.nc) / g.tscale), term, d)
+        out = Bound(max(0.0, (v - 3 * g.m * g.nc) / g.tscale), term, d)
+        st, sd = steady_bound(spec, Placement(placement))  # term 4 on the exact costs instead (no rounding)
+        return Bound(st, "steady state (memory)", sd) if st > out.value else out
     return Bound(v / g.tscale, term, d)
+
+
+def steady_bound(spec: PlanSpec, placement: Placement) -> tuple[float, int | None]:
+    """Term 4 (steady state) of :func:`lower_bound` on ``spec``'s own costs and memory, in floats: (value,
+    device). What :func:`lower_bound` uses where the integer graph rounds the costs (the other terms then
+    lose a rounding slack; this one needs none)."""
+    from types import SimpleNamespace
+
+    if spec.mem_limit is None or not math.isfinite(spec.mem_limit):
+        return 0.0, None
+    nc = spec.pp * spec.vpp
+    dF, dB, dW = spec.costs.per_chunk(nc)
+    a, b = spec.mem.per_chunk(nc, spec.vpp)
+    dev = [device_of(c, spec.pp, placement) for c in range(nc)]
+    g = SimpleNamespace(m=spec.microbatches, nc=nc, dev=dev, iF=dF, iB=dB, iW=dW, icomm=spec.costs.comm,
+                        ia=a, ib=b, ilimit=float(spec.mem_limit))
+    headF, t = [0.0] * nc, 0.0  # one microbatch's chain: F up the chunks, then B back down
+    for c in range(nc):
+        if c > 0:
+            t += dF[c - 1] + (g.icomm if dev[c] != dev[c - 1] else 0.0)
+        headF[c] = t
+    headB, t = [0.0] * nc, headF[-1] + dF[-1]
+    for c in range(nc - 1, -1, -1):
+        if c < nc - 1:
+            t += dB[c + 1] + (g.icomm if dev[c] != dev[c + 1] else 0.0)
+        headB[c] = t
+    res = residency(g)
+    best = (0.0, None)
+    for d in sorted(set(dev)):
+        chunks = [c for c in range(nc) if dev[c] == d]
+        v = _steady_terms(g, d, chunks, res, min(headF[c] for c in chunks), min(headB[c] for c in chunks), False)
+        if v > best[0]:
+            best = (v, d)
+    return best
 
 
 def plan_bound(sched, spec: PlanSpec, makespan: float | None, peak: float | None,
