@@ -25,6 +25,7 @@ def test_large_pp_plans_in_seconds(name, pp, m):
     assert max(res.peak_memory) <= m
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 @pytest.mark.parametrize("name,vpp", [("zbh1", 1), ("zbv", 2), ("zbvpp", 2)])
 def test_large_pp_search_builders_plan_in_seconds(name, vpp):
     pp, m = 16_384, 1  # before: ZB-H1 about 75 s of CPU, ZB-V 15 s, ZB-VPP minutes

@@ -89,6 +89,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "pipeloom", "simulate", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_cli_simulate_tp_overlap_and_fuse():
     base = ["-s", "zbv", "--pp", "4", "-m", "8", "--tp-comm", "0.4", "--json"]
     spans = {}

@@ -85,6 +85,7 @@ def test_zbv_no_worse_than_1f1b_found_cases(pp, vpp, m, f, b, w):
     _assert_zbv_no_worse_than_1f1b(pp, vpp, m, f, b, w)
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pp=st.integers(2, 6), vpp=st.integers(2, 4), m=st.integers(1, 24), data=st.data(),
        limit=st.sampled_from([None, "1p", "1.5p"]))

@@ -9,6 +9,8 @@ the same run, so the comparison holds whatever the time model predicts in absolu
 """
 from __future__ import annotations
 
+import pytest
+
 from pipeloom.core.ir import Placement
 from pipeloom.models.presets import preset
 from pipeloom.partition.layout import ends_as_layers
@@ -18,6 +20,7 @@ from pipeloom.tune.search import Config, _Space, evaluate
 GB = 10 ** 9
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_tune_picks_the_published_layout_or_a_faster_fitting_one():
     gpu = with_overrides(gpu_preset("h100"), memory=80 * GB)
     prob = Problem(model=preset("llama3-405b"), gpus=16384, gpu=gpu, global_batch=2048, seq=8192, tp=8, pp=16,

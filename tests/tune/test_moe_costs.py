@@ -137,6 +137,7 @@ def test_pairing_keeps_schedules_valid_and_pays_only_with_communication(name, vp
     assert simulate(pair_forward_backward(s, none), none).makespan >= simulate(s, none).makespan - 1e-9
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_dualpipev_wins_exactly_where_the_all_to_all_is_large():
     def best(a2a):
         c = Costs(F=(1 + a2a) / 2, B=(1 + a2a) / 2, W=0.5, a2a_F=a2a / 2, a2a_B=a2a / 2)
@@ -245,6 +246,7 @@ def test_bounds_stay_below_the_simulated_step_when_pairs_hide_the_all_to_all():
     assert pruned.best.step_time_s == pytest.approx(full.best.step_time_s)
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_tune_out_records_ep_and_asks_it_again(tmp_path):
     out = tmp_path / "plan"
     cmd = [sys.executable, "-m", "pipeloom", "tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",

@@ -163,6 +163,7 @@ def test_calibration_file(tmp_path):
         Calibration.load(str(p))
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_fits_nowhere_names_memory_and_gpus():
     prob = Problem(model=preset("llama2-70b"), gpus=8, gpu=with_overrides(gpu_preset("h100"), memory=16 * 1024 ** 3),
                    global_batch=64, seq=4096, schedules=("1f1b",))
@@ -182,6 +183,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_cli_json_and_out(tmp_path):
     out = tmp_path / "plan"
     r = _cli("--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4", "--gpu-flops", "2e9", "--gpu-memory",
@@ -253,7 +255,8 @@ def test_memory_bound_meets_the_hand_worked_zbv_example():
     assert step_bound(ones, ones, ones, 1.0, cross, owned, m, [0.5] * nc, [0.25] * nc, None, [0.0] * nc, 0.0) < 65
 
 
-@pytest.mark.parametrize("limit", ["1p", "3", "16MiB"])
+@pytest.mark.parametrize("limit", ["1p", pytest.param("3", marks=pytest.mark.slow),
+                                   pytest.param("16MiB", marks=pytest.mark.slow)])  # 13-45 s each under load
 def test_a_given_mem_limit_plans_every_memory_aware_schedule_under_it(limit):
     from pipeloom.core.costs import MemLimit
 

@@ -2,6 +2,8 @@
 plan.trace.json, plan.gantt.html and plan.gantt.svg there); it says which of its files it replaced."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -34,6 +36,7 @@ def test_out_never_deletes_or_changes_what_it_did_not_write(tmp_path):
     assert set(p.name for p in out.iterdir()) == set(mine) | written
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_out_says_which_files_it_replaced(tmp_path):
     out = tmp_path / "plan"
     out.mkdir()

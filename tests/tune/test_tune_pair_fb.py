@@ -2,6 +2,8 @@
 when the configuration has an expert all-to-all to hide."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -37,6 +39,7 @@ def test_pair_fb_without_an_all_to_all_adds_no_pairs():
     assert paired["configs"][0]["step_time_s"] == plain["configs"][0]["step_time_s"]
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_pair_fb_is_recorded_and_asked_again(tmp_path):
     base = [a for a in CMD if a != "--explain"] + ["--ep", "8"]
     paired = _run(base + ["--pair-fb", "--out", str(tmp_path)])

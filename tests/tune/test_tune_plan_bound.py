@@ -7,6 +7,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_explain_reports_the_plans_bound_and_gap():
     r = subprocess.run([sys.executable, "-m", "pipeloom", "tune", "--model", "llama-tiny", "--gpus", "8",
                         "--gpus-per-node", "4", "--gpu-flops", "2e9", "--gpu-memory", "24MiB", "--reserve", "0",

@@ -68,6 +68,7 @@ def test_no_labels_above_the_limit(tmp_path, monkeypatch):
     assert labelled - numbers("b.svg") == jobs
 
 
+@pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_long_rows_are_paged_so_every_box_keeps_its_number(tmp_path):
     """m 32 x vpp 4 with split backward is 384 jobs per device: on one 34-inch strip a box was ~8 px, too narrow
     for its microbatch number (a strip of slivers). In pages every box is wide enough for its label."""
