@@ -347,11 +347,13 @@ class HFRunModel:
         """This rank's chunk modules sharded for its rank of the tensor-parallel ``group``
         (random weights: :func:`pipeloom.integrations.hf_tp.build_tp_chunks`, only the shards are ever made;
         ``weights``: the loaded model's chunks sliced by :func:`~pipeloom.integrations.hf_tp.shard_hf_chunk_`)."""
+        from .hf_meta import meta_model
         from .hf_tp import build_tp_chunks, shard_hf_chunk_
         if self.weights:
             mods = [shard_hf_chunk_(m, group) for m in self.chunks(split, which, seed)[0]]
         else:
-            mods = build_tp_chunks(load_config(self.spec), split, which, seed, group)
+            model = meta_model(load_config(self.spec))
+            mods = build_tp_chunks(model, pipeline_chunks(model, split, which), seed, group)
         return [m.to(device) for m in mods] if device is not None else mods
 
     def reference_step(self, seed: int, loss_fn, xs, ys) -> tuple[float, dict[str, torch.Tensor]]:

@@ -22,7 +22,7 @@ holding the model:
 
 What it assumes, and checks where it can: modules without ``reset_parameters`` draw nothing when built (true of
 transformers' norms and rotary embeddings), and ``post_init`` sets every kept tensor entirely (a kept tensor
-with NaN left in it is an error naming it). ``tests/runtime/test_hf_meta.py`` compares the replay bitwise with
+with NaN left in it is an error naming it). ``tests/integrations/test_hf_meta.py`` compares the replay bitwise with
 the whole seeded build for every family :mod:`pipeloom.integrations.hf_tp` shards.
 """
 from __future__ import annotations

@@ -157,20 +157,17 @@ def shard_hf_chunk_(chunk: nn.Module, group, values: Mapping[str, torch.Tensor] 
     return chunk
 
 
-def build_tp_chunks(cfg, split: Sequence[Sequence[int]], which: Sequence[int], seed: int, group) -> list[nn.Module]:
-    """This TP rank's chunks ``which`` of the transformers model of ``cfg`` cut by ``split``, sharded, with the
-    values :func:`pipeloom.integrations.hf.build_model` gives them from ``seed`` (bitwise), without building
-    the model: its modules are made on ``meta`` and only this rank's shards (and its chunks' replicated norms
-    and rotary buffers) are materialized, one full parameter at a time
-    (:func:`~pipeloom.integrations.hf_meta.seeded_init`). The peak is the shards kept plus the largest full
-    parameter."""
-    from .hf import pipeline_chunks
-    from .hf_meta import materialize_, meta_model, meta_tensors, seeded_init
+def build_tp_chunks(model: nn.Module, chunks: Sequence[nn.Module], seed: int, group) -> list[nn.Module]:
+    """This TP rank's shards of ``chunks`` (HFChunks of ``model``, a
+    :func:`~pipeloom.integrations.hf_meta.meta_model`), with the values
+    :func:`pipeloom.integrations.hf.build_model` gives them from ``seed`` (bitwise), without building the model:
+    only this rank's shards (and its chunks' replicated norms and rotary buffers) are materialized, one full
+    parameter at a time (:func:`~pipeloom.integrations.hf_meta.seeded_init`). The peak is the shards kept plus
+    the largest full parameter. Returns ``chunks``, sharded in place."""
+    from .hf_meta import materialize_, meta_tensors, seeded_init
 
     rank, t = dist.get_rank(group), dist.get_world_size(group)
-    check_hf_tp(cfg, t)
-    model = meta_model(cfg)
-    chunks = pipeline_chunks(model, split, which)
+    check_hf_tp(model.config, t)
     keep = {}
     for ch in chunks:
         spec = shard_spec(ch, rank, t)
