@@ -298,7 +298,7 @@ class HFRunModel:
     """A transformers model for :func:`pipeloom.runtime.driver.run` (``RunConfig.model``); picklable.
 
     Without tensor parallelism each rank builds the whole model on CPU, keeps its chunks and drops the rest;
-    with it (:meth:`tp_chunks`, random weights) a rank materializes only its shards, with the same values."""
+    with it (:meth:`tp_chunks`) a rank materializes only its shards, with the same values."""
 
     spec: str
     weights: bool = False
@@ -345,15 +345,13 @@ class HFRunModel:
     def tp_chunks(self, split: Sequence[Sequence[int]], which: Sequence[int], seed: int, group,
                   device=None) -> list[nn.Module]:
         """This rank's chunk modules sharded for its rank of the tensor-parallel ``group``
-        (random weights: :func:`pipeloom.integrations.hf_tp.build_tp_chunks`, only the shards are ever made;
-        ``weights``: the loaded model's chunks sliced by :func:`~pipeloom.integrations.hf_tp.shard_hf_chunk_`)."""
+        (:func:`pipeloom.integrations.hf_tp.build_tp_chunks`: only the shards are ever made, from the seed or,
+        with ``weights``, read alone from the safetensors files)."""
         from .hf_meta import meta_model
-        from .hf_tp import build_tp_chunks, shard_hf_chunk_
-        if self.weights:
-            mods = [shard_hf_chunk_(m, group) for m in self.chunks(split, which, seed)[0]]
-        else:
-            model = meta_model(load_config(self.spec))
-            mods = build_tp_chunks(model, pipeline_chunks(model, split, which), seed, group)
+        from .hf_tp import build_tp_chunks
+        model = meta_model(load_config(self.spec))
+        weights = (os.path.dirname(config_path(self.spec)) or ".") if self.weights else None
+        mods = build_tp_chunks(model, pipeline_chunks(model, split, which), seed, group, weights)
         return [m.to(device) for m in mods] if device is not None else mods
 
     def reference_step(self, seed: int, loss_fn, xs, ys) -> tuple[float, dict[str, torch.Tensor]]:

@@ -20,6 +20,11 @@ holding the model:
   copied out, the rest freed. The peak is the tensors kept plus the largest module's own tensors (one
   parameter for the Llama-shaped families), never the model.
 
+With saved weights (``--weights``) nothing is drawn: :func:`load_slices` reads only the kept slices from the
+safetensors files (memory-mapped: the bytes of the shards, never a whole tensor but the replicated ones), and
+:func:`init_buffers` computes the buffers a checkpoint does not hold (the rotary frequencies) with
+transformers' own ``_init_weights`` of their modules.
+
 What it assumes, and checks where it can: modules without ``reset_parameters`` draw nothing when built (true of
 transformers' norms and rotary embeddings), and ``post_init`` sets every kept tensor entirely (a kept tensor
 with NaN left in it is an error naming it). ``tests/integrations/test_hf_meta.py`` compares the replay bitwise with
@@ -32,7 +37,7 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
-__all__ = ["meta_model", "seeded_init", "materialize_", "meta_tensors"]
+__all__ = ["meta_model", "seeded_init", "init_buffers", "load_slices", "materialize_", "meta_tensors"]
 
 Keep = Mapping[str, Callable[[torch.Tensor], torch.Tensor]]
 
@@ -148,3 +153,65 @@ def materialize_(module: nn.Module, values: Mapping[str, torch.Tensor], prefix: 
 def meta_tensors(module: nn.Module) -> list[str]:
     """Names of ``module``'s parameters and buffers still on ``meta``."""
     return [n for n, t in (*module.named_parameters(), *module.named_buffers()) if t.device.type == "meta"]
+
+
+#: safetensors dtypes numpy holds (read through numpy: only the slice is copied, into torch's memory)
+_NUMPY_DTYPES = {"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL"}
+
+
+def load_slices(directory: str, cuts) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` for the tensors named in ``cuts`` (``name -> (dim, start, length)`` or None for the whole
+    tensor), read from the ``*.safetensors`` files of ``directory`` (one or several shards) as fp32, each slice
+    read alone from the memory-mapped file (``safe_open(...).get_slice``; through numpy where it holds the dtype,
+    else, bf16, through torch's view of the mapped file) and copied. A name no file holds is an error naming it."""
+    import glob
+    import os
+
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        with safe_open(path, framework="numpy") as fh:
+            for name in fh.keys():
+                if name not in cuts or name in out:
+                    continue
+                cut, sl = cuts[name], fh.get_slice(name)
+                idx = (slice(None),) * len(sl.get_shape()) if cut is None else \
+                    (slice(None),) * cut[0] + (slice(cut[1], cut[1] + cut[2]),)
+                if sl.get_dtype() in _NUMPY_DTYPES:
+                    out[name] = torch.tensor(sl[idx], dtype=torch.float32)  # a copy of the slice
+                else:
+                    with safe_open(path, framework="pt") as pt:
+                        out[name] = pt.get_slice(name)[idx].to(torch.float32).clone(
+                            memory_format=torch.contiguous_format)
+    missing = sorted(set(cuts) - set(out))
+    if missing:
+        raise KeyError(f"{directory}: no safetensors file holds {', '.join(missing[:4])}")
+    return out
+
+
+@torch.no_grad()
+def init_buffers(model: nn.Module, names) -> dict[str, torch.Tensor]:
+    """The values transformers' ``_init_weights`` gives the buffers ``names`` of ``model`` (a :func:`meta_model`),
+    computed on CPU module by module (for buffers that draw no random numbers: the rotary frequencies, which a
+    checkpoint does not hold); the random state is left as it was."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    names = set(names)
+    owners = {id(m): (p + ".") if p else "" for p, m in model.named_modules()}
+    out: dict[str, torch.Tensor] = {}
+    with torch.random.fork_rng(devices=[]):
+        for mod in model.modules():
+            mine = [n for n in mod._buffers if owners[id(mod)] + n in names]
+            if not mine or isinstance(mod, PreTrainedModel):
+                continue
+            orig = _swap_in(mod, float("nan"))
+            model._init_weights(mod)
+            for n in mine:
+                v = mod._buffers[n]
+                if _has_nan(v):
+                    raise RuntimeError(f"{owners[id(mod)] + n}: transformers' _init_weights does not set it")
+                out[owners[id(mod)] + n] = v
+            _swap_out(orig)
+    return out
+

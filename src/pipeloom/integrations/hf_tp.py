@@ -19,7 +19,7 @@ model. Not here: sequence parallelism, biases, tied embeddings, the other famili
 :func:`build_tp_chunks` is what ``run --model PATH --tp N`` builds (random weights from the seed): the model's
 modules on ``meta``, cut into this rank's chunks, sharded by :func:`shard_spec`, and only the shards materialized
 with the values of the whole seeded build (:mod:`pipeloom.integrations.hf_meta`: one full parameter at a time).
-With ``--weights`` the whole model is loaded and :func:`shard_hf_chunk_` slices its weights.
+With ``--weights`` the shards are read alone from the safetensors files.
 """
 from __future__ import annotations
 
@@ -157,23 +157,31 @@ def shard_hf_chunk_(chunk: nn.Module, group, values: Mapping[str, torch.Tensor] 
     return chunk
 
 
-def build_tp_chunks(model: nn.Module, chunks: Sequence[nn.Module], seed: int, group) -> list[nn.Module]:
+def build_tp_chunks(model: nn.Module, chunks: Sequence[nn.Module], seed: int, group,
+                    weights: str | None = None) -> list[nn.Module]:
     """This TP rank's shards of ``chunks`` (HFChunks of ``model``, a
     :func:`~pipeloom.integrations.hf_meta.meta_model`), with the values
-    :func:`pipeloom.integrations.hf.build_model` gives them from ``seed`` (bitwise), without building the model:
-    only this rank's shards (and its chunks' replicated norms and rotary buffers) are materialized, one full
-    parameter at a time (:func:`~pipeloom.integrations.hf_meta.seeded_init`). The peak is the shards kept plus
-    the largest full parameter. Returns ``chunks``, sharded in place."""
-    from .hf_meta import materialize_, meta_tensors, seeded_init
+    :func:`pipeloom.integrations.hf.build_model` gives them (bitwise), without building the model: only this
+    rank's shards (and its chunks' replicated norms and rotary buffers) are materialized. Random weights from
+    ``seed``: one full parameter at a time (:func:`~pipeloom.integrations.hf_meta.seeded_init`; the peak is the
+    shards kept plus the largest full parameter); ``weights`` (a directory of safetensors files): each slice read
+    alone (:func:`~pipeloom.integrations.hf_meta.load_slices`). Returns ``chunks``, sharded in place."""
+    from .hf_meta import init_buffers, load_slices, materialize_, meta_tensors, seeded_init
 
     rank, t = dist.get_rank(group), dist.get_world_size(group)
     check_hf_tp(model.config, t)
-    keep = {}
+    cuts: dict[str, tuple[int, int, int] | None] = {}
+    buffers: set[str] = set()
     for ch in chunks:
         spec = shard_spec(ch, rank, t)
-        for name, _ in (*ch.named_parameters(), *ch.named_buffers()):
-            keep[name] = (lambda w, s=spec[name]: w.narrow(*s)) if name in spec else (lambda w: w)
-    values = seeded_init(model, seed, keep)
+        cuts.update((name, spec.get(name)) for name, _ in ch.named_parameters())
+        buffers.update(name for name, _ in ch.named_buffers())
+    if weights is None:
+        keep = {n: (lambda w, c=c: w.narrow(*c)) if c is not None else (lambda w: w)
+                for n, c in (*cuts.items(), *((b, None) for b in buffers))}
+        values = seeded_init(model, seed, keep)
+    else:
+        values = {**load_slices(weights, cuts), **init_buffers(model, buffers)}
     for ch in chunks:
         materialize_(shard_hf_chunk_(ch, group, values=values), values)
         left = meta_tensors(ch)
