@@ -50,7 +50,6 @@ def test_pp2_tp2_1f1b_and_zbv_match_one_process():
 @pytest.mark.parametrize("kw,msg", [
     (dict(tp=3), "tp=3 does not divide heads=4"),
     (dict(tp=2, model=object(), sequence_parallel=True, seq_len=8), "not yet with --model and --sequence-parallel"),
-    (dict(tp=2, dp=2, measure_costs=True), "not yet with measured costs"),
     (dict(tp=0), "tp must be an integer >= 1"),
     (dict(tp=1, sequence_parallel=True), "needs --tp > 1"),
     (dict(tp=4, sequence_parallel=True, seq_len=10), "--seq-len 10 must be a multiple of --tp 4"),

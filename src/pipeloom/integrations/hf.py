@@ -297,8 +297,8 @@ def canonical_names(model: nn.Module) -> dict[str, str]:
 class HFRunModel:
     """A transformers model for :func:`pipeloom.runtime.driver.run` (``RunConfig.model``); picklable.
 
-    Each rank builds the whole model on CPU (random weights from ``seed`` are only reproducible that
-    way), keeps its chunks and drops the rest."""
+    Without tensor parallelism each rank builds the whole model on CPU, keeps its chunks and drops the rest;
+    with it (:meth:`tp_chunks`) a rank materializes only its shards, with the same values."""
 
     spec: str
     weights: bool = False
@@ -345,10 +345,13 @@ class HFRunModel:
     def tp_chunks(self, split: Sequence[Sequence[int]], which: Sequence[int], seed: int, group,
                   device=None) -> list[nn.Module]:
         """This rank's chunk modules sharded for its rank of the tensor-parallel ``group``
-        (:func:`pipeloom.integrations.hf_tp.shard_hf_chunk_`)."""
-        from .hf_tp import shard_hf_chunk_
-        mods, _ = self.chunks(split, which, seed)
-        mods = [shard_hf_chunk_(m, group) for m in mods]
+        (:func:`pipeloom.integrations.hf_tp.build_tp_chunks`: only the shards are ever made, from the seed or,
+        with ``weights``, read alone from the safetensors files)."""
+        from .hf_meta import meta_model
+        from .hf_tp import build_tp_chunks
+        model = meta_model(load_config(self.spec))
+        weights = (os.path.dirname(config_path(self.spec)) or ".") if self.weights else None
+        mods = build_tp_chunks(model, pipeline_chunks(model, split, which), seed, group, weights)
         return [m.to(device) for m in mods] if device is not None else mods
 
     def reference_step(self, seed: int, loss_fn, xs, ys) -> tuple[float, dict[str, torch.Tensor]]:

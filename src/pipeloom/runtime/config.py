@@ -39,7 +39,8 @@ class RunConfig:
     tp: int = 1
     """tensor-parallel ranks per stage (:mod:`pipeloom.models.tp`; the innermost mesh dimension: a stage's TP
     ranks are consecutive global ranks). tp > 1 runs the built-in Llama, or a transformers Llama/Mistral
-    (``model``, :mod:`pipeloom.integrations.hf_tp`, without sequence parallelism), without measured costs"""
+    (``model``, :mod:`pipeloom.integrations.hf_tp`, without sequence parallelism); measured costs are the
+    slowest TP rank's (:func:`pipeloom.trace.tp_costs.fit_tp_chunk_costs`)"""
     sequence_parallel: bool = False
     """with tp > 1: the hidden states between the GEMM pairs and between stages hold seq_len/tp tokens per rank"""
     microbatches: int = 4
@@ -163,13 +164,9 @@ class RunConfig:
         if self.sequence_parallel and self.seq_len % self.tp:
             raise ValueError(f"--sequence-parallel: --seq-len {self.seq_len} must be a multiple of --tp {self.tp} "
                              f"(each TP rank holds seq_len/tp tokens)")
-        if self.tp != 1:
-            other = [what for what, on in (("measured costs", self.measure_costs),
-                                           ("--model and --sequence-parallel",
-                                            self.model is not None and self.sequence_parallel)) if on]
-            if other:
-                raise ValueError(f"--tp {self.tp} runs pp x dp x tp with the built-in Llama only; "
-                                 f"not yet with {', '.join(other)}")
+        if self.tp != 1 and self.model is not None and self.sequence_parallel:
+            raise ValueError(f"--tp {self.tp} runs pp x dp x tp with the built-in Llama only; "
+                             f"not yet with --model and --sequence-parallel")
         parse_overlap(self.tp_overlap)
         if not (0 <= self.tp_link_delay_ms < float("inf")):
             raise ValueError(f"--tp-link-delay must be a finite number of milliseconds >= 0, got {self.tp_link_delay_ms}")

@@ -428,12 +428,13 @@ def calibrate(cfg: RunConfig) -> RunConfig:
     """Measured costs: run one warm-up and ``calibrate_steps`` logged steps of ``cfg``'s (first) schedule
     (no optimizer step is kept: the calibration run is separate from the real one), fit every chunk's
     F, B, W and the comm latency in ms (:func:`pipeloom.trace.check.fit_chunk_costs`, the fit ``pipeloom
-    check`` uses) and plan the registry schedule again with them. Spawned runs calibrate in their own
+    check`` uses; with tp > 1 per TP index, the slowest index's per chunk:
+    :func:`pipeloom.trace.tp_costs.fit_tp_chunk_costs`) and plan the registry schedule again with them. Spawned runs calibrate in their own
     ranks and plan in this process; under torchrun rank 0 fits (the log directory must be visible to it:
     one machine) and every rank plans the same deterministic schedule from the broadcast costs."""
     import tempfile
-    from ..trace.check import fit_chunk_costs
     from ..trace.reader import read_logs
+    from ..trace.tp_costs import fit_tp_chunk_costs
 
     sched = cfg.schedule
     warm, n = 1, cfg.calibrate_steps
@@ -448,12 +449,12 @@ def calibrate(cfg: RunConfig) -> RunConfig:
             worker(ccfg)
             from .grads import barrier
             barrier(None, cfg.timeout_s, "the barrier after the calibration run")
-            out = [fit_chunk_costs(read_logs(box[0])) if dist.get_rank() == 0 else None]
+            out = [fit_tp_chunk_costs(read_logs(box[0]), cfg.tp) if dist.get_rank() == 0 else None]
             dist.broadcast_object_list(out, src=0)
             measured = out[0]
         else:
-            spawn(worker, sched.pp * cfg.dp, (ccfg,), timeout_s=cfg.timeout_s)
-            measured = fit_chunk_costs(read_logs(tmp))
+            spawn(worker, sched.pp * cfg.dp * cfg.tp, (ccfg,), timeout_s=cfg.timeout_s)
+            measured = fit_tp_chunk_costs(read_logs(tmp), cfg.tp)
     base = cfg.spec if cfg.spec is not None else planning.make_spec(
         pp=sched.pp, microbatches=sched.microbatches, vpp=sched.vpp, mem_limit=cfg.mem_limit)
     measured = dataclasses.replace(measured, overlap=base.costs.overlap)

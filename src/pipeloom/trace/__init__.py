@@ -8,6 +8,7 @@
     sanity  what cannot happen in real logs, said before any verdict
     torch_profile  torch profiler traces of a torch.distributed.pipelining run as a run
     check   measured vs planned bubbles, late jobs, straggler attribution, a verdict
+    tp_costs  the measured per-chunk costs of a tensor-parallel run (the slowest TP rank's)
     synth   synthetic logs of a schedule with injected trouble (tests, demos)
     sweep   how small a slowdown the check finds (``python -m pipeloom.trace.sweep``)
     runops  run logs as op traces, and the what-if analysis of a run log (``check_run_whatif``)

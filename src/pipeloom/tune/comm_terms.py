@@ -40,7 +40,8 @@ What each mode exposes (:func:`tp_layer_terms`; ``G_*`` are GEMM seconds of the 
   :mod:`pipeloom.runtime.tp_overlap` does: the wgrad GEMMs hide the whole collective, no token pieces).
 * ``fill``: a split B runs an earlier microbatch's pending W while its reduce-scatter is in flight:
   ``max(0, dgrad_reduce - G_wgrad_col)`` as in a fused BW (the W work is moved, not removed); a fused BW as
-  in ``async``.
+  in ``async``. That assumes W work is pending at every split B; :func:`fill_pricing` checks it B by B on the
+  plan (the tuner's :func:`fill_b_costs`), so a B with nothing pending exposes its collective in full.
 
 Per job of a plan (a split B whose own W is the next job, which the runtime fuses; a fill that finds no
 pending W) :mod:`pipeloom.sim.tp_jobs` applies these rules job by job for ``pipeloom simulate --tp-overlap``.
@@ -245,3 +246,84 @@ def exposed(terms: dict, kind: str) -> float:
 __all__ = ["ACT_BYTES", "TPOverlap", "TPOverlapError", "TP_OVERLAP_MODES", "chunked_exposed", "column_share", "column_wgrad_flops",
            "dgrad_reduce_exposed", "exposed", "gemm_flops", "regather_exposed", "regather_layer", "tp_dgrad_reduce", "tp_forward",
            "tp_grad_gather", "tp_input_regather", "tp_layer_terms"]
+
+
+# ------------------------------------------------------------------------------------------ fill, B by B of a plan
+@dataclass(frozen=True, slots=True)
+class FillPricing:
+    """What ``fill`` hides in one plan, B by B (:func:`fill_pricing`)."""
+
+    split_b: tuple[int, ...]
+    """per device: its split Bs with a collective (a B whose own W is the next job is fused by the runtime, and a
+    chunk without TP layers has none: not counted)"""
+    filled_b: tuple[int, ...]
+    """per device: the split Bs that find pending W work of an earlier microbatch at their position"""
+    split_per_chunk: tuple[int, ...]
+    """per chunk: its split Bs"""
+    hidden: tuple[float, ...]
+    """per chunk: collective seconds its split Bs hide under that W work"""
+    exposed: tuple[float, ...]
+    """per chunk: collective seconds its split Bs leave exposed"""
+
+
+def fill_pricing(devices, comm, w, hideable=None) -> FillPricing:
+    """Price ``fill`` per split B of a plan (``devices``: each device's job list; ``comm[c]``: the input-gradient
+    collective of one B of chunk ``c``; ``w[c]``: the seconds of one W of chunk ``c``; ``hideable[c]``: the most
+    of ``comm[c]`` a B may hide, default all). A split B hides as much of it as the W work pending at its position
+    covers: the W jobs after it whose B has run, of another microbatch's pair, with no BW of their chunk in
+    between, taken in order and each W's work once, as the runtime takes them
+    (:meth:`pipeloom.runtime.tp_overlap.TPOverlap._fill`; :mod:`pipeloom.sim.tp_jobs` holds the one copy of that
+    rule); the rest of its collective is exposed. So a B with no such W hides nothing: the first Bs of a
+    cool-down, a B whose next pending W is its own pair's. Pure: the job lists only, no torch."""
+    from ..core.ir import Kind
+    from ..sim.tp_jobs import _fill, fused_pairs
+
+    nc = len(comm)
+    cap = comm if hideable is None else hideable
+    fused = fused_pairs(devices)
+    hidden, exposed, per_chunk = [0.0] * nc, [0.0] * nc, [0] * nc
+    split, filled = [], []
+    for d, jobs in enumerate(devices):
+        pos = {(j.kind, j.mb, j.chunk): i for i, j in enumerate(jobs)}
+        moved = [0.0] * len(jobs)  # W work already taken by an earlier B's fill
+        s = f = 0
+        for i, j in enumerate(jobs):
+            if j.kind is not Kind.B or (d, i) in fused or comm[j.chunk] <= 0:
+                continue  # not a split B, or one without a collective (a chunk of no TP layer)
+            took = _fill(jobs, i, pos, w, moved, min(cap[j.chunk], comm[j.chunk]))
+            s, f = s + 1, f + (took > 0)
+            per_chunk[j.chunk] += 1
+            hidden[j.chunk] += took
+            exposed[j.chunk] += comm[j.chunk] - took
+        split.append(s)
+        filled.append(f)
+    return FillPricing(tuple(split), tuple(filled), tuple(per_chunk), tuple(hidden), tuple(exposed))
+
+
+def fill_b_costs(devices, B, W, layers, red: float, assumed: float,
+                 movable: float = 1.0) -> tuple[list[float], FillPricing]:
+    """Per-chunk B seconds of a plan under ``fill``, priced B by B. ``B``, ``W``: per-chunk seconds as
+    :func:`tp_layer_terms` charges them: every split B exposing ``assumed`` of each layer's collective ``red``
+    (``max(0, red - column wgrad)``, as if an earlier W were always pending); ``layers``: decoder layers per chunk.
+    Here a split B of chunk ``c`` (collective ``layers[c] x red``) hides only what :func:`fill_pricing` finds
+    pending, at most the ``layers[c] x (red - assumed)`` the layer model lets it hide (so no B gets cheaper than
+    the tuner's bounds assume), and the difference is spread over the chunk's backward jobs (one B or BW per
+    microbatch): each device's busy time is exact, its spread over the microbatches an average. ``movable``: the
+    share of a W that fill may run (with re-gathered sequence-parallel inputs only the row-parallel GEMMs,
+    ``1 - column_share``, as the runtime and :mod:`pipeloom.sim.tp_jobs` do). Returns the new B and the pricing
+    (``--explain``)."""
+    from ..core.ir import Kind
+
+    pr = fill_pricing(devices, [n * red for n in layers], [w * movable for w in W],
+                      [n * (red - assumed) for n in layers])
+    backs = [0] * len(B)
+    for jobs in devices:
+        for j in jobs:
+            if j.kind in (Kind.B, Kind.BW):
+                backs[j.chunk] += 1
+    out = [b + (pr.exposed[c] - pr.split_per_chunk[c] * layers[c] * assumed) / backs[c] if backs[c] else b
+           for c, b in enumerate(B)]
+    return out, pr
+
+
+__all__ += ["FillPricing", "fill_b_costs", "fill_pricing"]

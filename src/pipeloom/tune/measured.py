@@ -18,7 +18,8 @@ bytes over its dp group: :func:`pipeloom.runtime.driver._measure_links`).
 
 * **Tensor parallelism** (``--tp N``): each rank runs ``1/N`` of every GEMM (column/row-parallel linears,
   the vocabulary-parallel head), so a rank's FLOPs are the layer's over ``N``. The seconds per chunk pass stay
-  the measured job times (as without TP); the FLOP/s are computed from them minus the time the jobs waited on
+  the measured job times (as without TP; per chunk and kind the slowest TP rank's,
+  :func:`pipeloom.trace.tp_costs.fit_tp_chunk_costs`); the FLOP/s are computed from them minus the time the jobs waited on
   tensor-parallel collectives (the ``tp_comm`` of each job in the logs, :func:`tp_wait_per_chunk_pass`), which
   is recorded apart under ``measured.tp`` so that the tuner's TP terms do not count it twice.
 
@@ -44,9 +45,9 @@ def calibration_from_run(run_log, model: ModelConfig, *, microbatch_size: int, s
     """The calibration JSON object (see :class:`pipeloom.tune.costs.Calibration`) of one measured run; with
     ``tp > 1`` the FLOPs are one TP rank's and ``tp_wait`` ({kind: seconds per chunk pass}, from
     :func:`tp_wait_per_chunk_pass`) is taken out of the compute seconds and recorded with ``tp_info``."""
-    from ..trace.check import fit_chunk_costs
+    from ..trace.tp_costs import fit_tp_chunk_costs
 
-    costs = fit_chunk_costs(run_log, unit=1.0)  # seconds per chunk pass
+    costs = fit_tp_chunk_costs(run_log, tp, unit=1.0)  # seconds per chunk pass (with TP: the slowest TP rank's)
     nc = len(layers_per_chunk)
     dF, dB, dW = costs.per_chunk(nc)
     tokens = microbatch_size * seq_len

@@ -30,6 +30,7 @@ from ..schedule.registry import PlanSpec
 from ..sim.dp import device_dp
 from ..sim.simulate import simulate
 from .bounds import BOUNDED, _rounded_mem, builder_limit, lower_bound, memory_bound, memory_lower_bound  # noqa: F401
+from .comm_terms import TPOverlap
 from .costs import (GRAD_BYTES, PARAM_BYTES, backward_fused, chunk_costs, comm_p2p, dp_bucket_params,  # noqa: F401
                     dp_link, dp_ranks_per_node, dp_time, optimizer_time, step_model_flops)
 from .space import (PARTITIONS, RECOMPUTES, SLOW, SWEEP_OPTIONS, Config, Problem, TuneError,  # noqa: F401
@@ -141,6 +142,7 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
     else:
         from .moe_costs import chunk_a2a
 
+        B, fill = _fill_priced(space, c, plan[0], B, W)  # --tp-overlap fill: priced B by B of this plan
         aF, aB = chunk_a2a(space, c)  # the all-to-all an overlapped pair hides (0 without expert parallelism)
         exact = Costs(F=tuple(x / unit for x in F), B=tuple(x / unit for x in B), W=tuple(x / unit for x in W),
                       comm=comm / unit, a2a_F=tuple(x / unit for x in aF), a2a_B=tuple(x / unit for x in aB))
@@ -194,8 +196,29 @@ def evaluate(space: _Space, c: Config, *, refine: bool = False) -> Config:
                 "chunk_W_s": W, "dp_link": "intra" if dp_link(space, c) is space.gpu.intra else
                 f"inter x {dp_ranks_per_node(space, c)} NICs",
                 "dp_busy_s": max((sum(e - s for s, e, _ in ivs) * scale for ivs in dp_ivs), default=0.0),
-                "dp_collectives": max((len(ivs) for ivs in dp_ivs), default=0)}
+                "dp_collectives": max((len(ivs) for ivs in dp_ivs), default=0), "tp_fill": fill}
     return c
+
+
+def _fill_priced(space: _Space, c: Config, sched, B: list[float], W: list[float]) -> tuple[list[float], dict | None]:
+    """Under ``--tp-overlap fill``, the per-chunk B seconds of ``c`` with each split B of ``sched`` hiding only what
+    the W work pending at its position covers (:func:`pipeloom.tune.comm_terms.fill_b_costs`) and the counts
+    ``--explain`` prints; else ``B`` unchanged and None."""
+    if c.tp <= 1 or TPOverlap.parse(space.p.tp_overlap).mode != "fill":
+        return B, None
+    from .comm_terms import column_share, fill_b_costs
+
+    lt = space.times(c.tp, c.microbatch_size, c.recompute, backward_fused(c.schedule), getattr(c, "ep", 1),
+                     getattr(c, "cp", 1))[0]
+    terms = lt.parts.get("tp_terms_s", {})
+    red = terms.get("B", {}).get("tp_dgrad_reduce")
+    if not red:
+        return B, None
+    # inputs gathered again for W (sequence parallelism): fill runs only a W's row-parallel GEMMs
+    movable = 1.0 - column_share(space.p.model) if "tp_input_regather" in terms.get("W", {}) else 1.0
+    out, pr = fill_b_costs(sched.devices, B, W, c.seg_layer_num, red["total"], red["exposed"], movable)
+    return out, {"split_b_per_device": list(pr.split_b), "filled_b_per_device": list(pr.filled_b),
+                 "hidden_s": sum(pr.hidden), "exposed_s": sum(pr.exposed), "w_share_fill_may_run": movable}
 
 
 #: configurations taken from the queue at a time (their new plans are built together)
@@ -432,6 +455,7 @@ def _comm_explain(space: _Space, c: Config, lt) -> dict:
     busy = c.detail.get("dp_busy_s", 0.0)
     exposed = c.exposed_comm_s or 0.0
     return {"tp_overlap": lt.parts.get("tp_overlap"), "backward": lt.parts.get("backward"),
+            "tp_fill": c.detail.get("tp_fill"),  # fill: split Bs per device, those with pending W work, seconds
             "tp_per_layer_and_chunk_pass": kinds, "layers_in_fullest_chunk": layers,
             "pipeline_p2p_per_boundary_s": comm_p2p(space, c),
             "dp": {"link": c.detail.get("dp_link"), "zero": c.zero, "bucket_params": dp_bucket_params(space, c),
