@@ -34,7 +34,7 @@ def test_data_file_names_its_source_and_covers_the_grid():
     src = data["source"]
     assert "zero-bubble-pipeline-parallelism" in src["repo"] and len(src["commit"]) == 40
     cases = [c for c in data["cases"] if "makespan" in c]
-    for pp in (24, 32, 48):
+    for pp in (24, 32, 48, 64):
         got = {(c["generator"], c["mem_limit"], c["microbatches"], c["cost_set"]) for c in cases if c["pp"] == pp}
         assert len(got) == 20, pp  # 5 generators x m 2pp, 4pp x two cost sets
 
