@@ -18,7 +18,9 @@ A portfolio of candidates, each a valid schedule under the limit, the shortest k
    (``lag`` 0 = W right after its B, as in ZB-H1). Warm-up lengths that do not fit the limit are
    shortened by the pass itself (a forward over the limit waits for the Ws, or the pass fails and
    the candidate is dropped). ``k = 1, e = 1, lag = device index`` is the construction of torch's
-   ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up;
+   ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up. The pass runs compiled
+   (``template_pass`` in ``_accel.c``, :class:`TemplatePolicy` on the C board) when the extension is built,
+   else :func:`template_pass_py` (the specification; tests/schedule/test_template_c.py: identical results);
 3. the best of those, improved by the adjacent-swap and insertion local searches of
    :mod:`.search.localsearch` (re-timed, memory-checked) and, for shapes of at most
    ``DEFAULT_POLISH_MAX_JOBS`` jobs, by the CP-SAT polish of :mod:`.search.polish` (deterministic time; option ``polish``, which
@@ -40,7 +42,7 @@ from ..core import rules
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from ..core.ir import Job, Kind, Placement, make_schedule
 from ..sim import listsched
-from ..sim.kernel import KIND_INDEX
+from ..sim.kernel import KIND_INDEX, KINDS, accelerated, ext
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_option, int_option, register
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
@@ -134,8 +136,31 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     Event-driven: :class:`TemplatePolicy` on the one list-scheduling loop (:func:`pipeloom.sim.listsched.run`):
     the device with the earliest decision acts, so a dependency it does not see yet ends after its clock.
     Start times follow the simulator's rules (the board's readiness: inputs ready + comm on cross-device
-    edges), and ``order`` (commit ranks) is a topological witness.
+    edges), and ``order`` (commit ranks) is a topological witness. Runs the compiled ``template_pass`` of
+    ``_accel.c`` (the same policy on the C board) when the extension is built, else :func:`template_pass_py`
+    (the specification; identical results: tests/schedule/test_template_c.py). ``orders`` is not changed
+    (the Python form reorders it where the limit cuts a warm-up short).
     """
+    t = prob.tables
+    if not accelerated() or not any(ev == rules.ACT for ns in t.needs for ev, _o, _c in ns):
+        return template_pass_py(prob, [list(o) for o in orders], tpl)  # (no job reads ACT: only Python's board
+        # records it, and the reorder of a blocked warm-up reads it)
+    kb = {k: i * prob.nc for k, i in KIND_INDEX.items()}
+    flat = [[x for k, mb, c in o for x in (kb[k] + c, mb)] for o in orders]
+    out = ext.template_pass((prob.pp, prob.m, prob.limit + _EPS, _EPS, tpl.fill == "always"),
+                            t.needs, t.produces, prob.dur_table, prob.mem_tab, t.dev, listsched.handoff_table(t),
+                            flat, [float(_lag(tpl.lag, d)) for d in range(prob.pp)], Job, KINDS)
+    if out is None:
+        return None
+    seqs, order_bytes, free, peak, starts, per_dev = out
+    ranks = memoryview(order_bytes).cast("q")
+    order = [ranks[d * per_dev:d * per_dev + len(seqs[d])] for d in range(prob.pp)]
+    return _greedy.PassResult(seqs, max(free), peak, tpl, free, starts=starts, order=order)
+
+
+def template_pass_py(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassResult | None:
+    """:func:`template_pass` in Python: :class:`TemplatePolicy` on the list-scheduling loop (the specification).
+    Changes ``orders`` where the limit cuts a warm-up short."""
     board = listsched.Board.for_problem(prob)
     pol = TemplatePolicy(prob, orders, tpl)
     keys = [pol.decide(board, d) for d in range(prob.pp)]
@@ -300,7 +325,7 @@ def _template_results(prob, tpls) -> list[_greedy.PassResult]:
     out = []
     for tpl in tpls:
         orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w, tpl.pull) for d, w in enumerate(warmups(prob, tpl))]
-        r = template_pass(prob, orders, tpl)  # (orders is changed where the limit cuts a warm-up short)
+        r = template_pass(prob, orders, tpl)
         if r is not None and max(r.peak) <= prob.limit + _EPS:
             out.append(r)
     return out
