@@ -200,3 +200,37 @@ def test_a_mutated_rule_reaches_the_c_pass(name, monkeypatch):
         assert after == _results(Z.template_pass_py)
     finally:
         kernel._make_rules.cache_clear()
+
+
+def _plain_fb_order(pp, vpp, m, d, warmup, pull):
+    """The interleaved order written out job by job (the construction before the per-shape cache)."""
+    from pipeloom.core.ir import Job
+
+    groups = Z._groups(m, pp)
+    chunks = [d + v * pp for v in range(vpp)]
+    fwd = [Job(Kind.F, mb, chunks[v]) for g in groups for v in range(vpp) for mb in g]
+    bwd = [Job(Kind.B, mb, chunks[v]) for g in groups for v in reversed(range(vpp)) for mb in g]
+    w = max(0, min(warmup, len(fwd)))
+    seq = fwd[:w]
+    for i in range(len(fwd) - w):
+        seq += [fwd[w + i], bwd[i]]
+    seq += bwd[len(fwd) - w:]
+    g = groups[-1]
+    x = min(pull, len(g) - 1)
+    for v in reversed(range(vpp - 1)) if x > 0 else ():
+        for i in range(x):
+            lo, hi = Job(Kind.B, g[i], chunks[v]), Job(Kind.B, g[len(g) - 1 - x + i], chunks[v + 1])
+            seq.remove(lo)
+            seq.insert(seq.index(hi) + 1, lo)
+    return seq
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 2), (2, 2), (3, 3), (4, 2), (5, 4), (8, 2)])
+def test_fb_order_is_the_plain_interleaved_order(pp, vpp):
+    for m in range(1, 4 * pp + 3):
+        for d in range(pp):
+            for w in (-1, 0, 1, pp, pp * vpp, 4 * pp * vpp + 1):
+                for pull in (0, 1, 3, 12):
+                    got = Z.fb_order(pp, vpp, m, d, w, pull)
+                    got.append(None)  # a caller may change its list: the next one is fresh
+                    assert Z.fb_order(pp, vpp, m, d, w, pull) == _plain_fb_order(pp, vpp, m, d, w, pull)

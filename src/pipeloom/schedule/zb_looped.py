@@ -36,6 +36,7 @@ is higher (never, with the default memory model).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..core.errors import ScheduleError
 from ..core import rules
@@ -48,6 +49,7 @@ from .registry import EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_o
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
+_new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper
 _EPS = 1e-9
 INF = float("inf")
 _W_SLOT = KIND_INDEX[Kind.W]  # a W job of chunk c is slot _W_SLOT * nc + c on the list-scheduling board
@@ -104,16 +106,17 @@ def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> l
     after all of chunk v+1's. Those microbatches then start down the lower chunks while the group's
     last ones still come back up, so the devices have backward work in the cool-down's waits.
     """
-    groups = _groups(m, pp)
-    chunks = [d + v * pp for v in range(vpp)]
-    fwd = [Job(_KF, mb, chunks[v]) for g in groups for v in range(vpp) for mb in g]
-    bwd = [Job(_KB, mb, chunks[v]) for g in groups for v in reversed(range(vpp)) for mb in g]
+    fwd, bwd = _fb_jobs(pp, vpp, m, d)
     w = max(0, min(warmup, len(fwd)))
-    seq = fwd[:w]
-    for i in range(len(fwd) - w):
-        seq += [fwd[w + i], bwd[i]]
-    seq += bwd[len(fwd) - w:]
-    g = groups[-1]
+    n = len(fwd) - w
+    seq = list(fwd[:w])
+    mid = [None] * (2 * n)  # F and B in turn after the warm-up
+    mid[0::2] = fwd[w:]
+    mid[1::2] = bwd[:n]
+    seq += mid
+    seq += bwd[n:]
+    g = _groups(m, pp)[-1]
+    chunks = [d + v * pp for v in range(vpp)]
     x = min(pull, len(g) - 1)
     if x > 0:
         for v in reversed(range(vpp - 1)):
@@ -122,6 +125,17 @@ def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> l
                 seq.remove(lo)
                 seq.insert(seq.index(hi) + 1, lo)
     return seq
+
+
+@lru_cache(maxsize=256)
+def _fb_jobs(pp: int, vpp: int, m: int, d: int) -> tuple[tuple[Job, ...], tuple[Job, ...]]:
+    """Device ``d``'s forwards and backwards in the interleaved order (made once per shape: every template
+    pass of a plan interleaves the same jobs)."""
+    groups = _groups(m, pp)
+    chunks = [d + v * pp for v in range(vpp)]
+    fwd = tuple(_new(Job, (_KF, mb, chunks[v])) for g in groups for v in range(vpp) for mb in g)
+    bwd = tuple(_new(Job, (_KB, mb, chunks[v])) for g in groups for v in reversed(range(vpp)) for mb in g)
+    return fwd, bwd
 
 
 def warmups(prob, tpl: Template) -> list[int]:
@@ -145,8 +159,10 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     if not accelerated() or not any(ev == rules.ACT for ns in t.needs for ev, _o, _c in ns):
         return template_pass_py(prob, [list(o) for o in orders], tpl)  # (no job reads ACT: only Python's board
         # records it, and the reorder of a blocked warm-up reads it)
-    kb = {k: i * prob.nc for k, i in KIND_INDEX.items()}
-    flat = [[x for k, mb, c in o for x in (kb[k] + c, mb)] for o in orders]
+    nc = prob.nc
+    kb = {k: i * nc for k, i in KIND_INDEX.items()}  # (F and B, all a template holds, without hashing a Kind)
+    flat = [[x for k, mb, c in o for x in ((c if k is _KF else nc + c if k is _KB else kb[k] + c), mb)]
+            for o in orders]
     out = ext.template_pass((prob.pp, prob.m, prob.limit + _EPS, _EPS, tpl.fill == "always"),
                             t.needs, t.produces, prob.dur_table, prob.mem_tab, t.dev, listsched.handoff_table(t),
                             flat, [float(_lag(tpl.lag, d)) for d in range(prob.pp)], Job, KINDS)
