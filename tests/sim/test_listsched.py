@@ -200,7 +200,9 @@ def test_every_constructive_pass_places_its_jobs_through_the_board(monkeypatch):
     looped = g.make_problem(2, 2, 4, Placement.INTERLEAVED, Costs(F=1.0, B=2.0, W=1.0, comm=0.5), MemModel(), None)
     runs = {
         "greedy": lambda: g._run_pass_py(prob, g.Policy()),
-        "template": lambda: zb_looped.template_candidates(looped, 10 ** 4),
+        "template": lambda: [zb_looped.template_pass_py(looped, [zb_looped.fb_order(2, 2, 4, d, w) for d, w in
+                                                                  enumerate(zb_looped.warmups(looped, t))], t)
+                             for t in zb_looped.template_grid()[:3]],
         "lockstep": lambda: lockstep._one_pass_py(prob, True, True, None),
         "warm start": lambda: _greedy_orders(3, 4, 6, Placement.V, True, [1.0] * 6, [2.0] * 6, [1.0] * 6, 0.5,
                                              [1.0] * 6, [0.5] * 6, None, False),

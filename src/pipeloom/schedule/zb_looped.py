@@ -18,7 +18,9 @@ A portfolio of candidates, each a valid schedule under the limit, the shortest k
    (``lag`` 0 = W right after its B, as in ZB-H1). Warm-up lengths that do not fit the limit are
    shortened by the pass itself (a forward over the limit waits for the Ws, or the pass fails and
    the candidate is dropped). ``k = 1, e = 1, lag = device index`` is the construction of torch's
-   ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up;
+   ``ScheduleInterleavedZeroBubble``; ``k = 2, e = 0`` Megatron's warm-up. The pass runs compiled
+   (``template_pass`` in ``_accel.c``, :class:`TemplatePolicy` on the C board) when the extension is built,
+   else :func:`template_pass_py` (the specification; tests/schedule/test_template_c.py: identical results);
 3. the best of those, improved by the adjacent-swap and insertion local searches of
    :mod:`.search.localsearch` (re-timed, memory-checked) and, for shapes of at most
    ``DEFAULT_POLISH_MAX_JOBS`` jobs, by the CP-SAT polish of :mod:`.search.polish` (deterministic time; option ``polish``, which
@@ -34,18 +36,20 @@ is higher (never, with the default memory model).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ..core.errors import ScheduleError
 from ..core import rules
 from ..core.limits import MAX_SEARCH_BUDGET, MAX_SOLVER_SECONDS
 from ..core.ir import Job, Kind, Placement, make_schedule
 from ..sim import listsched
-from ..sim.kernel import KIND_INDEX
+from ..sim.kernel import KIND_INDEX, KINDS, accelerated, ext
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_option, int_option, register
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
+_new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper
 _EPS = 1e-9
 INF = float("inf")
 _W_SLOT = KIND_INDEX[Kind.W]  # a W job of chunk c is slot _W_SLOT * nc + c on the list-scheduling board
@@ -102,16 +106,17 @@ def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> l
     after all of chunk v+1's. Those microbatches then start down the lower chunks while the group's
     last ones still come back up, so the devices have backward work in the cool-down's waits.
     """
-    groups = _groups(m, pp)
-    chunks = [d + v * pp for v in range(vpp)]
-    fwd = [Job(_KF, mb, chunks[v]) for g in groups for v in range(vpp) for mb in g]
-    bwd = [Job(_KB, mb, chunks[v]) for g in groups for v in reversed(range(vpp)) for mb in g]
+    fwd, bwd = _fb_jobs(pp, vpp, m, d)
     w = max(0, min(warmup, len(fwd)))
-    seq = fwd[:w]
-    for i in range(len(fwd) - w):
-        seq += [fwd[w + i], bwd[i]]
-    seq += bwd[len(fwd) - w:]
-    g = groups[-1]
+    n = len(fwd) - w
+    seq = list(fwd[:w])
+    mid = [None] * (2 * n)  # F and B in turn after the warm-up
+    mid[0::2] = fwd[w:]
+    mid[1::2] = bwd[:n]
+    seq += mid
+    seq += bwd[n:]
+    g = _groups(m, pp)[-1]
+    chunks = [d + v * pp for v in range(vpp)]
     x = min(pull, len(g) - 1)
     if x > 0:
         for v in reversed(range(vpp - 1)):
@@ -120,6 +125,17 @@ def fb_order(pp: int, vpp: int, m: int, d: int, warmup: int, pull: int = 0) -> l
                 seq.remove(lo)
                 seq.insert(seq.index(hi) + 1, lo)
     return seq
+
+
+@lru_cache(maxsize=256)
+def _fb_jobs(pp: int, vpp: int, m: int, d: int) -> tuple[tuple[Job, ...], tuple[Job, ...]]:
+    """Device ``d``'s forwards and backwards in the interleaved order (made once per shape: every template
+    pass of a plan interleaves the same jobs)."""
+    groups = _groups(m, pp)
+    chunks = [d + v * pp for v in range(vpp)]
+    fwd = tuple(_new(Job, (_KF, mb, chunks[v])) for g in groups for v in range(vpp) for mb in g)
+    bwd = tuple(_new(Job, (_KB, mb, chunks[v])) for g in groups for v in reversed(range(vpp)) for mb in g)
+    return fwd, bwd
 
 
 def warmups(prob, tpl: Template) -> list[int]:
@@ -134,8 +150,33 @@ def template_pass(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassR
     Event-driven: :class:`TemplatePolicy` on the one list-scheduling loop (:func:`pipeloom.sim.listsched.run`):
     the device with the earliest decision acts, so a dependency it does not see yet ends after its clock.
     Start times follow the simulator's rules (the board's readiness: inputs ready + comm on cross-device
-    edges), and ``order`` (commit ranks) is a topological witness.
+    edges), and ``order`` (commit ranks) is a topological witness. Runs the compiled ``template_pass`` of
+    ``_accel.c`` (the same policy on the C board) when the extension is built, else :func:`template_pass_py`
+    (the specification; identical results: tests/schedule/test_template_c.py). ``orders`` is not changed
+    (the Python form reorders it where the limit cuts a warm-up short).
     """
+    t = prob.tables
+    if not accelerated() or not any(ev == rules.ACT for ns in t.needs for ev, _o, _c in ns):
+        return template_pass_py(prob, [list(o) for o in orders], tpl)  # (no job reads ACT: only Python's board
+        # records it, and the reorder of a blocked warm-up reads it)
+    nc = prob.nc
+    kb = {k: i * nc for k, i in KIND_INDEX.items()}  # (F and B, all a template holds, without hashing a Kind)
+    flat = [[x for k, mb, c in o for x in ((c if k is _KF else nc + c if k is _KB else kb[k] + c), mb)]
+            for o in orders]
+    out = ext.template_pass((prob.pp, prob.m, prob.limit + _EPS, _EPS, tpl.fill == "always"),
+                            t.needs, t.produces, prob.dur_table, prob.mem_tab, t.dev, listsched.handoff_table(t),
+                            flat, [float(_lag(tpl.lag, d)) for d in range(prob.pp)], Job, KINDS)
+    if out is None:
+        return None
+    seqs, order_bytes, free, peak, starts, per_dev = out
+    ranks = memoryview(order_bytes).cast("q")
+    order = [ranks[d * per_dev:d * per_dev + len(seqs[d])] for d in range(prob.pp)]
+    return _greedy.PassResult(seqs, max(free), peak, tpl, free, starts=starts, order=order)
+
+
+def template_pass_py(prob, orders: list[list[Job]], tpl: Template) -> _greedy.PassResult | None:
+    """:func:`template_pass` in Python: :class:`TemplatePolicy` on the list-scheduling loop (the specification).
+    Changes ``orders`` where the limit cuts a warm-up short."""
     board = listsched.Board.for_problem(prob)
     pol = TemplatePolicy(prob, orders, tpl)
     keys = [pol.decide(board, d) for d in range(prob.pp)]
@@ -300,7 +341,7 @@ def _template_results(prob, tpls) -> list[_greedy.PassResult]:
     out = []
     for tpl in tpls:
         orders = [fb_order(prob.pp, prob.vpp, prob.m, d, w, tpl.pull) for d, w in enumerate(warmups(prob, tpl))]
-        r = template_pass(prob, orders, tpl)  # (orders is changed where the limit cuts a warm-up short)
+        r = template_pass(prob, orders, tpl)
         if r is not None and max(r.peak) <= prob.limit + _EPS:
             out.append(r)
     return out

@@ -8,6 +8,7 @@
  *                  list-scheduling board of pipeloom.sim.listsched (board_ready / board_commit, reading
  *                  the rule tables that time_order reads); board_replay() exposes the board to the tests
  * paced_pass()     the paced pass of pipeloom.schedule.search.paced on the same board (its own section)
+ * template_pass()  the template pass of pipeloom.schedule.zb_looped on the same board (its own section)
  * vblock_squeeze(), vblock_squeeze_w()  the two squeezes of the building blocks (schedule/search/vsqueeze.py)
  *
  * run_pass() is greedy.GreedyPolicy on the list-scheduling loop (pipeloom.sim.listsched.run, the pure-Python
@@ -1797,6 +1798,290 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- template pass
+ * template_pass(shape, needs, produces, durations, dmem, dev, handoff, orders, lags, job_type, kinds)
+ *   shape = (pp, m, limit, eps, always); limit with eps added, always = the 'always' W fill (else 'fit');
+ *   needs/produces/durations/dmem/dev/handoff as for paced_pass; orders: per device its fixed F/B order as
+ *   flat ints (slot, mb, slot, mb, ...); lags: per device the pending W allowed before one is forced (inf: none)
+ * -> None when the pass deadlocks, else (seqs, order_bytes, t, peak, start0) as run_pass.
+ * The compiled form of pipeloom.schedule.zb_looped.TemplatePolicy on the event-driven loop of
+ * pipeloom.sim.listsched.run (both the specification): readiness from board_ready, memory from the board's
+ * dmem, every job placed by board_commit; the same decisions (a device's next step is decided when its own job
+ * ends or an input reaches it, and kept until the loop reaches its time), the same float operations in the
+ * same order, the same event order (tests/schedule/test_template_c.py).
+ */
+enum { TP_NONE = 0, TP_W = 1, TP_J = 2 };
+
+typedef struct {
+    Board b;
+    long pp, nc;
+    double limit, eps;
+    int always;
+    long *oslot, *omb;           /* device d's order: oslot/omb[obeg[d] .. obeg[d+1]-1] */
+    Py_ssize_t *obeg, *ptr;      /* ptr[d]: the next job of d's order (an offset from obeg[d]) */
+    long *pmb, *pc;              /* per device a queue of pending W (mb, chunk): pbeg[d] + ph[d] .. pt[d]-1 */
+    Py_ssize_t *pbeg, *ph, *pt;
+    double *lag;
+    unsigned char *act;          /* per device its decided step: TP_NONE, TP_W or TP_J */
+    long *hoff;                  /* per slot: the handoff's chunk offset, or LONG_MIN for none */
+    double *hcm;
+} TP;
+
+/* TemplatePolicy.decide: device d's next step into s->act[d]; its time (INFINITY: none) */
+static double tp_decide(TP *s, long d) {
+    const Board *b = &s->b;
+    const long nc = s->nc;
+    const Py_ssize_t npend = s->pt[d] - s->ph[d], o0 = s->obeg[d], n = s->obeg[d + 1] - o0, ptr = s->ptr[d];
+    const double T = b->free_t[d];
+    if (ptr >= n) {
+        if (npend) {
+            s->act[d] = TP_W;
+            return T;
+        }
+        s->act[d] = TP_NONE;
+        return INFINITY;
+    }
+    long slot = s->oslot[o0 + ptr], mb = s->omb[o0 + ptr];
+    if (b->skind[slot] == 0 && !(b->mem[d] + b->dmem[slot] <= s->limit)) {
+        if (npend) {
+            s->act[d] = TP_W;
+            return T;
+        }
+        /* nothing to free memory with: bring the next B whose F has run forward, else the device is stuck */
+        Py_ssize_t j = -1;
+        for (Py_ssize_t i = ptr; i < n; i++) {
+            long sl = s->oslot[o0 + i];
+            if (b->skind[sl] == 1) {
+                if (board_event(b, 0, s->omb[o0 + i], b->schunk[sl]) >= 0) j = i;
+                break;
+            }
+        }
+        if (j < 0) {
+            s->act[d] = TP_NONE;
+            return INFINITY;
+        }
+        long js = s->oslot[o0 + j], jm = s->omb[o0 + j];
+        memmove(&s->oslot[o0 + ptr + 1], &s->oslot[o0 + ptr], (size_t)(j - ptr) * sizeof(long));
+        memmove(&s->omb[o0 + ptr + 1], &s->omb[o0 + ptr], (size_t)(j - ptr) * sizeof(long));
+        s->oslot[o0 + ptr] = js, s->omb[o0 + ptr] = jm;
+        slot = js, mb = jm;
+    }
+    double r = board_ready(b, slot, mb);
+    if (r < 0) r = INFINITY;
+    if (npend && ((double)npend > s->lag[d] ||
+                  (r > T && (s->always || r == INFINITY ||
+                             r - T >= b->dur[2 * nc + s->pc[s->pbeg[d] + s->ph[d]]] - s->eps)))) {
+        s->act[d] = TP_W;
+        return T;
+    }
+    if (r <= T) {
+        s->act[d] = TP_J;
+        return T;
+    }
+    if (r < INFINITY) {
+        s->act[d] = TP_J;
+        return r;
+    }
+    s->act[d] = TP_NONE;
+    return INFINITY;
+}
+
+/* pipeloom.sim.listsched.run with the template policy (after and fed: decide again); 0, or -1 + exception */
+static int tp_run(TP *s, double *key, Heap *h, double *start0, int64_t *ord, Py_ssize_t per_dev) {
+    const long pp = s->pp, nc = s->nc;
+    int64_t ncommit = 0;
+    for (long d = 0; d < pp; d++) {
+        key[d] = tp_decide(s, d);
+        if (key[d] < INFINITY && heap_push(h, (HItem){key[d], (int)d}) < 0) goto nomem;
+    }
+    if (!h->n) return 0;
+    HItem item = heap_pop(h);
+    for (;;) {
+        const double T = item.t;
+        const long d = item.d;
+        if (T != key[d]) { /* stale */
+            if (!h->n) break;
+            item = heap_pop(h);
+            continue;
+        }
+        long slot, mb;
+        if (s->act[d] == TP_W) {
+            Py_ssize_t q = s->pbeg[d] + s->ph[d]++;
+            slot = 2 * nc + s->pc[q], mb = s->pmb[q];
+        } else { /* TP_J: a finite key always comes with a step */
+            Py_ssize_t q = s->obeg[d] + s->ptr[d]++;
+            slot = s->oslot[q], mb = s->omb[q];
+            if (s->b.skind[slot] == 1) {
+                Py_ssize_t w = s->pbeg[d] + s->pt[d]++;
+                s->pmb[w] = mb, s->pc[w] = s->b.schunk[slot];
+            }
+        }
+        double e = board_commit(&s->b, d, slot, mb, T);
+        if (e < 0 && PyErr_Occurred()) return -1;
+        if (s->b.cnt[d] == 1) start0[d] = T;
+        ord[(Py_ssize_t)d * per_dev + s->b.cnt[d] - 1] = ncommit++;
+        if (s->hoff[slot] != LONG_MIN) {
+            long d2 = s->b.dev[s->b.schunk[slot] + s->hoff[slot]];
+            if (d2 != d) {
+                double k = tp_decide(s, d2);
+                if (k != key[d2]) {
+                    key[d2] = k;
+                    if (k < INFINITY && heap_push(h, (HItem){k, (int)d2}) < 0) goto nomem;
+                }
+            }
+        }
+        double k = tp_decide(s, d);
+        key[d] = k;
+        if (k < INFINITY)
+            item = heap_pushpop(h, (HItem){k, (int)d});
+        else if (h->n)
+            item = heap_pop(h);
+        else
+            break;
+    }
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+static PyObject *template_pass(PyObject *self, PyObject *args) {
+    (void)self;
+    int pp, m, always;
+    double limit, eps;
+    PyObject *o_needs, *o_prod, *o_dur, *o_dmem, *o_dev, *o_hand, *o_orders, *o_lags, *job_type, *kinds;
+    if (!PyArg_ParseTuple(args, "(iiddp)OOOOOOOOOO", &pp, &m, &limit, &eps, &always, &o_needs, &o_prod, &o_dur,
+                          &o_dmem, &o_dev, &o_hand, &o_orders, &o_lags, &job_type, &kinds))
+        return NULL;
+    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
+        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
+        PyErr_SetString(PyExc_TypeError, "template_pass: job_type must be a tuple subclass, kinds a 4-tuple");
+        return NULL;
+    }
+    Py_ssize_t nc = PyObject_Length(o_dev);
+    if (nc < 1 || pp < 1 || m < 1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "template_pass: pp, m and chunks must be >= 1");
+        return NULL;
+    }
+    TP s;
+    memset(&s, 0, sizeof(s));
+    Heap h = {NULL, 0, 0};
+    double *key = NULL, *start0 = NULL;
+    int64_t *ord = NULL;
+    PyObject *result = NULL, *forders = NULL, *fhand = NULL;
+    s.pp = pp, s.nc = (long)nc, s.limit = limit, s.eps = eps, s.always = always;
+    if (!(forders = PySequence_Fast(o_orders, "orders"))) goto done;
+    if (PySequence_Fast_GET_SIZE(forders) != pp) {
+        PyErr_SetString(PyExc_ValueError, "template_pass: orders must have one entry per device");
+        goto done;
+    }
+    s.obeg = calloc((size_t)pp + 1, sizeof(Py_ssize_t));
+    if (!s.obeg) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (long d = 0; d < pp; d++) {
+        Py_ssize_t n = PyObject_Length(PySequence_Fast_GET_ITEM(forders, d));
+        if (n < 0) goto done;
+        if (n % 2) {
+            PyErr_SetString(PyExc_ValueError, "template_pass: an order must be (slot, mb) pairs");
+            goto done;
+        }
+        s.obeg[d + 1] = s.obeg[d] + n / 2;
+    }
+    const Py_ssize_t njob = s.obeg[pp];
+    s.oslot = malloc((size_t)(njob ? njob : 1) * sizeof(long));
+    s.omb = malloc((size_t)(njob ? njob : 1) * sizeof(long));
+    s.pbeg = calloc((size_t)pp, sizeof(Py_ssize_t));
+    s.ptr = calloc((size_t)pp, sizeof(Py_ssize_t));
+    s.ph = calloc((size_t)pp, sizeof(Py_ssize_t));
+    s.pt = calloc((size_t)pp, sizeof(Py_ssize_t));
+    s.act = calloc((size_t)pp, 1);
+    key = malloc((size_t)pp * sizeof(double));
+    start0 = calloc((size_t)pp, sizeof(double));
+    if (!s.oslot || !s.omb || !s.pbeg || !s.ptr || !s.ph || !s.pt || !s.act || !key || !start0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t per_dev = 1, npend_all = 0;
+    for (long d = 0; d < pp; d++) {
+        Py_ssize_t o0 = s.obeg[d], n = s.obeg[d + 1] - o0, nb = 0;
+        long *flat = as_longs(PySequence_Fast_GET_ITEM(forders, d), 2 * n, "order");
+        if (!flat) goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long sl = flat[2 * i], mb = flat[2 * i + 1];
+            if (sl < 0 || sl >= 4 * nc || mb < 0 || mb >= m) {
+                free(flat);
+                PyErr_SetString(PyExc_ValueError, "template_pass: an order names a job out of range");
+                goto done;
+            }
+            s.oslot[o0 + i] = sl, s.omb[o0 + i] = mb;
+            if (sl / nc == 1) nb++;
+        }
+        free(flat);
+        s.pbeg[d] = npend_all; /* device d's pending W: at most one per B of its order */
+        npend_all += nb;
+        if (n + nb > per_dev) per_dev = n + nb;
+    }
+    s.pmb = malloc((size_t)(npend_all ? npend_all : 1) * sizeof(long));
+    s.pc = malloc((size_t)(npend_all ? npend_all : 1) * sizeof(long));
+    ord = malloc((size_t)(pp * per_dev) * sizeof(int64_t));
+    if (!s.pmb || !s.pc || !ord) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!(s.lag = as_doubles(o_lags, pp, "lags"))) goto done;
+    if (board_init(&s.b, pp, nc, m, per_dev, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
+    if (!(fhand = PySequence_Fast(o_hand, "handoff"))) goto done;
+    if (PySequence_Fast_GET_SIZE(fhand) != 4 * nc) {
+        PyErr_SetString(PyExc_ValueError, "template_pass: handoff must have 4*nc entries");
+        goto done;
+    }
+    s.hoff = malloc((size_t)(4 * nc) * sizeof(long));
+    s.hcm = calloc((size_t)(4 * nc), sizeof(double));
+    if (!s.hoff || !s.hcm) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < 4 * nc; q++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fhand, q);
+        s.hoff[q] = LONG_MIN;
+        if (t == Py_None) continue;
+        if (!PyArg_ParseTuple(t, "ld", &s.hoff[q], &s.hcm[q])) goto done;
+        long c2 = (long)(q % nc) + s.hoff[q];
+        if (c2 < 0 || c2 >= nc) {
+            PyErr_SetString(PyExc_ValueError, "template_pass: a handoff points outside the chunks");
+            goto done;
+        }
+    }
+    if (tp_run(&s, key, &h, start0, ord, per_dev) < 0) goto done;
+    Py_ssize_t placed = 0;
+    for (long d = 0; d < pp; d++) placed += s.b.cnt[d];
+    if (placed != 3 * (Py_ssize_t)m * nc) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* ---- (seqs, order_bytes, t, peak, start0): the order ranks per device, per_dev apart */
+    PyObject *seqs = board_seqs(&s.b, job_type, kinds);
+    if (!seqs) goto done;
+    PyObject *ob = PyBytes_FromStringAndSize((const char *)ord, (Py_ssize_t)(pp * per_dev * sizeof(int64_t)));
+    PyObject *lt = list_of_doubles(s.b.free_t, pp), *lp = list_of_doubles(s.b.peak, pp), *ls = list_of_doubles(start0, pp);
+    PyObject *lc = PyLong_FromSsize_t(per_dev);
+    if (!ob || !lt || !lp || !ls || !lc) {
+        Py_XDECREF(ob); Py_XDECREF(lt); Py_XDECREF(lp); Py_XDECREF(ls); Py_XDECREF(lc);
+        Py_DECREF(seqs);
+        goto done;
+    }
+    result = Py_BuildValue("(NNNNNN)", seqs, ob, lt, lp, ls, lc);
+done:
+    board_free(&s.b);
+    free(s.oslot); free(s.omb); free(s.obeg); free(s.ptr); free(s.pmb); free(s.pc); free(s.pbeg); free(s.ph);
+    free(s.pt); free(s.lag); free(s.act); free(s.hoff); free(s.hcm); free(key); free(start0); free(ord); free(h.v);
+    Py_XDECREF(forders);
+    Py_XDECREF(fhand);
+    return result;
+}
+
 /* ---------------------------------------------------------------- building-block squeezes
  * The compiled form of the two squeezes of pipeloom.schedule.search.vsqueeze (the Python functions stay the
  * specification; tests/schedule/test_vblock_c.py holds both to identical slot tables):
@@ -2101,6 +2386,8 @@ static PyMethodDef methods[] = {
     {"lockstep_pass", lockstep_pass, METH_VARARGS,
      "One lock-step pass on the list-scheduling board (see pipeloom.schedule.search.lockstep)."},
     {"paced_pass", paced_pass, METH_VARARGS, "One paced pass on the list-scheduling board (see pipeloom.schedule.search.paced)."},
+    {"template_pass", template_pass, METH_VARARGS,
+     "One template pass on the list-scheduling board (see pipeloom.schedule.zb_looped)."},
     {NULL, NULL, 0, NULL},
 };
 
