@@ -29,8 +29,9 @@ Slots. A job of kind ``k`` (index in :data:`pipeloom.sim.kernel.KINDS`: F 0, B 1
 ``c`` is slot ``k * nc + c``; event ``e`` of (mb, c) is ``done[e * m * nc + mb * nc + c]`` (-1 while it
 has not happened), as in the timing kernel.
 
-The compiled board in ``_accel.c`` (``board_ready``, ``board_commit``; the greedy pass ``run_pass`` and
-the lock-step pass ``lockstep_pass`` on it) reads the same tables (``Rules.needs``, ``Rules.produces``,
+The compiled board in ``_accel.c`` (``board_ready``, ``board_commit``; the greedy pass ``run_pass``,
+the lock-step pass ``lockstep_pass``, the paced pass ``paced_pass`` and zb_looped's template pass
+``template_pass`` on it) reads the same tables (``Rules.needs``, ``Rules.produces``,
 :func:`mem_table`, :func:`handoff_table`) with the same operations in the same order, so both give identical
 floats (tests/sim/test_listsched.py, tests/schedule/test_accel.py).
 """

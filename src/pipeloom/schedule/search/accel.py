@@ -2,7 +2,8 @@
 
 ``_accel.c`` holds the compiled form of the timing kernel (:mod:`pipeloom.sim.kernel`, which loads it), of the
 list-scheduling board (:mod:`pipeloom.sim.listsched`) with the greedy pass of :mod:`.greedy`, the lock-step
-pass of :mod:`.lockstep` and the paced pass of :mod:`.paced` on it, the squeezes of :mod:`.vsqueeze` and the
+pass of :mod:`.lockstep`, the paced pass of :mod:`.paced` and the template pass of
+:mod:`pipeloom.schedule.zb_looped` on it, the squeezes of :mod:`.vsqueeze` and the
 validator's witness check (their Python forms are the specification); the board, the squeezes and the witness
 check read the rules as the tables of :class:`pipeloom.sim.kernel.Rules`. Without a C compiler at
 install time ``ext`` is None and everything runs in Python; ``PIPELOOM_PURE_PYTHON=1`` forces that path.
