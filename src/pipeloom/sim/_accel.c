@@ -403,6 +403,57 @@ static inline double board_commit(Board *b, long d, long slot, long mb, double s
 }
 
 /* the placed jobs as per-device lists of job_type(kinds[k], mb, chunk) (NULL + exception on error) */
+/* The rules' handoff table (pipeloom.sim.listsched.handoff_table), read for every pass on the board: per slot
+   None, or (chunk offset, comm) of the edge on which the job's event goes to another chunk. *hoff: the offset, 0
+   for none (an edge never stays on its chunk); *hcm: its comm. 0, or -1 with an exception set (the caller frees
+   both arrays). */
+static int parse_handoff(PyObject *o_hand, Py_ssize_t nc, long **hoff, double **hcm) {
+    *hoff = calloc((size_t)4 * nc, sizeof(long));
+    *hcm = calloc((size_t)4 * nc, sizeof(double));
+    if (!*hoff || !*hcm) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *fh = PySequence_Fast(o_hand, "handoff");
+    if (!fh) return -1;
+    int rc = -1;
+    if (PySequence_Fast_GET_SIZE(fh) != 4 * nc) {
+        PyErr_SetString(PyExc_ValueError, "handoff: expected 4*nc entries");
+        goto out;
+    }
+    for (Py_ssize_t s = 0; s < 4 * nc; s++) {
+        PyObject *h = PySequence_Fast_GET_ITEM(fh, s);
+        if (h == Py_None) continue;
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+            PyErr_SetString(PyExc_TypeError, "handoff: an edge is (chunk offset, comm) or None");
+            goto out;
+        }
+        (*hoff)[s] = PyLong_AsLong(PyTuple_GET_ITEM(h, 0));
+        (*hcm)[s] = PyFloat_AsDouble(PyTuple_GET_ITEM(h, 1));
+        if (PyErr_Occurred()) goto out;
+        long c2 = (long)(s % nc) + (*hoff)[s];
+        if (!(*hoff)[s] || c2 < 0 || c2 >= nc) {
+            PyErr_SetString(PyExc_ValueError, "handoff: an edge points outside the chunks");
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    Py_DECREF(fh);
+    return rc;
+}
+
+/* The Job type and kinds every pass builds its job lists with: job_type a tuple subclass, kinds an nk-tuple.
+   0, or -1 with a TypeError naming the pass. */
+static int check_job_args(PyObject *job_type, PyObject *kinds, Py_ssize_t nk, const char *who) {
+    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
+        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != nk) {
+        PyErr_Format(PyExc_TypeError, "%s: job_type must be a tuple subclass, kinds a %zd-tuple", who, nk);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *board_seqs(const Board *b, PyObject *job_type, PyObject *kinds) {
     Py_ssize_t nints = (b->m > b->nc ? b->m : b->nc) + 1;
     PyObject **ints = calloc((size_t)nints, sizeof(PyObject *));
@@ -483,14 +534,7 @@ __attribute__((flatten)) static PyObject *run_pass(PyObject *self, PyObject *arg
                           &o_dur, &o_dmem, &o_dev, &o_hand, &o_first, &o_capd, &o_need, &o_bord, &o_ford, &reserve,
                           &b_first, &fill_always, &look, &h_warm, &warm, &job_type, &kinds))
         return NULL;
-    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "job_type must be a tuple subclass");
-        return NULL;
-    }
-    if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 3) {
-        PyErr_SetString(PyExc_TypeError, "kinds must be a 3-tuple (F, B, W)");
-        return NULL;
-    }
+    if (check_job_args(job_type, kinds, 3, "run_pass") < 0) return NULL;
     if (pp < 1 || vpp < 1 || m < 1) {
         PyErr_SetString(PyExc_ValueError, "pp, vpp and m must be >= 1");
         return NULL;
@@ -503,7 +547,7 @@ __attribute__((flatten)) static PyObject *run_pass(PyObject *self, PyObject *arg
 
     Board b;
     memset(&b, 0, sizeof(b));
-    PyObject *result = NULL, *fh = NULL;
+    PyObject *result = NULL;
     double *capd = NULL, *need = NULL, *resv = NULL, *key = NULL, *start0 = NULL, *hcm = NULL, *rdy = NULL;
     long *first = NULL, *bord = NULL, *ford = NULL, *hoff = NULL;
     long *nf = NULL, *nb = NULL, *nfwd = NULL, *started_b = NULL, *pend_mb = NULL, *pend_c = NULL, *ph = NULL,
@@ -522,33 +566,8 @@ __attribute__((flatten)) static PyObject *run_pass(PyObject *self, PyObject *arg
             goto done;
         }
     }
-    hoff = calloc((size_t)4 * nc, sizeof(long));
-    hcm = calloc((size_t)4 * nc, sizeof(double));
-    if (!hoff || !hcm) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (!(fh = PySequence_Fast(o_hand, "handoff"))) goto done;
-    if (PySequence_Fast_GET_SIZE(fh) != 4 * nc) {
-        PyErr_SetString(PyExc_ValueError, "handoff: expected 4*nc entries");
-        goto done;
-    }
-    for (Py_ssize_t s = 0; s < 4 * nc; s++) { /* None, or (chunk offset, comm): the edge the job's event travels */
-        PyObject *h = PySequence_Fast_GET_ITEM(fh, s);
-        if (h == Py_None) continue;
-        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
-            PyErr_SetString(PyExc_TypeError, "handoff: an edge is (chunk offset, comm) or None");
-            goto done;
-        }
-        hoff[s] = PyLong_AsLong(PyTuple_GET_ITEM(h, 0));
-        hcm[s] = PyFloat_AsDouble(PyTuple_GET_ITEM(h, 1));
-        if (PyErr_Occurred()) goto done;
-        long c2 = (long)(s % nc) + hoff[s];
-        if (!hoff[s] || c2 < 0 || c2 >= nc) {
-            PyErr_SetString(PyExc_ValueError, "handoff: an edge points outside the chunks");
-            goto done;
-        }
-    }
+    /* None, or (chunk offset, comm): the edge the job's event travels */
+    if (parse_handoff(o_hand, nc, &hoff, &hcm) < 0) goto done;
     resv = calloc((size_t)pp, sizeof(double));
     rdy = malloc((size_t)2 * nc * sizeof(double));
     key = calloc((size_t)pp, sizeof(double));
@@ -758,7 +777,6 @@ __attribute__((flatten)) static PyObject *run_pass(PyObject *self, PyObject *arg
 
 done:
     board_free(&b);
-    Py_XDECREF(fh);
     free(capd); free(need); free(resv); free(rdy); free(key); free(start0); free(hcm);
     free(first); free(bord); free(ford); free(hoff);
     free(nf); free(nb); free(nfwd); free(started_b); free(pend_mb); free(pend_c); free(ph); free(pt);
@@ -1458,11 +1476,7 @@ static PyObject *lockstep_pass(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "(iiddpp)OOOOOOOOO", &pp, &m, &limit, &eps, &fill_b, &fill_f, &o_needs, &o_prod,
                           &o_dur, &o_dmem, &o_dev, &o_a, &o_appr, &job_type, &kinds))
         return NULL;
-    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
-        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
-        PyErr_SetString(PyExc_TypeError, "lockstep_pass: job_type must be a tuple subclass, kinds a 4-tuple");
-        return NULL;
-    }
+    if (check_job_args(job_type, kinds, 4, "lockstep_pass") < 0) return NULL;
     if (pp < 1 || m < 1) {
         PyErr_SetString(PyExc_ValueError, "lockstep_pass: pp and m must be >= 1");
         return NULL;
@@ -1554,7 +1568,7 @@ typedef struct {
     long *nf, *nb;               /* per chunk: the next forward / backward microbatch */
     long *pmb, *pc;              /* per device a queue of pending W (mb, chunk): pbeg[d] + ph[d] .. pt[d]-1 */
     Py_ssize_t *pbeg, *ph, *pt;
-    long *hoff;                  /* per slot: the handoff's chunk offset, or LONG_MIN for none */
+    long *hoff;                  /* per slot: the handoff's chunk offset, 0 for none (parse_handoff) */
     double *hcm;                 /* ... its comm */
 } PC;
 
@@ -1662,7 +1676,7 @@ static int pc_run(PC *s, double *key, Heap *h) {
         }
         double e = board_commit(&s->b, d, slot, mb, T);
         if (e < 0 && PyErr_Occurred()) return -1;
-        if (s->hoff[slot] != LONG_MIN) {
+        if (s->hoff[slot]) {
             long d2 = s->b.dev[s->b.schunk[slot] + s->hoff[slot]];
             if (d2 != d) {
                 double arrival = e + s->hcm[slot], f = s->b.free_t[d2];
@@ -1696,11 +1710,7 @@ static PyObject *paced_pass(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "(iidddd)OOOOOOOOO", &pp, &m, &limit, &eps, &period, &slack, &o_needs, &o_prod,
                           &o_dur, &o_dmem, &o_dev, &o_hand, &o_rows, &job_type, &kinds))
         return NULL;
-    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
-        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
-        PyErr_SetString(PyExc_TypeError, "paced_pass: job_type must be a tuple subclass, kinds a 4-tuple");
-        return NULL;
-    }
+    if (check_job_args(job_type, kinds, 4, "paced_pass") < 0) return NULL;
     Py_ssize_t nc = PyObject_Length(o_dev);
     if (nc < 1 || pp < 1 || m < 1) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "paced_pass: pp, m and chunks must be >= 1");
@@ -1710,7 +1720,7 @@ static PyObject *paced_pass(PyObject *self, PyObject *args) {
     memset(&s, 0, sizeof(s));
     Heap h = {NULL, 0, 0};
     double *key = NULL;
-    PyObject *result = NULL, *frows = NULL, *fhand = NULL;
+    PyObject *result = NULL, *frows = NULL;
     s.pp = pp, s.m = m, s.nc = (long)nc, s.limit = limit, s.eps = eps, s.P = period, s.slack = slack;
     /* the rows first: they give each device's chunks, hence its jobs */
     if (!(frows = PySequence_Fast(o_rows, "rows"))) goto done;
@@ -1750,13 +1760,7 @@ static PyObject *paced_pass(PyObject *self, PyObject *args) {
         s.rbeg[d + 1] = nrow;
     }
     if (board_init(&s.b, pp, nc, m, 3 * (Py_ssize_t)m * maxloc, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
-    if (!(fhand = PySequence_Fast(o_hand, "handoff"))) goto done;
-    if (PySequence_Fast_GET_SIZE(fhand) != 4 * nc) {
-        PyErr_SetString(PyExc_ValueError, "paced_pass: handoff must have 4*nc entries");
-        goto done;
-    }
-    s.hoff = malloc((size_t)(4 * nc) * sizeof(long));
-    s.hcm = calloc((size_t)(4 * nc), sizeof(double));
+    if (parse_handoff(o_hand, nc, &s.hoff, &s.hcm) < 0) goto done;
     s.nf = calloc((size_t)nc, sizeof(long));
     s.nb = calloc((size_t)nc, sizeof(long));
     s.pmb = malloc((size_t)(nc * m) * sizeof(long));
@@ -1765,20 +1769,9 @@ static PyObject *paced_pass(PyObject *self, PyObject *args) {
     s.ph = calloc((size_t)pp, sizeof(Py_ssize_t));
     s.pt = calloc((size_t)pp, sizeof(Py_ssize_t));
     key = malloc((size_t)pp * sizeof(double));
-    if (!s.hoff || !s.hcm || !s.nf || !s.nb || !s.pmb || !s.pc || !s.pbeg || !s.ph || !s.pt || !key) {
+    if (!s.nf || !s.nb || !s.pmb || !s.pc || !s.pbeg || !s.ph || !s.pt || !key) {
         PyErr_NoMemory();
         goto done;
-    }
-    for (Py_ssize_t q = 0; q < 4 * nc; q++) {
-        PyObject *t = PySequence_Fast_GET_ITEM(fhand, q);
-        s.hoff[q] = LONG_MIN;
-        if (t == Py_None) continue;
-        if (!PyArg_ParseTuple(t, "ld", &s.hoff[q], &s.hcm[q])) goto done;
-        long c2 = (long)(q % nc) + s.hoff[q];
-        if (c2 < 0 || c2 >= nc) {
-            PyErr_SetString(PyExc_ValueError, "paced_pass: a handoff points outside the chunks");
-            goto done;
-        }
     }
     for (long d = 1; d < pp; d++) /* device d's pending W: at most m per local chunk */
         s.pbeg[d] = s.pbeg[d - 1] + (s.rbeg[d] - s.rbeg[d - 1]) * m;
@@ -1794,7 +1787,6 @@ done:
     free(s.rows); free(s.rbeg); free(s.nf); free(s.nb); free(s.pmb); free(s.pc); free(s.pbeg); free(s.ph); free(s.pt);
     free(s.hoff); free(s.hcm); free(key); free(h.v);
     Py_XDECREF(frows);
-    Py_XDECREF(fhand);
     return result;
 }
 
@@ -1823,7 +1815,7 @@ typedef struct {
     Py_ssize_t *pbeg, *ph, *pt;
     double *lag;
     unsigned char *act;          /* per device its decided step: TP_NONE, TP_W or TP_J */
-    long *hoff;                  /* per slot: the handoff's chunk offset, or LONG_MIN for none */
+    long *hoff;                  /* per slot: the handoff's chunk offset, 0 for none (parse_handoff) */
     double *hcm;
 } TP;
 
@@ -1920,7 +1912,7 @@ static int tp_run(TP *s, double *key, Heap *h, double *start0, int64_t *ord, Py_
         if (e < 0 && PyErr_Occurred()) return -1;
         if (s->b.cnt[d] == 1) start0[d] = T;
         ord[(Py_ssize_t)d * per_dev + s->b.cnt[d] - 1] = ncommit++;
-        if (s->hoff[slot] != LONG_MIN) {
+        if (s->hoff[slot]) {
             long d2 = s->b.dev[s->b.schunk[slot] + s->hoff[slot]];
             if (d2 != d) {
                 double k = tp_decide(s, d2);
@@ -1953,11 +1945,7 @@ static PyObject *template_pass(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "(iiddp)OOOOOOOOOO", &pp, &m, &limit, &eps, &always, &o_needs, &o_prod, &o_dur,
                           &o_dmem, &o_dev, &o_hand, &o_orders, &o_lags, &job_type, &kinds))
         return NULL;
-    if (!PyType_Check(job_type) || !PyType_IsSubtype((PyTypeObject *)job_type, &PyTuple_Type) ||
-        !PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4) {
-        PyErr_SetString(PyExc_TypeError, "template_pass: job_type must be a tuple subclass, kinds a 4-tuple");
-        return NULL;
-    }
+    if (check_job_args(job_type, kinds, 4, "template_pass") < 0) return NULL;
     Py_ssize_t nc = PyObject_Length(o_dev);
     if (nc < 1 || pp < 1 || m < 1) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "template_pass: pp, m and chunks must be >= 1");
@@ -1968,7 +1956,7 @@ static PyObject *template_pass(PyObject *self, PyObject *args) {
     Heap h = {NULL, 0, 0};
     double *key = NULL, *start0 = NULL;
     int64_t *ord = NULL;
-    PyObject *result = NULL, *forders = NULL, *fhand = NULL;
+    PyObject *result = NULL, *forders = NULL;
     s.pp = pp, s.nc = (long)nc, s.limit = limit, s.eps = eps, s.always = always;
     if (!(forders = PySequence_Fast(o_orders, "orders"))) goto done;
     if (PySequence_Fast_GET_SIZE(forders) != pp) {
@@ -2032,28 +2020,7 @@ static PyObject *template_pass(PyObject *self, PyObject *args) {
     }
     if (!(s.lag = as_doubles(o_lags, pp, "lags"))) goto done;
     if (board_init(&s.b, pp, nc, m, per_dev, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
-    if (!(fhand = PySequence_Fast(o_hand, "handoff"))) goto done;
-    if (PySequence_Fast_GET_SIZE(fhand) != 4 * nc) {
-        PyErr_SetString(PyExc_ValueError, "template_pass: handoff must have 4*nc entries");
-        goto done;
-    }
-    s.hoff = malloc((size_t)(4 * nc) * sizeof(long));
-    s.hcm = calloc((size_t)(4 * nc), sizeof(double));
-    if (!s.hoff || !s.hcm) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t q = 0; q < 4 * nc; q++) {
-        PyObject *t = PySequence_Fast_GET_ITEM(fhand, q);
-        s.hoff[q] = LONG_MIN;
-        if (t == Py_None) continue;
-        if (!PyArg_ParseTuple(t, "ld", &s.hoff[q], &s.hcm[q])) goto done;
-        long c2 = (long)(q % nc) + s.hoff[q];
-        if (c2 < 0 || c2 >= nc) {
-            PyErr_SetString(PyExc_ValueError, "template_pass: a handoff points outside the chunks");
-            goto done;
-        }
-    }
+    if (parse_handoff(o_hand, nc, &s.hoff, &s.hcm) < 0) goto done;
     if (tp_run(&s, key, &h, start0, ord, per_dev) < 0) goto done;
     Py_ssize_t placed = 0;
     for (long d = 0; d < pp; d++) placed += s.b.cnt[d];
@@ -2078,7 +2045,6 @@ done:
     free(s.oslot); free(s.omb); free(s.obeg); free(s.ptr); free(s.pmb); free(s.pc); free(s.pbeg); free(s.ph);
     free(s.pt); free(s.lag); free(s.act); free(s.hoff); free(s.hcm); free(key); free(start0); free(ord); free(h.v);
     Py_XDECREF(forders);
-    Py_XDECREF(fhand);
     return result;
 }
 
