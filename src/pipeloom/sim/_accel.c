@@ -1541,6 +1541,84 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- the list-scheduling loop
+ * pipeloom.sim.listsched.run on the C board, for the passes that are policies of it (paced, template): each
+ * device's first decision point from first(); at a point, step() gives the job to run from T (1 and *slot,
+ * *mb) or the next point to ask (0 and *next; INFINITY: asleep until fed); after a commit, fed() gives the
+ * receiving device's new point when the job's handoff reaches another device, and after() the committing
+ * device's. The same event order as the Python loop (a min-heap of (time, device), stale entries skipped).
+ * start0/ord (may be NULL): each device's first start and each job's commit rank, per_dev apart.
+ */
+typedef struct {
+    double (*first)(void *p, long d);
+    int (*step)(void *p, long d, double T, long *slot, long *mb, double *next);
+    double (*fed)(void *p, long d2, double arrival, double key);
+    double (*after)(void *p, long d, double end);
+} LSPolicy;
+
+/* always inlined: each pass gets its own copy with direct calls to its policy (0, or -1 + exception) */
+static inline __attribute__((always_inline)) int ls_loop(Board *b, const long *hoff, const double *hcm, void *p,
+                                                         const LSPolicy *pol, double *key, Heap *h, double *start0,
+                                                         int64_t *ord, Py_ssize_t per_dev) {
+    const long pp = (long)b->pp;
+    int64_t ncommit = 0;
+    for (long d = 0; d < pp; d++) {
+        key[d] = pol->first(p, d);
+        if (key[d] < INFINITY && heap_push(h, (HItem){key[d], (int)d}) < 0) goto nomem;
+    }
+    if (!h->n) return 0;
+    HItem item = heap_pop(h);
+    for (;;) {
+        const double T = item.t;
+        const long d = item.d;
+        if (T != key[d]) { /* stale */
+            if (!h->n) break;
+            item = heap_pop(h);
+            continue;
+        }
+        long slot, mb;
+        double next;
+        if (!pol->step(p, d, T, &slot, &mb, &next)) {
+            key[d] = next;
+            if (next < INFINITY) {
+                item = heap_pushpop(h, (HItem){next, (int)d});
+                continue;
+            }
+            if (!h->n) break;
+            item = heap_pop(h);
+            continue;
+        }
+        double e = board_commit(b, d, slot, mb, T);
+        if (e < 0 && PyErr_Occurred()) return -1;
+        if (ord) {
+            if (b->cnt[d] == 1) start0[d] = T;
+            ord[(Py_ssize_t)d * per_dev + b->cnt[d] - 1] = ncommit++;
+        }
+        if (hoff[slot]) {
+            long d2 = b->dev[b->schunk[slot] + hoff[slot]];
+            if (d2 != d) {
+                double k = pol->fed(p, d2, e + hcm[slot], key[d2]);
+                if (k != key[d2]) {
+                    key[d2] = k;
+                    if (k < INFINITY && heap_push(h, (HItem){k, (int)d2}) < 0) goto nomem;
+                }
+            }
+        }
+        double k = pol->after(p, d, e);
+        key[d] = k;
+        if (k < INFINITY)
+            item = heap_pushpop(h, (HItem){k, (int)d});
+        else if (h->n)
+            item = heap_pop(h);
+        else
+            break;
+    }
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
 /* ---------------------------------------------------------------- paced pass
  * paced_pass(shape, needs, produces, durations, dmem, dev, handoff, rows, job_type, kinds)
  *   shape = (pp, m, limit, eps, period, slack); limit with eps added, slack = inf for none;
@@ -1645,62 +1723,19 @@ static int pc_step(PC *s, long d, double T, long *slot, long *mb_out, double *ne
     return 0;
 }
 
-/* pipeloom.sim.listsched.run with the paced policy (after: the job's end; fed: the later of the device's clock
-   and the arrival, if earlier than its point); 0, or -1 with an exception set */
-static int pc_run(PC *s, double *key, Heap *h) {
-    const long pp = s->pp;
-    for (long d = 0; d < pp; d++) {
-        key[d] = 0.0;
-        if (heap_push(h, (HItem){0.0, (int)d}) < 0) goto nomem;
-    }
-    HItem item = heap_pop(h);
-    for (;;) {
-        const double T = item.t;
-        const long d = item.d;
-        if (T != key[d]) { /* stale */
-            if (!h->n) break;
-            item = heap_pop(h);
-            continue;
-        }
-        long slot, mb;
-        double next;
-        if (!pc_step(s, d, T, &slot, &mb, &next)) {
-            key[d] = next;
-            if (next < INFINITY) {
-                item = heap_pushpop(h, (HItem){next, (int)d});
-                continue;
-            }
-            if (!h->n) break;
-            item = heap_pop(h);
-            continue;
-        }
-        double e = board_commit(&s->b, d, slot, mb, T);
-        if (e < 0 && PyErr_Occurred()) return -1;
-        if (s->hoff[slot]) {
-            long d2 = s->b.dev[s->b.schunk[slot] + s->hoff[slot]];
-            if (d2 != d) {
-                double arrival = e + s->hcm[slot], f = s->b.free_t[d2];
-                double k = f > arrival ? f : arrival;
-                if (!(k < key[d2])) k = key[d2];
-                if (k != key[d2]) {
-                    key[d2] = k;
-                    if (k < INFINITY && heap_push(h, (HItem){k, (int)d2}) < 0) goto nomem;
-                }
-            }
-        }
-        key[d] = e;
-        if (e < INFINITY)
-            item = heap_pushpop(h, (HItem){e, (int)d});
-        else if (h->n)
-            item = heap_pop(h);
-        else
-            break;
-    }
-    return 0;
-nomem:
-    PyErr_NoMemory();
-    return -1;
+/* the paced policy's hooks of ls_loop: every device asks at 0; after: the job's end; fed: the later of the
+   device's clock and the arrival, if earlier than its point */
+static double pc_first(void *p, long d) { (void)p, (void)d; return 0.0; }
+static int pc_step_p(void *p, long d, double T, long *slot, long *mb, double *next) {
+    return pc_step((PC *)p, d, T, slot, mb, next);
 }
+static double pc_fed(void *p, long d2, double arrival, double key) {
+    double f = ((PC *)p)->b.free_t[d2];
+    double k = f > arrival ? f : arrival;
+    return k < key ? k : key;
+}
+static double pc_after(void *p, long d, double end) { (void)p, (void)d; return end; }
+static const LSPolicy PACED = {pc_first, pc_step_p, pc_fed, pc_after};
 
 static PyObject *paced_pass(PyObject *self, PyObject *args) {
     (void)self;
@@ -1775,7 +1810,7 @@ static PyObject *paced_pass(PyObject *self, PyObject *args) {
     }
     for (long d = 1; d < pp; d++) /* device d's pending W: at most m per local chunk */
         s.pbeg[d] = s.pbeg[d - 1] + (s.rbeg[d] - s.rbeg[d - 1]) * m;
-    if (pc_run(&s, key, &h) < 0) goto done;
+    if (ls_loop(&s.b, s.hoff, s.hcm, &s, &PACED, key, &h, NULL, NULL, 0) < 0) goto done;
     Py_ssize_t placed = 0;
     for (long d = 0; d < pp; d++) placed += s.b.cnt[d];
     if (placed != 3 * (Py_ssize_t)m * nc)
@@ -1878,64 +1913,29 @@ static double tp_decide(TP *s, long d) {
     return INFINITY;
 }
 
-/* pipeloom.sim.listsched.run with the template policy (after and fed: decide again); 0, or -1 + exception */
-static int tp_run(TP *s, double *key, Heap *h, double *start0, int64_t *ord, Py_ssize_t per_dev) {
-    const long pp = s->pp, nc = s->nc;
-    int64_t ncommit = 0;
-    for (long d = 0; d < pp; d++) {
-        key[d] = tp_decide(s, d);
-        if (key[d] < INFINITY && heap_push(h, (HItem){key[d], (int)d}) < 0) goto nomem;
+/* the template policy's hooks of ls_loop: a device decides its next step at the start, when its own job ends
+   and when an input reaches it (after and fed: decide again); at its point it runs what it decided (a finite
+   point always comes with a step): a pending W, or the next job of its order (a B queues its W) */
+static double tp_first(void *p, long d) { return tp_decide((TP *)p, d); }
+static int tp_step(void *p, long d, double T, long *slot, long *mb, double *next) {
+    TP *s = p;
+    (void)T, (void)next;
+    if (s->act[d] == TP_W) {
+        Py_ssize_t q = s->pbeg[d] + s->ph[d]++;
+        *slot = 2 * s->nc + s->pc[q], *mb = s->pmb[q];
+    } else {
+        Py_ssize_t q = s->obeg[d] + s->ptr[d]++;
+        *slot = s->oslot[q], *mb = s->omb[q];
+        if (s->b.skind[*slot] == 1) {
+            Py_ssize_t w = s->pbeg[d] + s->pt[d]++;
+            s->pmb[w] = *mb, s->pc[w] = s->b.schunk[*slot];
+        }
     }
-    if (!h->n) return 0;
-    HItem item = heap_pop(h);
-    for (;;) {
-        const double T = item.t;
-        const long d = item.d;
-        if (T != key[d]) { /* stale */
-            if (!h->n) break;
-            item = heap_pop(h);
-            continue;
-        }
-        long slot, mb;
-        if (s->act[d] == TP_W) {
-            Py_ssize_t q = s->pbeg[d] + s->ph[d]++;
-            slot = 2 * nc + s->pc[q], mb = s->pmb[q];
-        } else { /* TP_J: a finite key always comes with a step */
-            Py_ssize_t q = s->obeg[d] + s->ptr[d]++;
-            slot = s->oslot[q], mb = s->omb[q];
-            if (s->b.skind[slot] == 1) {
-                Py_ssize_t w = s->pbeg[d] + s->pt[d]++;
-                s->pmb[w] = mb, s->pc[w] = s->b.schunk[slot];
-            }
-        }
-        double e = board_commit(&s->b, d, slot, mb, T);
-        if (e < 0 && PyErr_Occurred()) return -1;
-        if (s->b.cnt[d] == 1) start0[d] = T;
-        ord[(Py_ssize_t)d * per_dev + s->b.cnt[d] - 1] = ncommit++;
-        if (s->hoff[slot]) {
-            long d2 = s->b.dev[s->b.schunk[slot] + s->hoff[slot]];
-            if (d2 != d) {
-                double k = tp_decide(s, d2);
-                if (k != key[d2]) {
-                    key[d2] = k;
-                    if (k < INFINITY && heap_push(h, (HItem){k, (int)d2}) < 0) goto nomem;
-                }
-            }
-        }
-        double k = tp_decide(s, d);
-        key[d] = k;
-        if (k < INFINITY)
-            item = heap_pushpop(h, (HItem){k, (int)d});
-        else if (h->n)
-            item = heap_pop(h);
-        else
-            break;
-    }
-    return 0;
-nomem:
-    PyErr_NoMemory();
-    return -1;
+    return 1;
 }
+static double tp_fed(void *p, long d2, double arrival, double key) { (void)arrival, (void)key; return tp_decide((TP *)p, d2); }
+static double tp_after(void *p, long d, double end) { (void)end; return tp_decide((TP *)p, d); }
+static const LSPolicy TEMPLATE = {tp_first, tp_step, tp_fed, tp_after};
 
 static PyObject *template_pass(PyObject *self, PyObject *args) {
     (void)self;
@@ -2021,7 +2021,7 @@ static PyObject *template_pass(PyObject *self, PyObject *args) {
     if (!(s.lag = as_doubles(o_lags, pp, "lags"))) goto done;
     if (board_init(&s.b, pp, nc, m, per_dev, o_needs, o_prod, o_dur, o_dmem, o_dev) < 0) goto done;
     if (parse_handoff(o_hand, nc, &s.hoff, &s.hcm) < 0) goto done;
-    if (tp_run(&s, key, &h, start0, ord, per_dev) < 0) goto done;
+    if (ls_loop(&s.b, s.hoff, s.hcm, &s, &TEMPLATE, key, &h, start0, ord, per_dev) < 0) goto done;
     Py_ssize_t placed = 0;
     for (long d = 0; d < pp; d++) placed += s.b.cnt[d];
     if (placed != 3 * (Py_ssize_t)m * nc) {
