@@ -18,6 +18,8 @@ from pipeloom.schedule.planning import make_spec
 from pipeloom.schedule.search import greedy, paced
 from pipeloom.sim import kernel
 
+from _rule_mutations import mutations
+
 pytestmark = pytest.mark.skipif(paced.ext is None, reason="C extension not built")
 
 ZB = "F=1,B=2,W=1,comm=0.5"
@@ -105,35 +107,6 @@ def test_a_timetable_given_by_the_caller_is_used_by_both():
 
 # ---- mutations: one wrong copy of a rule in core/rules.py, as a monkeypatch
 
-def _mutations():
-    needs, handoff, edge, delta, dur = rules.needs, rules.handoff, rules.edge_comm, rules.memory_delta, rules.duration
-
-    def no_grad_edge(kind, mb, chunk, num_chunks):  # B no longer waits for the gradient from chunk + 1 ...
-        return tuple(x for x in needs(kind, mb, chunk, num_chunks) if x[0] != rules.GRAD or kind is Kind.W)
-
-    def no_grad_handoff(kind, mb, chunk, num_chunks):  # ... so no B hands one down
-        return handoff(kind, mb, chunk, num_chunks) if kind is Kind.F else None
-
-    def free_backward_edges(pp, num_chunks, placement, comm):  # the gradient travels without comm
-        fwd, bwd = edge(pp, num_chunks, placement, comm)
-        return fwd, [0.0] * len(bwd)
-
-    def w_frees_a(kind, a, b):  # W frees a instead of a - b
-        return -a if kind is Kind.W else delta(kind, a, b)
-
-    def f_keeps_half(kind, a, b):  # F allocates half its activations
-        return 0.5 * a if kind is Kind.F else delta(kind, a, b)
-
-    def w_lasts_b(kind, chunk, dF, dB, dW):  # W lasts as long as B
-        return dB[chunk] if kind is Kind.W else dur(kind, chunk, dF, dB, dW)
-
-    return {"needs: B without GRAD": (("needs", no_grad_edge), ("handoff", no_grad_handoff)),
-            "edge_comm: no comm on backward edges": (("edge_comm", free_backward_edges),),
-            "memory_delta: W frees a": (("memory_delta", w_frees_a),),
-            "memory_delta: F allocates a/2": (("memory_delta", f_keeps_half),),
-            "duration: W = B": (("duration", w_lasts_b),)}
-
-
 #: shapes where the paced passes finish, memory binds and W fills gaps (both cost sets, limits below 1p)
 _MUT_SHAPES = [(4, 12, ZB, 2.5), (6, 18, ZB, 3.0), (5, 15, "F=1,B=1.5,W=1,comm=0.5", 3.0), (6, 12, EQUAL, 3.0)]
 
@@ -147,14 +120,14 @@ def _results(run) -> list:
     return out
 
 
-@pytest.mark.parametrize("name", list(_mutations()))
+@pytest.mark.parametrize("name", list(mutations()))
 def test_a_mutated_rule_reaches_the_c_pass(name, monkeypatch):
     """Under a wrong copy of a rule the C pass places other jobs than before, and exactly the jobs of the
     Python pass under the same rule: both read the one copy in core/rules.py."""
     before = _results(paced.run)
     assert before == _results(paced.run_py)
     assert any(r is not None for r in before)
-    for attr, fn in _mutations()[name]:
+    for attr, fn in mutations()[name]:
         monkeypatch.setattr(rules, attr, fn)
     kernel._make_rules.cache_clear()
     try:
