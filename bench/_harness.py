@@ -11,7 +11,9 @@ the same run, so that the machine's drift hits all of them alike:
   tables print; a ratio is taken within a round (entries next to each other) and its median reported,
   which cancels the drift between rounds;
 * :func:`write_text`, :func:`write_json`, :func:`write_section`: tables and results written whole or not
-  at all (``pipeloom.core.files.atomic_write``), JSON strict (no NaN or Infinity).
+  at all (``pipeloom.core.files.atomic_write``), JSON strict (no NaN or Infinity);
+* :func:`plan_in_child`: one plan of pipeloom's registry in a fresh process (plan CPU, peak RSS, makespan and
+  the proven bound), for the benches that time planning at scale.
 
 Run a bench as ``python bench/NAME.py``: its folder is then on ``sys.path`` and ``from _harness import ...``
 finds this file.
@@ -22,6 +24,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -111,17 +115,68 @@ def write_json(path: str | os.PathLike, obj, **dump_kw) -> None:
     write_text(path, json.dumps(obj, allow_nan=False, **({"indent": 1} | dump_kw)) + "\n")
 
 
-def write_section(path: str | os.PathLike, head: str, section: str) -> None:
-    """Put ``section`` (starting with the line ``head``) at the end of the page ``path``, replacing what an
-    earlier run wrote from ``head`` on and keeping everything above it; the page is written whole."""
+def write_section(path: str | os.PathLike, head: str, section: str, *, before: str | None = None) -> None:
+    """Put ``section`` (starting with the line ``head``) into the page ``path``, keeping everything else; the
+    page is written whole. By default the section is the page's end: what an earlier run wrote from ``head`` on
+    is replaced. With ``before`` (a heading of the page, e.g. ``"## Table"``) the section sits in the middle:
+    it runs from ``head`` to the next ``## `` heading, and a page without it gets it just above ``before``."""
     text = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
+    if before is None:
+        if head in text:
+            text = text[:text.index(head)]
+        write_text(path, (text.rstrip("\n") + "\n\n" if text.strip() else "") + section)
+        return
     if head in text:
-        text = text[:text.index(head)]
-    write_text(path, (text.rstrip("\n") + "\n\n" if text.strip() else "") + section)
+        i = text.index(head)
+        j = text.find("\n## ", i + len(head))
+        text = text[:i] + section.rstrip("\n") + "\n" + (text[j:] if j >= 0 else "")
+    else:
+        i = text.index(before)
+        text = text[:i] + section.rstrip("\n") + "\n\n" + text[i:]
+    write_text(path, text)
 
 
-__all__ = ["alternate", "median", "paired_ratios", "quartiles", "ratio_summary", "round_orders", "timed",
-           "write_json", "write_section", "write_text"]
+# ---------------------------------------------------------------------------------------------- plans
+_PLAN_CHILD = r"""
+import json, resource, sys, time
+from dataclasses import replace
+from pipeloom.schedule import registry
+from pipeloom.schedule.planning import make_spec
+from pipeloom.schedule.search.bounds import lower_bound
+from pipeloom.sim.simulate import simulate
+name, pp, vpp, m, costs, limit, opts = json.loads(sys.argv[1])
+spec = make_spec(pp=pp, vpp=vpp, microbatches=m, costs=costs, mem_limit=limit, options=opts)
+t0 = time.process_time()
+s = registry.build(name, spec)
+cpu = time.process_time() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+r = simulate(s, spec.costs, spec.mem)
+lim = s.meta.get("mem_limit", spec.mem_limit)
+bound = term = None
+if vpp > 1:
+    b = lower_bound(replace(spec, mem_limit=lim, options={}), s.placement)
+    bound, term = b.value, b.term
+print(json.dumps({"makespan": r.makespan, "peak": max(r.peak_memory), "limit": lim, "bound": bound, "term": term,
+                  "cpu_s": cpu, "rss_mb": rss}))
+"""
+
+
+def plan_in_child(name: str, pp: int, vpp: int, m: int, costs: str, limit, options: dict | None = None,
+                  timeout: float | None = None) -> dict | None:
+    """Plan ``name`` (pipeloom's registry, ``options`` as ``-O``) in a fresh process, so that nothing an earlier
+    plan cached counts, and simulate it: ``makespan``, ``peak``, the ``limit`` it planned under, the proven
+    ``bound`` at that limit and its ``term`` (``lower_bound``; None at vpp 1), the plan's ``cpu_s`` and the
+    process's peak RSS after planning (``rss_mb``). None when it ran past ``timeout`` seconds."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _PLAN_CHILD, json.dumps([name, pp, vpp, m, costs, limit, options])],
+                             check=True, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+__all__ = ["alternate", "median", "paired_ratios", "plan_in_child", "quartiles", "ratio_summary", "round_orders",
+           "timed", "write_json", "write_section", "write_text"]

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 
-from _harness import write_text
+from _harness import plan_in_child, write_section
 
 ZB = "F=1,B=2,W=1,comm=0.5"
 OPTIONS = ({}, {"effort": "high"}, {"budget": 1_000_000}, {"budget": 4_000_000})
@@ -40,25 +39,6 @@ planned with the default options, with `-O effort=high` and with larger greedy b
 plan's limit. "best gap" is the best of the four plans against the bound.
 """
 
-_CHILD = r"""
-import json, sys, time
-from dataclasses import replace
-from pipeloom.schedule import registry
-from pipeloom.schedule.planning import make_spec
-from pipeloom.schedule.search.bounds import lower_bound
-from pipeloom.sim.simulate import simulate
-name, pp, m, costs, limit, opts = json.loads(sys.argv[1])
-spec = make_spec(pp=pp, vpp=2, microbatches=m, costs=costs, mem_limit=limit, options=opts)
-t0 = time.process_time()
-s = registry.build(name, spec)
-cpu = time.process_time() - t0
-r = simulate(s, spec.costs, spec.mem)
-lim = s.meta.get("mem_limit", spec.mem_limit)
-b = lower_bound(replace(spec, mem_limit=lim, options={}), s.placement)
-print(json.dumps({"makespan": r.makespan, "peak": max(r.peak_memory), "limit": lim, "bound": b.value,
-                  "term": b.term, "cpu_s": cpu}))
-"""
-
 #: (pp, m, limit units, costs) of the low-memory grid at 0.5p with the widest gaps between plan and bound
 SMALL = ((2, 6, 1.0, "F=1,B=1,W=1,comm=0"), (2, 6, 1.0, "F=1,B=2,W=1,comm=0"), (2, 6, 1.0, ZB),
          (3, 6, 1.5, "F=1,B=2,W=1,comm=0"), (3, 9, 1.5, "F=1,B=2,W=1,comm=0"), (3, 9, 1.5, ZB),
@@ -66,12 +46,7 @@ SMALL = ((2, 6, 1.0, "F=1,B=1,W=1,comm=0"), (2, 6, 1.0, "F=1,B=2,W=1,comm=0"), (
 
 
 def plan(name: str, pp: int, m: int, limit, opts: dict, timeout: float = 300) -> dict | None:
-    try:
-        out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([name, pp, m, ZB, limit, opts])],
-                             check=True, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return plan_in_child(name, pp, 2, m, ZB, limit, opts, timeout)
 
 
 def depth_rows() -> list[dict]:
@@ -142,20 +117,6 @@ def small_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def put_section(page: str, section: str) -> None:
-    """Replace this bench's section of ``page`` (from :data:`HEAD` to the next ``## `` heading), or insert it
-    before ``## Table`` (whose section schedules_at_scale.py rewrites to the end of the page)."""
-    text = open(page, encoding="utf-8").read()
-    if HEAD in text:
-        i = text.index(HEAD)
-        j = text.find("\n## ", i + len(HEAD))
-        text = text[:i] + section.rstrip("\n") + "\n" + (text[j:] if j >= 0 else "")
-    else:
-        i = text.index("## Table")
-        text = text[:i] + section.rstrip("\n") + "\n\n" + text[i:]
-    write_text(page, text)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="the exact CP-SAT optima of small shapes instead")
@@ -169,7 +130,7 @@ def main() -> int:
         text = depth_table(depth_rows())
         print(text)
         if args.markdown:
-            put_section(args.markdown, f"{HEAD}\n\n{INTRO}\n{text}")
+            write_section(args.markdown, HEAD, f"{HEAD}\n\n{INTRO}\n{text}", before="## Table")
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 
-from _harness import write_json, write_section
+from _harness import plan_in_child, write_json, write_section
 
 COSTS = {"equal": "F=1,B=1,W=1,comm=0", "zb": "F=1,B=2,W=1,comm=0.5"}
 #: 1F1B's stage is two chunks of the V: twice the chunk costs, the same comm
@@ -33,33 +32,8 @@ STAGE_COSTS = {"equal": "F=2,B=2,W=2,comm=0", "zb": "F=2,B=4,W=2,comm=0.5"}
 #: (schedule, --mem-limit) per row; None: the builder's own limit
 PLANS = (("zbv", "1p"), ("zbv", "0.75p"), ("zbv", "0.5p"), ("vmin", None))
 
-_CHILD = r"""
-import json, resource, sys, time
-from pipeloom.schedule import registry
-from pipeloom.schedule.planning import make_spec
-from pipeloom.schedule.search.bounds import lower_bound
-from pipeloom.sim.simulate import simulate
-name, pp, vpp, m, costs, limit = json.loads(sys.argv[1])
-spec = make_spec(pp=pp, vpp=vpp, microbatches=m, costs=costs, mem_limit=limit)
-t0 = time.process_time()
-s = registry.build(name, spec)
-cpu = time.process_time() - t0
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-r = simulate(s, spec.costs, spec.mem)
-lim = s.meta.get("mem_limit", spec.mem_limit)
-bound = None
-if vpp > 1:
-    from dataclasses import replace
-    bound = lower_bound(replace(spec, mem_limit=lim), s.placement).value
-print(json.dumps({"makespan": r.makespan, "peak": max(r.peak_memory), "limit": lim, "bound": bound,
-                  "cpu_s": cpu, "rss_mb": rss}))
-"""
-
-
 def plan(name: str, pp: int, vpp: int, m: int, costs: str, limit: str | None) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([name, pp, vpp, m, costs, limit])],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return plan_in_child(name, pp, vpp, m, costs, limit)
 
 
 def shapes(quick: bool) -> list[tuple[int, int]]:

@@ -70,3 +70,12 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
     page.write_text("# Title\n\nkept\n\n## Speed\n\nold\n")
     h.write_section(page, "## Speed", "## Speed\n\nnew\n")
     assert page.read_text() == "# Title\n\nkept\n\n## Speed\n\nnew\n"
+
+
+def test_write_section_before_a_heading_sits_mid_page_and_replaces_only_itself(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\nintro\n\n## Table\n\n| a |\n")
+    h.write_section(page, "## Depth", "## Depth\n\nfirst\n", before="## Table")
+    assert page.read_text() == "# Title\n\nintro\n\n## Depth\n\nfirst\n\n## Table\n\n| a |\n"
+    h.write_section(page, "## Depth", "## Depth\n\nsecond\n", before="## Table")  # to the next heading only
+    assert page.read_text() == "# Title\n\nintro\n\n## Depth\n\nsecond\n\n## Table\n\n| a |\n"
