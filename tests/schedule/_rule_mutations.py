@@ -4,6 +4,7 @@ Python form under a mutated rule (tests/schedule/test_paced_c.py, test_template_
 change and to equal the Python pass."""
 from pipeloom.core import rules
 from pipeloom.core.ir import Kind
+from pipeloom.sim import kernel
 
 
 def mutations() -> dict:
@@ -33,3 +34,22 @@ def mutations() -> dict:
             "memory_delta: W frees a": (("memory_delta", w_frees_a),),
             "memory_delta: F allocates a/2": (("memory_delta", f_keeps_half),),
             "duration: W = B": (("duration", w_lasts_b),)}
+
+
+def check_mutation_reaches(name: str, monkeypatch, compiled, reference, what: str) -> None:
+    """Under the wrong copy ``name`` of a rule the compiled pass places other jobs than before, and exactly the
+    jobs of its Python reference under the same rule: both read the one copy in core/rules.py. ``compiled`` and
+    ``reference``: the results of each form on the test's shapes (made anew under the patch: a Problem derives
+    its tables from core.rules)."""
+    before = compiled()
+    assert before == reference()
+    assert any(r is not None for r in before)
+    for attr, fn in mutations()[name]:
+        monkeypatch.setattr(rules, attr, fn)
+    kernel._make_rules.cache_clear()
+    try:
+        after = compiled()
+        assert after != before, f"the C {what} pass did not see the mutated rule"
+        assert after == reference()
+    finally:
+        kernel._make_rules.cache_clear()

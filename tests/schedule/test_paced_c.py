@@ -14,7 +14,7 @@ from pipeloom.schedule.planning import make_spec
 from pipeloom.schedule.search import greedy, paced
 from pipeloom.sim import kernel
 
-from _rule_mutations import mutations
+from _rule_mutations import check_mutation_reaches, mutations
 
 pytestmark = pytest.mark.skipif(paced.ext is None, reason="C extension not built")
 
@@ -54,20 +54,7 @@ def _results(run) -> list:
 
 @pytest.mark.parametrize("name", list(mutations()))
 def test_a_mutated_rule_reaches_the_c_pass(name, monkeypatch):
-    """Under a wrong copy of a rule the C pass places other jobs than before, and exactly the jobs of the
-    Python pass under the same rule: both read the one copy in core/rules.py."""
-    before = _results(paced.run)
-    assert before == _results(paced.run_py)
-    assert any(r is not None for r in before)
-    for attr, fn in mutations()[name]:
-        monkeypatch.setattr(rules, attr, fn)
-    kernel._make_rules.cache_clear()
-    try:
-        after = _results(paced.run)
-        assert after != before, "the C paced pass did not see the mutated rule"
-        assert after == _results(paced.run_py)
-    finally:
-        kernel._make_rules.cache_clear()
+    check_mutation_reaches(name, monkeypatch, lambda: _results(paced.run), lambda: _results(paced.run_py), "paced")
 
 
 def test_tables_the_pass_cannot_handle_are_refused_by_both(monkeypatch):

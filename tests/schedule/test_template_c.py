@@ -16,7 +16,7 @@ from pipeloom.schedule.planning import make_spec
 from pipeloom.schedule.search import greedy
 from pipeloom.sim import kernel
 
-from _rule_mutations import mutations
+from _rule_mutations import check_mutation_reaches, mutations
 
 pytestmark = pytest.mark.skipif(not kernel.accelerated(), reason="C extension not built or switched off")
 
@@ -159,20 +159,8 @@ def _results(run) -> list:
 
 @pytest.mark.parametrize("name", list(mutations()))
 def test_a_mutated_rule_reaches_the_c_pass(name, monkeypatch):
-    """Under a wrong copy of a rule the C pass places other jobs than before, and exactly the jobs of the
-    Python pass under the same rule: both read the one copy in core/rules.py."""
-    before = _results(Z.template_pass)
-    assert before == _results(Z.template_pass_py)
-    assert any(r is not None for r in before)
-    for attr, fn in mutations()[name]:
-        monkeypatch.setattr(rules, attr, fn)
-    kernel._make_rules.cache_clear()
-    try:
-        after = _results(Z.template_pass)
-        assert after != before, "the C template pass did not see the mutated rule"
-        assert after == _results(Z.template_pass_py)
-    finally:
-        kernel._make_rules.cache_clear()
+    check_mutation_reaches(name, monkeypatch, lambda: _results(Z.template_pass), lambda: _results(Z.template_pass_py),
+                           "template")
 
 
 def _plain_fb_order(pp, vpp, m, d, warmup, pull):

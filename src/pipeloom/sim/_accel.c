@@ -1933,7 +1933,10 @@ static int tp_step(void *p, long d, double T, long *slot, long *mb, double *next
     }
     return 1;
 }
-static double tp_fed(void *p, long d2, double arrival, double key) { (void)arrival, (void)key; return tp_decide((TP *)p, d2); }
+static double tp_fed(void *p, long d2, double arrival, double key) {
+    (void)arrival, (void)key;
+    return tp_decide((TP *)p, d2);
+}
 static double tp_after(void *p, long d, double end) { (void)end; return tp_decide((TP *)p, d); }
 static const LSPolicy TEMPLATE = {tp_first, tp_step, tp_fed, tp_after};
 
