@@ -39,7 +39,7 @@ from typing import Sequence
 
 from ..core.ir import Kind, Schedule
 
-__all__ = ["TPJobTerms", "chunked_exposed", "exposed_dgrad", "fused_pairs", "tp_job_durations"]
+__all__ = ["TPJobTerms", "chunked_exposed", "exposed_dgrad", "fill_work", "fused_pairs", "tp_job_durations"]
 
 
 def chunked_exposed(comm: float, gemm: float, k: int) -> float:
@@ -148,7 +148,7 @@ def tp_job_durations(schedule: Schedule, dF: Sequence[float], dB: Sequence[float
                     regather_total += fused_reg
                 elif mode == "fill":
                     movable = [w * (1.0 - share) if r > 0 else w for w, r in zip(dW, regs)]
-                    took = _fill(jobs, i, pos, movable, moved, comm)
+                    took = fill_work(jobs, i, pos, movable, moved, comm)
                     e = max(0.0, comm - took)
                     moved_total += took
                 else:
@@ -171,9 +171,11 @@ def _per_chunk(v, nc: int, what: str) -> list[float]:
     return [float(v)] * nc
 
 
-def _fill(jobs, i: int, pos: dict, dW: Sequence[float], moved: list[float], budget: float) -> float:
+def fill_work(jobs, i: int, pos: dict, dW: Sequence[float], moved: list[float], budget: float) -> float:
     """W work (seconds) the B at ``i`` runs while its collective (``budget``) is in flight: the runtime's rule
-    (:meth:`pipeloom.runtime.tp_overlap.TPOverlap._fill`)."""
+    (:meth:`pipeloom.runtime.tp_overlap.TPOverlap._fill`), written once for the simulator and the tuner's fill
+    pricing (:func:`pipeloom.tune.comm_terms.fill_pricing`). ``moved[k]``: W work of job k already taken by an
+    earlier B (updated)."""
     cur = (jobs[i].mb, jobs[i].chunk)
     took = 0.0
     for k in range(i + 1, len(jobs)):

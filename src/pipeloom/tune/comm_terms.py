@@ -276,7 +276,7 @@ def fill_pricing(devices, comm, w, hideable=None) -> FillPricing:
     rule); the rest of its collective is exposed. So a B with no such W hides nothing: the first Bs of a
     cool-down, a B whose next pending W is its own pair's. Pure: the job lists only, no torch."""
     from ..core.ir import Kind
-    from ..sim.tp_jobs import _fill, fused_pairs
+    from ..sim.tp_jobs import fill_work, fused_pairs
 
     nc = len(comm)
     cap = comm if hideable is None else hideable
@@ -290,7 +290,7 @@ def fill_pricing(devices, comm, w, hideable=None) -> FillPricing:
         for i, j in enumerate(jobs):
             if j.kind is not Kind.B or (d, i) in fused or comm[j.chunk] <= 0:
                 continue  # not a split B, or one without a collective (a chunk of no TP layer)
-            took = _fill(jobs, i, pos, w, moved, min(cap[j.chunk], comm[j.chunk]))
+            took = fill_work(jobs, i, pos, w, moved, min(cap[j.chunk], comm[j.chunk]))
             s, f = s + 1, f + (took > 0)
             per_chunk[j.chunk] += 1
             hidden[j.chunk] += took
