@@ -1,3 +1,4 @@
+import gc
 import os
 import pathlib
 
@@ -19,3 +20,22 @@ def reference_cases():
     if ref is None:
         pytest.skip("official reference schedules (../shared/reference/official_zb.json) not found")
     return ref["cases"]
+
+
+def pytest_collection_finish(session):
+    """What collection made (every test module, torch, hypothesis's strategies) lives until the end: move it out
+    of the garbage collector's generations (gc.freeze), so that a full collection during the tests does not walk
+    it again and again (with the hook below, 18 -> 6 s of CPU per `make test-fast`)."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test module's last test (its fixtures gone), the same for what is still alive: the libraries its
+    tests imported (transformers, matplotlib, ortools) and the caches they filled. Only survivors are frozen;
+    objects freed by reference counting are freed as before."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()
+        gc.freeze()

@@ -397,3 +397,22 @@ def test_tables_never_cut_numbers_in_a_narrow_pipe(capsys, monkeypatch, argv):
     rc, out, _ = run(capsys, *argv)
     table = [line for line in out.splitlines() if line.startswith(("│", "┃"))]
     assert rc == 0 and table and not any("…" in line for line in table), "\n".join(table)
+
+
+def test_a_command_parses_the_same_with_only_its_own_parser_built():
+    """main builds only the parser of the command it runs: each command's help and parsed arguments are the
+    same as with all eleven built, and a word that is no command still gets the whole list."""
+    from pipeloom.cli import COMMANDS, _command_of, build_parser
+
+    whole = build_parser()
+    for name in COMMANDS:
+        alone = build_parser(name)
+        assert list(alone._subparsers._group_actions[0].choices) == [name]
+        assert alone._subparsers._group_actions[0].choices[name].format_help() == \
+            whole._subparsers._group_actions[0].choices[name].format_help()
+    argv = ["plan", "-s", "zbv", "--pp", "4", "-m", "8", "--mem-limit", "0.75p"]
+    one, every = vars(build_parser("plan").parse_args(argv)), vars(whole.parse_args(argv))
+    one.pop("_subparsers"), every.pop("_subparsers")
+    assert one == every and one["schedule"] == "zbv"
+    assert _command_of(["--debug", "--progress", "tune", "--model", "x"]) == "tune"
+    assert _command_of(["--help"]) is None and _command_of(["plna", "plan"]) is None

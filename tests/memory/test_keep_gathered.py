@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from clirun import pipeloom
 
 from pipeloom.memory import layers as an
 from pipeloom.models.presets import preset as get_preset
 
 
 def _mem(*extra):
-    r = subprocess.run([sys.executable, "-m", "pipeloom", "memory", "--model", "llama-tiny", "--pp", "2", "-m", "4",
-                        "-s", "1f1b", "--tp", "2", "--dtype", "fp32", "--sequence-parallel", "--json", *extra],
-                       capture_output=True, text=True)
+    r = pipeloom("memory", "--model", "llama-tiny", "--pp", "2", "-m", "4", "-s", "1f1b", "--tp", "2", "--dtype",
+                 "fp32", "--sequence-parallel", "--json", *extra)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

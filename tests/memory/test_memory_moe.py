@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.memory import analytic as an
 from pipeloom.memory.budget import device_budget
@@ -135,13 +134,13 @@ def test_deepseek_v3_published_setup_fits_in_80_gb():
 
 
 def test_memory_cli_ep_json_and_errors():
-    cmd = [sys.executable, "-m", "pipeloom", "memory", "--model", "Qwen3-30B-A3B", "--pp", "4", "-m", "8",
+    cmd = ["memory", "--model", "Qwen3-30B-A3B", "--pp", "4", "-m", "8",
            "--dp", "16", "--zero", "1", "--seq", "4096"]
-    out = subprocess.run(cmd + ["--ep", "8", "--json"], capture_output=True, text=True, check=True)
+    out = pipeloom(*cmd, "--ep", "8", "--json", check=True)
     d = json.loads(out.stdout)
     assert d["ep"] == 8 and d["groups"]["expert_dp"] == 2 and d["groups"]["dp"] == 16
-    dense = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
+    dense = json.loads(pipeloom(*cmd, "--json", check=True).stdout)
     assert d["devices"][1]["params"] < dense["devices"][1]["params"]
-    bad = subprocess.run(cmd + ["--ep", "3"], capture_output=True, text=True)
+    bad = pipeloom(*cmd, "--ep", "3")
     assert bad.returncode == 2 and bad.stderr.startswith("pipeloom: error: ep=3 does not divide the 128 routed")
     assert "Traceback" not in bad.stderr

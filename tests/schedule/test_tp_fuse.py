@@ -3,10 +3,9 @@ split buys nothing under TP costs; re-timed with the kernel, never longer, memor
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.core.costs import Costs, MemModel
 from pipeloom.core.ir import Job, Kind, Placement, Schedule
@@ -86,7 +85,7 @@ def test_dualpipe_pairs_are_left_alone():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeloom", "simulate", *args], capture_output=True, text=True)
+    return pipeloom("simulate", *args)
 
 
 @pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
@@ -115,9 +114,8 @@ def test_cli_simulate_tp_overlap_and_fuse():
 
 def test_cli_plan_tp_fuse_writes_the_fused_plan(tmp_path):
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, "-m", "pipeloom", "plan", "-s", "zbv", "--pp", "4", "-m", "8", "--tp-comm",
-                        "0.4", "--tp-overlap", "async", "--tp-fuse", "-o", str(out), "--json"],
-                       capture_output=True, text=True)
+    r = pipeloom("plan", "-s", "zbv", "--pp", "4", "-m", "8", "--tp-comm", "0.4", "--tp-overlap", "async",
+                 "--tp-fuse", "-o", out, "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     n = len(res["tp"]["fuse"]["fused"])

@@ -77,13 +77,13 @@ def test_tuner_groups_by_hand():
 
 def test_tune_explain_shows_both_groups():
     import json
-    import subprocess
-    import sys
 
-    cmd = [sys.executable, "-m", "pipeloom", "tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
+    from clirun import pipeloom
+
+    cmd = ["tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
            "256", "--seq", "4096", "--schedules", "dualpipev", "--max-vpp", "2", "--recompute", "none",
            "--top", "1", "--tp", "1", "--ep", "8", "--json", "--explain"]
-    d = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    d = json.loads(pipeloom(*cmd, check=True).stdout)
     groups = d["explain"]["parallel"]["groups"]
     dense, expert = d["explain"]["dp_grad_groups"]
     assert (dense["ranks"], expert["ranks"]) == (groups["dp"], groups["expert_dp"])

@@ -82,6 +82,14 @@ def test_random_valid_orders_time_as_the_oracle(data, pp, vpp, m, placement, see
         assert status == "ok"
         assert (got.start, got.end) == want  # exactly: the same float operations
         assert got.makespan == max((e[-1] for e in want[1] if e), default=0.0)
+    # the planners' summary timer: the same makespan and sum of ends (summed device by device, in list order)
+    dur_tab = kernel.duration_table(nc, dF, dB, dW)
+    total = 0.0
+    for e in want[1]:
+        for t in e:
+            total += t
+    for status, got in _both(lambda: kernel.order_timer(m, tab, dur_tab)(s.devices)):
+        assert status == "ok" and got == (max((e[-1] for e in want[1] if e), default=0.0), total)
     # the simulator is the kernel plus metrics
     assert simulate(s, costs).end == want[1]
 
@@ -141,6 +149,14 @@ def test_shuffled_orders_deadlock_exactly_when_the_oracle_does(pp, vpp, m, seed)
         else:
             assert status == "ok" and (got.start, got.end) == want
     assert all(r == results[0] for r in results)  # C and Python name the same stuck jobs
+    # the planners' summary timer: None exactly on deadlock, else the full timing's makespan and sum of ends
+    summary = _both(lambda: kernel.order_timer(m, tab, [1.0] * (4 * s.num_chunks))(devs))
+    for status, got in summary:
+        assert status == "ok"
+        if want is None:
+            assert got is None
+        else:
+            assert got == (max((e[-1] for e in want[1] if e), default=0.0), sum(t for e in want[1] for t in e))
 
 
 def test_deadlock_names_the_stuck_jobs_and_what_they_wait_for():
@@ -157,6 +173,10 @@ def test_out_of_range_job_is_named(engine):
     s = Schedule("bad", 1, 1, 1, "interleaved", [[Job(Kind.F, 0, 0), Job(Kind.F, 3, 0)]])
     with pytest.raises(DeadlockError, match=r"position 1: job F3\.0 is out of range \(microbatches 0\.\.0"):
         simulate(s)
+    # the summary timer refuses it too (None, as for a deadlock), and times the same list without it
+    timer = kernel.order_timer(1, kernel.Rules.make(1, 1, "interleaved"), [1.0, 2.0, 1.0, 3.0])
+    assert timer(s.devices) is None
+    assert timer([[Job(Kind.F, 0, 0), Job(Kind.BW, 0, 0)]]) == (4.0, 5.0)
 
 
 def test_the_oracle_is_the_pairing_rule_spelled_out():

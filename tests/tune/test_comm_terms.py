@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.models.config import ModelConfig
 from pipeloom.sim.dp import Link
@@ -170,10 +171,7 @@ def test_shape_efficiency_by_hand():
 
 
 def _cli(*args):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *args], capture_output=True, text=True)
+    return pipeloom("tune", *args)
 
 
 def test_cli_explain_lists_every_communication_term_and_bad_modes_are_one_line():

@@ -5,10 +5,9 @@ printing the counts."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.core.ir import Job
 from pipeloom.tune.comm_terms import fill_b_costs, fill_pricing
@@ -75,7 +74,7 @@ def test_cli_tune_explain_prints_the_fill_counts():
     base = ["--model", "llama-tiny", "--gpus", "4", "--gpus-per-node", "4", "--gpu-flops", "2e9", "--gpu-memory",
             "24MiB", "--reserve", "0", "--global-batch", "8", "--schedules", "zbv", "--tp", "2", "--pp", "2",
             "--max-microbatch-size", "1", "--recompute", "none", "--json", "--explain", "--tp-overlap", "fill"]
-    r = subprocess.run([sys.executable, "-m", "pipeloom", "tune", *base], capture_output=True, text=True)
+    r = pipeloom("tune", *base)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     comm = out["explain"]["communication"]

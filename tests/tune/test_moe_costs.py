@@ -3,10 +3,9 @@ F&B pair priced by what it hides (core/costs.pair_hidden), and DeepSeek-V3's pub
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.core.costs import Costs, pair_hidden
 from pipeloom.core.ir import Job, Kind, Schedule
@@ -172,28 +171,28 @@ def test_deepseek_v3_published_step_time_beside_the_report():
 
 
 def test_tune_cli_pins_ep_and_explains_the_all_to_all(tmp_path):
-    cmd = [sys.executable, "-m", "pipeloom", "tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
+    cmd = ["tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
            "256", "--seq", "4096", "--schedules", "dualpipev", "--max-vpp", "2", "--recompute", "none",
            "--top", "1", "--tp", "1"]
-    out = subprocess.run(cmd + ["--ep", "8", "--json", "--explain"], capture_output=True, text=True, check=True)
+    out = pipeloom(*cmd, "--ep", "8", "--json", "--explain", check=True)
     d = json.loads(out.stdout)
     assert d["configs"][0]["ep"] == 8
     layer = d["explain"]["layer"]
     assert layer["a2a_F_s"] > 0 and layer["a2a_B_s"] > 0 and d["explain"]["parallel"]["pairs_hide_a2a"]
     groups = d["explain"]["parallel"]["groups"]
     assert groups["ep"] == 8 and groups["expert_dp"] * 8 == groups["dp"] and groups["world"] == 64
-    bad = subprocess.run(cmd + ["--ep", "3"], capture_output=True, text=True)
+    bad = pipeloom(*cmd, "--ep", "3")
     assert bad.returncode == 2 and bad.stderr.startswith("pipeloom: error: --ep 3 does not divide the 128")
 
 
 def test_simulate_cli_prices_pairs_by_the_all_to_all():
-    cmd = [sys.executable, "-m", "pipeloom", "simulate", "-s", "interleaved", "--vpp", "2", "--pp", "4", "-m", "8",
+    cmd = ["simulate", "-s", "interleaved", "--vpp", "2", "--pp", "4", "-m", "8",
            "--costs", "F=1,B=1.5,W=0.2,a2a=0.6", "--json"]
-    plain = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-    paired = json.loads(subprocess.run(cmd + ["--pair-fb"], capture_output=True, text=True, check=True).stdout)
+    plain = json.loads(pipeloom(*cmd, check=True).stdout)
+    paired = json.loads(pipeloom(*cmd, "--pair-fb", check=True).stdout)
     assert paired["valid"] and paired["makespan"] < plain["makespan"]
     assert paired["lower_bound"] is None  # a bound that ignores what pairs hide is not claimed
-    bad = subprocess.run(cmd[:-1] + ["--costs", "F=1,a2a=x"], capture_output=True, text=True)
+    bad = pipeloom(*cmd[:-1], "--costs", "F=1,a2a=x")
     assert bad.returncode == 2 and "a2a" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -249,15 +248,14 @@ def test_bounds_stay_below_the_simulated_step_when_pairs_hide_the_all_to_all():
 @pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_tune_out_records_ep_and_asks_it_again(tmp_path):
     out = tmp_path / "plan"
-    cmd = [sys.executable, "-m", "pipeloom", "tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
+    cmd = ["tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch",
            "256", "--seq", "4096", "--schedules", "dualpipev", "--max-vpp", "2", "--recompute", "none", "--top", "1",
            "--tp", "1", "--ep", "8", "--precision", "fp8", "--out", str(out)]
-    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    pipeloom(*cmd, check=True)
     toml = (out / "pipeloom.toml").read_text()
     assert "ep = 8" in toml and "pin_ep = 8" in toml and 'precision = "fp8"' in toml
     assert "--expert-model-parallel-size 8" in (out / "megatron_args.txt").read_text()
-    again = subprocess.run([sys.executable, "-m", "pipeloom", "tune", "--config", str(out / "pipeloom.toml"), "--json"],
-                           capture_output=True, text=True, check=True)
+    again = pipeloom("tune", "--config", out / "pipeloom.toml", "--json", check=True)
     assert json.loads(again.stdout)["configs"][0]["ep"] == 8
 
 

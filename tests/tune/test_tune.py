@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.core.costs import MemModel
 from pipeloom.models.presets import preset
@@ -180,7 +179,7 @@ def test_global_batch_not_divisible_says_which_work():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *args], capture_output=True, text=True)
+    return pipeloom("tune", *args)
 
 
 @pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from clirun import pipeloom
 
 from pipeloom.core.config import PipeloomConfig
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *args], capture_output=True, text=True)
+    return pipeloom("tune", *args)
 
 
 def test_tune_records_and_asks_again_the_overlap_bucket_and_curve_flags(tmp_path):

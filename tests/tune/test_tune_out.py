@@ -2,11 +2,12 @@
 plan.trace.json, plan.gantt.html and plan.gantt.svg there); it says which of its files it replaced."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import subprocess
 import sys
+
+import pytest
+from clirun import pipeloom
 
 from pipeloom.tune.launch import FILES
 
@@ -15,7 +16,7 @@ TINY = ["--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4", "--gpu-f
 
 
 def _tune(*args):
-    return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *TINY, *args], capture_output=True, text=True)
+    return pipeloom("tune", *TINY, *args)
 
 
 def test_out_never_deletes_or_changes_what_it_did_not_write(tmp_path):

@@ -2,19 +2,18 @@
 when the configuration has an expert all-to-all to hide."""
 from __future__ import annotations
 
-import pytest
-
 import json
-import subprocess
-import sys
 
-CMD = [sys.executable, "-m", "pipeloom", "tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch", "256",
+import pytest
+from clirun import pipeloom
+
+CMD = ["tune", "--model", "Qwen3-30B-A3B", "--gpus", "64", "--global-batch", "256",
        "--seq", "4096", "--schedules", "interleaved", "--max-vpp", "2", "--recompute", "none", "--top", "1",
        "--tp", "1", "--pp", "4", "--zero", "1", "--json", "--explain"]
 
 
 def _run(cmd):
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    return json.loads(pipeloom(*cmd, check=True).stdout)
 
 
 def test_pair_fb_hides_the_all_to_all_in_interleaved():
@@ -32,7 +31,7 @@ def test_pair_fb_hides_the_all_to_all_in_interleaved():
 
 def test_pair_fb_without_an_all_to_all_adds_no_pairs():
     """A dense model has no all-to-all: --pair-fb changes nothing."""
-    cmd = [sys.executable, "-m", "pipeloom", "tune", "--model", "llama-tiny", "--gpus", "8", "--global-batch", "16",
+    cmd = ["tune", "--model", "llama-tiny", "--gpus", "8", "--global-batch", "16",
            "--schedules", "interleaved", "--pp", "4", "--top", "1", "--json", "--explain"]
     plain, paired = _run(cmd), _run(cmd + ["--pair-fb"])
     assert paired["explain"]["parallel"]["fb_pairs"] == 0
@@ -44,5 +43,5 @@ def test_pair_fb_is_recorded_and_asked_again(tmp_path):
     base = [a for a in CMD if a != "--explain"] + ["--ep", "8"]
     paired = _run(base + ["--pair-fb", "--out", str(tmp_path)])
     assert "pair_fb = true" in (tmp_path / "pipeloom.toml").read_text()
-    again = _run([sys.executable, "-m", "pipeloom", "tune", "--config", str(tmp_path / "pipeloom.toml"), "--json"])
+    again = _run(["tune", "--config", str(tmp_path / "pipeloom.toml"), "--json"])
     assert again["configs"][0]["step_time_s"] == paired["configs"][0]["step_time_s"]

@@ -3,10 +3,9 @@ pp 1 plan with vpp > 1, the 'ends' partition, ZeRO-2/3 in the space, --json obey
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 from pipeloom.models.presets import preset
 from pipeloom.partition.layout import ends_as_layers
@@ -83,7 +82,7 @@ def test_problem_zero_levels_checked():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeloom", "tune", *args], capture_output=True, text=True)
+    return pipeloom("tune", *args)
 
 
 TINY_ARGS = ["--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4", "--global-batch", "16", "--seq", "32",

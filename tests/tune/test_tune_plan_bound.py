@@ -1,18 +1,16 @@
 """``pipeloom tune --explain`` shows the best plan's proven lower bound and its gap (issue: the tuner ranks by
 the plans it runs and says how good they are)."""
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import pipeloom
 
 
 @pytest.mark.slow  # 8-45 s on 2 busy cores: make test runs it, make test-fast does not
 def test_explain_reports_the_plans_bound_and_gap():
-    r = subprocess.run([sys.executable, "-m", "pipeloom", "tune", "--model", "llama-tiny", "--gpus", "8",
-                        "--gpus-per-node", "4", "--gpu-flops", "2e9", "--gpu-memory", "24MiB", "--reserve", "0",
-                        "--global-batch", "16", "--schedules", "zbv,vhalf,vmin", "--max-microbatch-size", "2",
-                        "--pp", "4", "--json", "--explain"], capture_output=True, text=True)
+    r = pipeloom("tune", "--model", "llama-tiny", "--gpus", "8", "--gpus-per-node", "4", "--gpu-flops", "2e9",
+                 "--gpu-memory", "24MiB", "--reserve", "0", "--global-batch", "16", "--schedules", "zbv,vhalf,vmin",
+                 "--max-microbatch-size", "2", "--pp", "4", "--json", "--explain")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     pb = d["explain"]["plan_bound"]

@@ -968,6 +968,8 @@ fail:
  * per device); pairs: None or {(d, i): (p1, p2, p3)} (an overlapped pair ends at start + p1 + p2 - p3);
  * delays: None or per-job idle before the job. Returns (start, end, total), or (None, "range", d, i),
  * or (None, "deadlock", [(d, i, missing event key), ...]) exactly as the Python loop does.
+ * With summary (an optional 11th argument, true): (makespan, total) or None on any failure, and no
+ * per-job lists or stuck list are built (the planners' re-timing of candidate orders).
  */
 static int parse_job(PyObject *job, PyObject *const *kind4, long m, long nc, long *slot, long *mb) {
     if (!PyTuple_Check(job) || PyTuple_GET_SIZE(job) != 3) return -1;
@@ -1016,8 +1018,9 @@ static PyObject *time_order(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *devices, *kinds, *o_needs, *o_prod, *o_dur, *o_jdur, *o_pairs, *o_delays;
     long m, nc;
-    if (!PyArg_ParseTuple(args, "OOllOOOOOO", &devices, &kinds, &m, &nc, &o_needs, &o_prod, &o_dur, &o_jdur,
-                          &o_pairs, &o_delays))
+    int summary = 0;
+    if (!PyArg_ParseTuple(args, "OOllOOOOOO|p", &devices, &kinds, &m, &nc, &o_needs, &o_prod, &o_dur, &o_jdur,
+                          &o_pairs, &o_delays, &summary))
         return NULL;
     if (!PyTuple_Check(kinds) || PyTuple_GET_SIZE(kinds) != 4 || m < 1 || nc < 1) {
         PyErr_SetString(PyExc_ValueError, "time_order: kinds must be a 4-tuple, m and nc >= 1");
@@ -1141,7 +1144,12 @@ static PyObject *time_order(PyObject *self, PyObject *args) {
             for (int h = 0; h < np && wait < 0; h++) {
                 long sl = jslot[o + i + h];
                 if (sl < 0) {
-                    result = Py_BuildValue("(Osnn)", Py_None, "range", (Py_ssize_t)d, i + h);
+                    if (summary) {
+                        Py_INCREF(Py_None);
+                        result = Py_None;
+                    } else {
+                        result = Py_BuildValue("(Osnn)", Py_None, "range", (Py_ssize_t)d, i + h);
+                    }
                     goto done;
                 }
                 long c = sl % nc;
@@ -1195,6 +1203,22 @@ static PyObject *time_order(PyObject *self, PyObject *args) {
         }
         ptr[d] = i;
         free_t[d] = t_free;
+    }
+    if (summary) { /* the same makespan and sum of ends as the full result gives, and no lists */
+        double mk = 0.0, tot = 0.0;
+        for (Py_ssize_t d = 0; d < pp; d++) {
+            Py_ssize_t n = off[d + 1] - off[d];
+            if (ptr[d] < n) {
+                Py_INCREF(Py_None);
+                result = Py_None;
+                goto done;
+            }
+            if (n && en[off[d] + n - 1] > mk) mk = en[off[d] + n - 1];
+        }
+        for (Py_ssize_t d = 0; d < pp; d++)
+            for (Py_ssize_t i = off[d]; i < off[d + 1]; i++) tot += en[i];
+        result = Py_BuildValue("(dd)", mk, tot);
+        goto done;
     }
     {
         PyObject *stuck = PyList_New(0);

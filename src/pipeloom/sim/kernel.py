@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..core import rules
 from ..core.errors import DeadlockError
@@ -157,6 +157,32 @@ def time_order(devices: Sequence[Sequence[Job]], m: int, tables: Rules, *,
         if e and e[-1] > makespan:
             makespan = e[-1]
     return Timing(start, end, makespan, total)
+
+
+def order_timer(m: int, tables: Rules, durations: list[float]) -> Callable[[Sequence[Sequence[Job]]], tuple[float, float] | None]:
+    """A timer for the many candidate orders a planner tries on one shape: ``timer(devices)`` gives
+    ``(makespan, sum of ends)`` exactly as :func:`time_order` would (the same loop, compiled when built), or
+    None when the order deadlocks or names a job out of range. No per-job lists and no deadlock message are
+    built, and the implementation is chosen once (``durations``: :func:`duration_table`)."""
+    nc = tables.nc
+    needs, produces = tables.needs, tables.produces
+    if accelerated():
+        compiled = ext.time_order
+
+        def timer(devices):
+            return compiled(devices, KINDS, m, nc, needs, produces, durations, None, None, None, True)
+        return timer
+
+    def timer_py(devices):
+        out = _time_order_py(devices, m, nc, needs, produces, durations, None, None, None)
+        if out[0] is None:
+            return None
+        makespan = 0.0
+        for e in out[1]:
+            if e and e[-1] > makespan:
+                makespan = e[-1]
+        return makespan, out[2]
+    return timer_py
 
 
 def _time_order_py(devices, m, nc, needs, produces, dur_tab, job_dur, pairs, delays):

@@ -164,7 +164,24 @@ class Board:
 
 def handoff_table(tables: Rules) -> list[tuple[int, float] | None]:
     """Per slot, the chunk offset and comm of the edge on which the job's event goes to another chunk
-    (:func:`pipeloom.core.rules.handoff`; the comm as the receiving job's needs have it), or None."""
+    (:func:`pipeloom.core.rules.handoff`; the comm as the receiving job's needs have it), or None.
+
+    Made once per tables object (every planner's problem asks for it; :meth:`Rules.make` hands out one
+    object per shape, and a new object, e.g. after its cache is cleared, is derived again). Do not modify."""
+    got = _handoff_made.get(id(tables))
+    if got is not None and got[0] is tables:
+        return got[1]
+    if len(_handoff_made) >= 64:
+        _handoff_made.clear()
+    out = _handoff_table(tables)
+    _handoff_made[id(tables)] = (tables, out)  # the tables are kept alive, so their id is not reused
+    return out
+
+
+_handoff_made: dict[int, tuple[Rules, list]] = {}
+
+
+def _handoff_table(tables: Rules) -> list[tuple[int, float] | None]:
     nc = tables.nc
     out: list[tuple[int, float] | None] = []
     for kind in KINDS:

@@ -92,6 +92,9 @@ class Problem:
     """the list-scheduling board's memory table (:func:`pipeloom.sim.listsched.mem_table`; derived)"""
     handoff: list | None = field(default=None, compare=False, repr=False)
     """the board's handoff table (:func:`pipeloom.sim.listsched.handoff_table`; derived)"""
+    memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    """inputs of the compiled pass that depend only on the shape and two policy rules, made once per
+    problem (the policy grid runs hundreds of passes on one problem)"""
 
     def __post_init__(self) -> None:  # derived again by every dataclasses.replace (e.g. other durations)
         object.__setattr__(self, "tables", kernel.Rules.make(self.pp, self.nc, self.placement, self.comm))
@@ -204,21 +207,36 @@ def run_pass(prob: Problem, pol: Policy) -> PassResult | None:
 
 def _pass_inputs(prob: Problem, pol: Policy):
     """Per-device admission caps and candidate orders of a pass (shared by both implementations)."""
-    capd = [max(min(pol.cap, prob.limit) - (pol.h0 + pol.h1 * d) * prob.a[loc[0]], prob.need[d]) + _EPS
+    b_order, f_order, _, _ = _orders(prob, pol)
+    return _caps(prob, pol), b_order, f_order
+
+
+def _caps(prob: Problem, pol: Policy) -> list[float]:
+    """Per device, the memory cap the pass admits forwards under (headroom taken off, never below one
+    microbatch's need)."""
+    return [max(min(pol.cap, prob.limit) - (pol.h0 + pol.h1 * d) * prob.a[loc[0]], prob.need[d]) + _EPS
             for d, loc in enumerate(prob.local)]
-    b_order = [sorted(loc, reverse=pol.b_late) for loc in prob.local]
-    f_order = [sorted(loc, reverse=pol.f_late) for loc in prob.local]
-    return capd, b_order, f_order
+
+
+def _orders(prob: Problem, pol: Policy):
+    """Per device its chunks in the policy's B order and F order, and both flattened (the compiled pass's
+    form); they depend only on the shape and (b_late, f_late), so they are made once per problem."""
+    key = (pol.b_late, pol.f_late)
+    got = prob.memo.get(key)
+    if got is None:
+        b_order = [sorted(loc, reverse=pol.b_late) for loc in prob.local]
+        f_order = [sorted(loc, reverse=pol.f_late) for loc in prob.local]
+        got = prob.memo[key] = (b_order, f_order, [c for o in b_order for c in o], [c for o in f_order for c in o])
+    return got
 
 
 def _run_pass_c(prob: Problem, pol: Policy) -> PassResult | None:
-    capd, b_order, f_order = _pass_inputs(prob, pol)
+    _, _, b_flat, f_flat = _orders(prob, pol)
     tables = prob.tables
     out = _accel.run_pass(
         (prob.pp, prob.vpp, prob.m, prob.limit + _EPS, _EPS),
         (tables.needs, tables.produces, prob.dur_table, prob.mem_tab, tables.dev, prob.handoff),
-        ([loc[0] for loc in prob.local], capd, prob.need, [c for o in b_order for c in o],
-         [c for o in f_order for c in o]),
+        ([loc[0] for loc in prob.local], _caps(prob, pol), prob.need, b_flat, f_flat),
         (pol.admit == "reserve", pol.b_first, pol.w_fill == "always", float(pol.lookahead), pol.h_warm,
          -1 if pol.warmup is None else int(pol.warmup)),
         Job, _KINDS)

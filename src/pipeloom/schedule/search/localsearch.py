@@ -66,14 +66,19 @@ def time_seqs(prob: Problem, seqs: list[list[Job]], detail: bool = False):
     With ``detail``: (makespan, sum of ends, per-device end of the last job, per-device start
     of the first job).
     """
+    if not detail:
+        return _timer(prob)(seqs)
     try:
         tm = kernel.time_order(seqs, prob.m, prob.tables, durations=prob.dur_table)
     except DeadlockError:
         return None
-    if detail:
-        return (tm.makespan, tm.total, [e[-1] if e else 0.0 for e in tm.end],
-                [s[0] if s else 0.0 for s in tm.start])
-    return tm.makespan, tm.total
+    return (tm.makespan, tm.total, [e[-1] if e else 0.0 for e in tm.end],
+            [s[0] if s else 0.0 for s in tm.start])
+
+
+def _timer(prob: Problem):
+    """The kernel's summary timer for ``prob``'s shape: job lists -> (makespan, sum of ends) or None."""
+    return kernel.order_timer(prob.m, prob.tables, prob.dur_table)
 
 
 def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[list[Job]]:
@@ -84,7 +89,8 @@ def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[l
     """
     limit = prob.limit + _EPS
     seqs = [list(s) for s in seqs]
-    cur = time_seqs(prob, seqs)
+    timer = _timer(prob)
+    cur = timer(seqs)
     if cur is None:
         return seqs
     evals = 0
@@ -111,7 +117,7 @@ def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[l
                     continue
                 seq[i - 1], seq[i] = y, x
                 evals += 1
-                r = time_seqs(prob, seqs)
+                r = timer(seqs)
                 if r is not None and (r[0] < cur[0] - _EPS or (r[0] < cur[0] + _EPS and r[1] < cur[1] - _EPS)):
                     cur = r
                     improved = True
@@ -128,32 +134,19 @@ def local_search(prob: Problem, seqs: list[list[Job]], max_evals: int) -> list[l
 def insertion_search(prob: Problem, seqs: list[list[Job]], max_evals: int, window: int = 8) -> list[list[Job]]:
     """Improve job lists by moving one job up to ``window`` places earlier or later on its device.
 
-    First improvement on (makespan, sum of job ends), re-timed with :func:`time_seqs`; a move
-    is tried only when the device's running memory stays within the limit. Wider than the
-    adjacent swaps of :func:`local_search` (a move is a chain of swaps whose intermediate steps
+    First improvement on (makespan, sum of job ends), re-timed by the kernel (:func:`time_seqs`'s
+    timer); a move is tried only when the device's running memory stays within the limit. Wider than
+    the adjacent swaps of :func:`local_search` (a move is a chain of swaps whose intermediate steps
     may be worse), and slower: opt-in via the ``insert_budget`` option of the V-shape builders.
     Deterministic (fixed scan order).
     """
     limit = prob.limit + _EPS
     seqs = [list(s) for s in seqs]
-    cur = time_seqs(prob, seqs)
+    timer = _timer(prob)
+    cur = timer(seqs)
     if cur is None:
         return seqs
-
     table = rules.memory_deltas(prob.nc, prob.a, prob.b)
-
-    def delta(job):
-        k, _, c = job
-        return table[k][c]
-
-    def fits(seq):
-        m = 0.0
-        for job in seq:
-            m += delta(job)
-            if m > limit:
-                return False
-        return True
-
     evals = 0
     improved = True
     while improved and evals < max_evals:
@@ -161,24 +154,68 @@ def insertion_search(prob: Problem, seqs: list[list[Job]], max_evals: int, windo
         for d in range(prob.pp):
             seq = seqs[d]
             n = len(seq)
+            mem = _RunningMemory(seq, table, limit)
             for i in range(n):
                 for j in range(max(0, i - window), min(n, i + window + 1)):
-                    if j == i:
+                    if j == i or not mem.move_fits(i, j):
                         continue
                     x = seq.pop(i)
                     seq.insert(j, x)
-                    if not fits(seq):
-                        seq.pop(j)
-                        seq.insert(i, x)
-                        continue
                     evals += 1
-                    r = time_seqs(prob, seqs)
+                    r = timer(seqs)
                     if r is not None and (r[0] < cur[0] - _EPS or (r[0] < cur[0] + _EPS and r[1] < cur[1] - _EPS)):
                         cur = r
                         improved = True
+                        mem = _RunningMemory(seq, table, limit)
                     else:
                         seq.pop(j)
                         seq.insert(i, x)
                     if evals >= max_evals:
                         return seqs
     return seqs
+
+
+class _RunningMemory:
+    """A device's running memory (:func:`pipeloom.core.rules.memory_deltas`, summed in list order) and the
+    test "does the list still fit after moving the job at ``i`` to ``j``" in O(|i - j|) instead of
+    O(len): the sums before the moved window are the same; the window is summed again in its new order;
+    after it, the old sums hold whenever the window ends on the same float (the same additions from the
+    same value), else the rest is summed again. So the answer is exactly that of summing the moved list."""
+
+    __slots__ = ("seq", "delta", "limit", "pre", "head_ok", "tail_ok")
+
+    def __init__(self, seq: list[Job], table, limit: float) -> None:
+        self.seq, self.limit = seq, limit
+        self.delta = delta = [table[k][c] for k, _, c in seq]
+        n = len(seq)
+        pre = [0.0] * (n + 1)  # pre[k]: after the first k jobs
+        m = 0.0
+        for k in range(n):
+            m += delta[k]
+            pre[k + 1] = m
+        head_ok = [True] * (n + 1)  # pre[1..k] all within the limit
+        for k in range(1, n + 1):
+            head_ok[k] = head_ok[k - 1] and pre[k] <= limit
+        tail_ok = [True] * (n + 2)  # pre[k..n] all within the limit
+        for k in range(n, 0, -1):
+            tail_ok[k] = tail_ok[k + 1] and pre[k] <= limit
+        self.pre, self.head_ok, self.tail_ok = pre, head_ok, tail_ok
+
+    def move_fits(self, i: int, j: int) -> bool:
+        lo, hi = (j, i) if j < i else (i, j)
+        if not self.head_ok[lo]:
+            return False
+        delta, limit = self.delta, self.limit
+        window = [delta[i]] + delta[j:i] if j < i else delta[i + 1:j + 1] + [delta[i]]
+        m = self.pre[lo]
+        for x in window:
+            m += x
+            if m > limit:
+                return False
+        if m == self.pre[hi + 1]:
+            return self.tail_ok[hi + 2]
+        for k in range(hi + 1, len(delta)):
+            m += delta[k]
+            if m > limit:
+                return False
+        return True

@@ -12,6 +12,7 @@ same schedule on any machine.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from itertools import product
 
@@ -41,6 +42,13 @@ _LEADERS = (
 
 def policy_grid(prob: Problem) -> list[Policy]:
     """Every policy of the search, most useful first (see :data:`_LEADERS`)."""
+    return list(_grid(prob.nc))
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(nc: int) -> tuple[Policy, ...]:
+    """:func:`policy_grid` for ``nc`` chunks (only the warm-up caps depend on the shape; the policies are
+    frozen, so one tuple serves every search of that many chunks)."""
     out = list(_LEADERS)
     seen = set(out)
     for admit, h0, h1, h_warm, b_first, f_late, b_late, w_fill, look in product(
@@ -56,9 +64,9 @@ def policy_grid(prob: Problem) -> list[Policy]:
             seen.add(p)
             out.append(p)
     # the official generator's style: a fixed number of warm-up forwards before the first B
-    for w in range(1, 2 * prob.nc + 1):
+    for w in range(1, 2 * nc + 1):
         out.append(Policy(warmup=w))
-    return out
+    return tuple(out)
 
 
 #: job placements the policy grid may use by default (:func:`default_grid_jobs`): the whole grid (about
