@@ -36,6 +36,10 @@ from .ir import Job, Kind, Placement, device_of
 ACT, GRAD, WGRAD = 0, 1, 2
 EVENT_NAMES = ("ACT", "GRAD", "WGRAD")
 
+#: the tolerance of every comparison of a time or an amount of memory (with each other, or with a limit) in the
+#: planners, the validator and the post-passes: sums of durations and memory deltas drift in the last bits
+EPS = 1e-9
+
 #: the events each kind of job completes
 PRODUCES: dict[Kind, tuple[int, ...]] = {
     Kind.F: (ACT,),

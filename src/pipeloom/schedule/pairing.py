@@ -22,8 +22,7 @@ from ..core.costs import Costs
 from ..core.errors import DeadlockError
 from ..core.ir import Kind, Schedule
 from ..sim.simulate import simulate
-
-_EPS = 1e-9
+from ..core.rules import EPS as _EPS
 
 
 def pair_forward_backward(schedule: Schedule, costs: Costs | None = None) -> Schedule:

@@ -24,10 +24,9 @@ from ..core.ir import Job, Kind, Schedule
 from ..sim import kernel
 from ..sim.simulate import memory_profile
 from ..sim.tp_jobs import TPJobTerms, tp_job_durations
+from ..core.rules import EPS as _EPS
 
 __all__ = ["fuse_for_tp", "tp_makespan"]
-
-_EPS = 1e-9
 
 
 def tp_makespan(schedule: Schedule, costs: Costs, terms: TPJobTerms) -> tuple[float, dict]:

@@ -22,8 +22,8 @@ from ..core.errors import DeadlockError, ValidationError, Violation
 from ..sim.simulate import memory_profile, simulate
 from ..core.ir import Kind, Schedule, device_of
 from .search import accel
+from ..core.rules import EPS as _EPS
 
-_EPS = 1e-9
 #: schedules with fewer jobs are always checked job by job (fast enough; keeps messages one code path)
 FAST_MIN_JOBS = 5_000
 

@@ -47,10 +47,10 @@ from ..sim.kernel import KIND_INDEX, KINDS, accelerated, ext
 from .classic import microbatch_groups
 from .registry import EFFORT_OPTION, Option, PlanSpec, effective_limit, effort_option, int_option, register
 from .search import greedy as _greedy, localsearch as _localsearch, portfolio as _portfolio
+from ..core.rules import EPS as _EPS
 
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
 _new = tuple.__new__  # Job is a NamedTuple: tuple.__new__(Job, ...) skips its __new__ wrapper
-_EPS = 1e-9
 INF = float("inf")
 _W_SLOT = KIND_INDEX[Kind.W]  # a W job of chunk c is slot _W_SLOT * nc + c on the list-scheduling board
 

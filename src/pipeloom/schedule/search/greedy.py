@@ -47,13 +47,13 @@ from ...core.ir import Job, Kind, Placement, device_of
 from ...sim import kernel, listsched
 
 from .accel import accelerated, ext as _accel
+from ...core.rules import EPS as _EPS
 
 __all__ = ["Problem", "make_problem", "min_feasible_limit", "Policy", "PassResult", "run_pass", "accelerated"]
 
 INF = math.inf
 _KF, _KB, _KW = Kind.F, Kind.B, Kind.W
 _KINDS = (_KF, _KB, _KW)
-_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)

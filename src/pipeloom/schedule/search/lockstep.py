@@ -60,8 +60,8 @@ from ...core import rules
 from ...core.ir import Job, Kind, Placement
 from ...sim import kernel, listsched
 from .accel import accelerated, ext
+from ...core.rules import EPS as _EPS
 
-_EPS = 1e-9
 #: refinement passes per (fill_b, fill_f) combination at most
 MAX_LEVELS = 8
 

@@ -27,8 +27,7 @@ from typing import Iterator
 
 from ...core import rules
 from ...core.ir import Job, Kind, Placement
-
-_EPS = 1e-9
+from ...core.rules import EPS as _EPS
 
 
 @dataclass(frozen=True, slots=True)

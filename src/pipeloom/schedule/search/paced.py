@@ -42,9 +42,9 @@ from ...core.ir import Job, Kind, Placement
 from ...sim import listsched
 from ...sim.kernel import KINDS
 from .accel import accelerated, ext
+from ...core.rules import EPS as _EPS
 
 INF = math.inf
-_EPS = 1e-9
 _new = tuple.__new__
 
 
