@@ -36,6 +36,6 @@ def pytest_runtest_teardown(item, nextitem):
     tests imported (transformers, matplotlib, ortools) and the caches they filled. Only survivors are frozen;
     objects freed by reference counting are freed as before."""
     yield
-    if nextitem is None or nextitem.module is not item.module:
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
         gc.collect()
         gc.freeze()

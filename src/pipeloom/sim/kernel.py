@@ -4,7 +4,9 @@ Every engine that times a schedule whose per-device job order is already fixed c
 :func:`time_order`: the simulator (:mod:`.simulate`), the run-log replay (:mod:`.replay`), the
 validator's deadlock check (through the simulator), the runtime's comm plan
 (``runtime/commplan.py``, unit durations) and every planner's re-timing of its job lists (the
-greedy's local search, ``reorder``, ``polish``, the solver's hints).
+greedy's local search, ``reorder``, ``polish``, the solver's hints). A planner that tries many candidate
+orders of one shape asks :func:`order_timer` once (the same loop, only the makespan and the sum of ends, None on
+a deadlock, no message built).
 
 Semantics. Each device runs its list strictly in order. A job starts when its device is free
 and every event it needs (:func:`pipeloom.core.rules.needs`) has happened, plus ``comm`` on an
@@ -152,14 +154,11 @@ def time_order(devices: Sequence[Sequence[Job]], m: int, tables: Rules, *,
     if out[0] is None:
         _raise(devices, m, nc, out)
     start, end, total = out
-    makespan = 0.0
-    for e in end:
-        if e and e[-1] > makespan:
-            makespan = e[-1]
-    return Timing(start, end, makespan, total)
+    return Timing(start, end, _makespan(end), total)
 
 
-def order_timer(m: int, tables: Rules, durations: list[float]) -> Callable[[Sequence[Sequence[Job]]], tuple[float, float] | None]:
+def order_timer(m: int, tables: Rules,
+                durations: list[float]) -> Callable[[Sequence[Sequence[Job]]], tuple[float, float] | None]:
     """A timer for the many candidate orders a planner tries on one shape: ``timer(devices)`` gives
     ``(makespan, sum of ends)`` exactly as :func:`time_order` would (the same loop, compiled when built), or
     None when the order deadlocks or names a job out of range. No per-job lists and no deadlock message are
@@ -175,14 +174,17 @@ def order_timer(m: int, tables: Rules, durations: list[float]) -> Callable[[Sequ
 
     def timer_py(devices):
         out = _time_order_py(devices, m, nc, needs, produces, durations, None, None, None)
-        if out[0] is None:
-            return None
-        makespan = 0.0
-        for e in out[1]:
-            if e and e[-1] > makespan:
-                makespan = e[-1]
-        return makespan, out[2]
+        return None if out[0] is None else (_makespan(out[1]), out[2])
     return timer_py
+
+
+def _makespan(end: list[list[float]]) -> float:
+    """The latest end of a device's last job (the compiled summary computes it the same way)."""
+    makespan = 0.0
+    for e in end:
+        if e and e[-1] > makespan:
+            makespan = e[-1]
+    return makespan
 
 
 def _time_order_py(devices, m, nc, needs, produces, dur_tab, job_dur, pairs, delays):

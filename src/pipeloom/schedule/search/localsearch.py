@@ -182,10 +182,10 @@ class _RunningMemory:
     after it, the old sums hold whenever the window ends on the same float (the same additions from the
     same value), else the rest is summed again. So the answer is exactly that of summing the moved list."""
 
-    __slots__ = ("seq", "delta", "limit", "pre", "head_ok", "tail_ok")
+    __slots__ = ("delta", "limit", "pre", "head_ok", "tail_ok")
 
     def __init__(self, seq: list[Job], table, limit: float) -> None:
-        self.seq, self.limit = seq, limit
+        self.limit = limit
         self.delta = delta = [table[k][c] for k, _, c in seq]
         n = len(seq)
         pre = [0.0] * (n + 1)  # pre[k]: after the first k jobs
