@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _harness import median, paired_ratios, quartiles, round_orders, write_section
+from _harness import median, ratio_summary, round_orders, write_section
 
 HERE = Path(__file__).resolve().parents[1]
 FAST = ["-m", "pytest", "-q", "-n", "2", "-m", "not slow and not dist"]
@@ -77,8 +77,8 @@ def main(argv=None) -> int:
                     f"{median(r['cpu'] for r in rs):.1f} |")
     ratio = {}
     for key in ("wall", "cpu"):
-        q1, med, q3 = quartiles(paired_ratios([r[key] for r in runs["this"]], [r[key] for r in runs["before"]]))
-        ratio[key] = f"**{med:.3f}** ({q1:.3f}-{q3:.3f})"
+        q = ratio_summary([r[key] for r in runs["this"]], [r[key] for r in runs["before"]])
+        ratio[key] = f"**{q['median']:.3f}** ({q['q1']:.3f}-{q['q3']:.3f})"
     rows.append(f"| this / before (median of the {a.runs} within-round ratios; quartiles) | | {ratio['wall']} | "
                 f"{ratio['cpu']} |")
     load = os.getloadavg()[0]
