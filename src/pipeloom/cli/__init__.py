@@ -317,7 +317,9 @@ def _error(msg: str, args) -> int:
         import traceback
 
         traceback.print_exc()
-    print(f"pipeloom: error: {msg}", file=sys.stderr)
+    # one write with its newline: the ranks of a run share one stderr, and print's two writes (text, then the
+    # newline) let another rank's line land between them (two errors joined on one line)
+    sys.stderr.write(f"pipeloom: error: {msg}\n")
     return 2
 
 
